@@ -1,0 +1,28 @@
+"""symalign: align Transformers through their exact parameter symmetries.
+
+Core objects:
+
+* :mod:`symalign.groups` -- the groups (permutations, O, GL, the RoPE plane group H,
+  head permutations with GQA, per-head products) and their exact actions;
+* :mod:`symalign.spec` -- :class:`SymmetrySpec`, transforms, :func:`apply`;
+* :mod:`symalign.nn` -- the reference attention layer with every positional encoding.
+"""
+
+from symalign.errors import SymalignError
+from symalign.spec import AxisAction, SymmetrySpec, Transform, apply, compose, invert
+
+__version__ = "0.1.0"
+
+__all__ = ["SymalignError", "SymmetrySpec", "AxisAction", "Transform", "apply", "compose", "invert", "__version__"]
+
+
+def __getattr__(name):  # lazy: heavy subpackages load on first use
+    if name == "probe":
+        from symalign.probe import probe
+
+        return probe
+    if name == "match_attention":
+        from symalign.match import match_attention
+
+        return match_attention
+    raise AttributeError(f"module 'symalign' has no attribute {name!r}")

@@ -1,0 +1,550 @@
+r"""Symmetry groups and their exact actions on weight tensors.
+
+Convention (column vectors, PyTorch layout)
+-------------------------------------------
+A group element ``g`` is represented by an invertible matrix ``T_g`` acting on a
+feature space ``R^n``. A tensor axis that indexes this space is either
+
+* **covariant** (``"co"``): the tensor *produces* the features (the output axis
+  of an ``nn.Linear`` weight, a bias, an embedding's feature axis). Along that
+  axis the tensor is multiplied by ``T``: ``W' = T W``.
+* **contravariant** (``"contra"``): the tensor *consumes* the features (the input
+  axis of an ``nn.Linear`` weight) or is the other side of a bilinear form (the
+  key side of ``q^T k``). Along that axis the tensor is multiplied by
+  ``T^{-T}``; for a Linear input axis this is ``W' = W T^{-1}``.
+
+Any contraction of a covariant with a contravariant index (``W_out W_in``,
+``q^T k``) is invariant. For permutations and orthogonal matrices
+``T^{-T} = T`` and both sides coincide.
+
+In the paper's layout (``W`` is ``D x d_h``, ``q = x W``) the attention action
+``W_Q <- W_Q A^T, W_K <- W_K A^{-1}`` is exactly ``T = A`` covariant on the
+query side and contravariant on the key side.
+
+Composition: ``compose(a, b)`` is "``b`` first, then ``a``", i.e.
+``T_{compose(a, b)} = T_a T_b``.
+
+Elements of matrix groups are ``(n, n)`` tensors (float64 by default); elements
+of permutation groups are ``int64`` index tensors ``perm`` with
+``(T x)_i = x_{perm[i]}``.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from symalign.errors import GroupError
+
+Variance = Literal["co", "contra"]
+Pairing = Literal["half", "interleaved"]
+PAIRINGS: tuple[str, ...] = ("half", "interleaved")
+
+
+# ----------------------------------------------------------------------------
+# Helpers shared by every group
+# ----------------------------------------------------------------------------
+
+
+def _generator(seed_or_gen: int | torch.Generator | None) -> torch.Generator:
+    if isinstance(seed_or_gen, torch.Generator):
+        return seed_or_gen
+    g = torch.Generator()
+    g.manual_seed(0 if seed_or_gen is None else int(seed_or_gen))
+    return g
+
+
+def random_orthogonal(n: int, gen: torch.Generator, dtype=torch.float64, batch: tuple[int, ...] = ()) -> Tensor:
+    """Haar-distributed orthogonal matrices of shape ``(*batch, n, n)`` (QR with sign fix)."""
+    a = torch.randn(*batch, n, n, generator=gen, dtype=torch.float64)
+    q, r = torch.linalg.qr(a)
+    d = torch.diagonal(r, dim1=-2, dim2=-1).sign()
+    d = torch.where(d == 0, torch.ones_like(d), d)
+    return (q * d.unsqueeze(-2)).to(dtype)
+
+
+def random_well_conditioned(n: int, gen: torch.Generator, dtype=torch.float64, batch: tuple[int, ...] = (),
+                            log_scale: float = 0.5) -> Tensor:
+    """Random invertible ``Q1 diag(exp(s)) Q2`` with ``s ~ U(-log_scale, log_scale)``.
+
+    The condition number is at most ``exp(2 log_scale)``; the distribution has full
+    support on a neighbourhood of every orthogonal matrix, so it is generic in GL(n).
+    """
+    q1 = random_orthogonal(n, gen, torch.float64, batch)
+    q2 = random_orthogonal(n, gen, torch.float64, batch)
+    s = (torch.rand(*batch, n, generator=gen, dtype=torch.float64) * 2 - 1) * log_scale
+    return ((q1 * s.exp().unsqueeze(-2)) @ q2).to(dtype)
+
+
+def rotary_pairs(n: int, pairing: str) -> tuple[Tensor, Tensor]:
+    """Indices ``(j0, j1)`` of the rotation planes of a rotary width ``n``.
+
+    ``"half"`` (Llama/NeoX ``rotate_half``): plane ``j`` is ``(j, j + n/2)``.
+    ``"interleaved"`` (GPT-J/RoFormer): plane ``j`` is ``(2j, 2j + 1)``.
+    """
+    if n % 2:
+        raise GroupError(f"the rotated width must be even, got {n}")
+    if pairing == "half":
+        j0 = torch.arange(n // 2)
+        return j0, j0 + n // 2
+    if pairing == "interleaved":
+        j0 = torch.arange(0, n, 2)
+        return j0, j0 + 1
+    raise GroupError(f"unknown rotary pairing {pairing!r}; use one of {PAIRINGS}")
+
+
+def rotary_block_matrix(a: Tensor, b: Tensor, n: int, pairing: str, rest: Tensor | None = None) -> Tensor:
+    """Matrix of the element with complex scalars ``c_j = a_j + i b_j`` on the planes.
+
+    ``a, b`` have shape ``(*batch, r/2)``; the block on plane ``(j0, j1)`` is
+    ``[[a, -b], [b, a]]`` (so that, writing a plane of a column vector as
+    ``z = x_{j0} + i x_{j1}``, the action is ``z -> c z``). ``rest`` is an optional
+    ``(*batch, n - r, n - r)`` block acting on the unrotated dimensions ``r..n``.
+    """
+    r = 2 * a.shape[-1]
+    batch = a.shape[:-1]
+    out = torch.zeros(*batch, n, n, dtype=a.dtype)
+    j0, j1 = rotary_pairs(r, pairing)
+    out[..., j0, j0] = a
+    out[..., j1, j1] = a
+    out[..., j0, j1] = -b
+    out[..., j1, j0] = b
+    if r < n:
+        if rest is None:
+            raise GroupError("a partial rotary element needs the block on the unrotated dimensions")
+        out[..., r:, r:] = rest
+    return out
+
+
+def apply_on_axis(x: Tensor, axis: int, mat: Tensor, repeat: int = 1) -> Tensor:
+    """Multiply ``x`` along ``axis`` by ``mat``: ``x'[.., i, ..] = sum_j mat[i, j] x[.., j, ..]``.
+
+    ``mat`` is either dense ``(n, n)`` or block-diagonal ``(nb, d, d)``; in the latter
+    case the axis has ``nb * repeat * d`` entries and block ``k`` acts on each of its
+    ``repeat`` consecutive sub-blocks of size ``d`` (GQA: one K/V transform shared by
+    the query heads of its group). The product is formed in float64 and cast back.
+    """
+    dtype = x.dtype
+    xd = torch.movedim(x, axis, 0).to(torch.float64)
+    shape = xd.shape
+    m = mat.to(torch.float64)
+    if m.dim() == 2:
+        if m.shape[0] != shape[0]:
+            raise GroupError(f"axis {axis} has {shape[0]} entries but the group acts on {m.shape[0]}")
+        out = (m @ xd.reshape(shape[0], -1)).reshape(shape)
+    else:
+        nb, d, _ = m.shape
+        if shape[0] != nb * repeat * d:
+            raise GroupError(f"axis {axis} has {shape[0]} entries, expected {nb}x{repeat}x{d}")
+        xb = xd.reshape(nb, repeat, d, -1)
+        out = torch.einsum("kij,krjc->kric", m, xb).reshape(shape)
+    return torch.movedim(out.to(dtype), 0, axis)
+
+
+# ----------------------------------------------------------------------------
+# The abstract group
+# ----------------------------------------------------------------------------
+
+
+class Group(ABC):
+    """A group acting linearly on a feature space ``R^n`` (see the module docstring)."""
+
+    n: int
+
+    @property
+    @abstractmethod
+    def dim(self) -> int:
+        """Dimension of the group as a manifold (0 for finite groups)."""
+
+    @abstractmethod
+    def identity(self, dtype=torch.float64) -> Tensor: ...
+
+    @abstractmethod
+    def sample(self, gen: int | torch.Generator | None = None, dtype=torch.float64) -> Tensor:
+        """A random element (generic for the group's continuous part)."""
+
+    @abstractmethod
+    def compose(self, a: Tensor, b: Tensor) -> Tensor:
+        """``b`` first, then ``a``: ``T = T_a T_b``."""
+
+    @abstractmethod
+    def inverse(self, a: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def contains(self, a: Tensor, atol: float = 1e-9) -> bool:
+        """Whether ``a`` is (numerically) an element of this group."""
+
+    @abstractmethod
+    def matrix(self, a: Tensor, rep: str | None = None, size: int | None = None) -> Tensor:
+        """Dense ``(size, size)`` matrix ``T`` of ``a`` on an axis (for tests and small problems)."""
+
+    @abstractmethod
+    def act(self, a: Tensor, x: Tensor, axis: int, variance: Variance, rep: str | None = None) -> Tensor:
+        """Apply ``a`` to ``x`` along ``axis`` (see the module docstring for ``variance``)."""
+
+    def axis_size(self, rep: str | None = None) -> int | None:
+        """The size of an axis this group acts on with ``rep`` (``None``: any multiple)."""
+        return self.n
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+# ----------------------------------------------------------------------------
+# Permutations
+# ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Permutation(Group):
+    """The symmetric group ``S_n`` acting by ``(T x)_i = x_{perm[i]}``."""
+
+    n: int
+
+    @property
+    def dim(self) -> int:
+        return 0
+
+    def identity(self, dtype=torch.int64) -> Tensor:
+        return torch.arange(self.n)
+
+    def sample(self, gen=None, dtype=None) -> Tensor:
+        return torch.randperm(self.n, generator=_generator(gen))
+
+    def compose(self, a: Tensor, b: Tensor) -> Tensor:
+        return b[a]
+
+    def inverse(self, a: Tensor) -> Tensor:
+        return torch.argsort(a)
+
+    def contains(self, a: Tensor, atol: float = 0.0) -> bool:
+        return a.shape == (self.n,) and not a.is_floating_point() and bool(
+            torch.equal(torch.sort(a).values, torch.arange(self.n)))
+
+    def matrix(self, a: Tensor, rep: str | None = None, size: int | None = None) -> Tensor:
+        m = torch.zeros(self.n, self.n, dtype=torch.float64)
+        m[torch.arange(self.n), a] = 1.0
+        return m
+
+    def act(self, a: Tensor, x: Tensor, axis: int, variance: Variance = "co", rep: str | None = None) -> Tensor:
+        return x.index_select(axis, a.to(x.device))
+
+    def describe(self) -> str:
+        return f"S_{self.n}"
+
+
+# ----------------------------------------------------------------------------
+# Matrix groups: GL, O, and the RoPE plane group H
+# ----------------------------------------------------------------------------
+
+
+class MatrixGroup(Group):
+    """A subgroup of ``GL(n)`` whose elements are stored as dense ``(n, n)`` matrices."""
+
+    def identity(self, dtype=torch.float64) -> Tensor:
+        return torch.eye(self.n, dtype=dtype)
+
+    def compose(self, a: Tensor, b: Tensor) -> Tensor:
+        return a @ b
+
+    def inverse(self, a: Tensor) -> Tensor:
+        return torch.linalg.inv(a.to(torch.float64)).to(a.dtype)
+
+    def matrix(self, a: Tensor, rep: str | None = None, size: int | None = None) -> Tensor:
+        return a.to(torch.float64)
+
+    def act(self, a: Tensor, x: Tensor, axis: int, variance: Variance, rep: str | None = None) -> Tensor:
+        return apply_on_axis(x, axis, variance_matrix(a, variance))
+
+    def _is_invertible(self, a: Tensor) -> bool:
+        return a.shape[-2:] == (self.n, self.n) and bool(torch.isfinite(a).all()) and bool(
+            (torch.linalg.matrix_rank(a.to(torch.float64)) == self.n).all())
+
+
+def variance_matrix(t: Tensor, variance: Variance) -> Tensor:
+    """``T`` for a covariant axis, ``T^{-T}`` for a contravariant one (batched over leading dims)."""
+    t = t.to(torch.float64)
+    if variance == "co":
+        return t
+    if variance == "contra":
+        return torch.linalg.inv(t).transpose(-2, -1)
+    raise GroupError(f"unknown variance {variance!r}; use 'co' or 'contra'")
+
+
+@dataclass(frozen=True)
+class GeneralLinear(MatrixGroup):
+    """``GL(n)``: every invertible ``n x n`` matrix. Dimension ``n^2``."""
+
+    n: int
+
+    @property
+    def dim(self) -> int:
+        return self.n * self.n
+
+    def sample(self, gen=None, dtype=torch.float64) -> Tensor:
+        return random_well_conditioned(self.n, _generator(gen), dtype)
+
+    def contains(self, a: Tensor, atol: float = 1e-9) -> bool:
+        return self._is_invertible(a)
+
+    def describe(self) -> str:
+        return f"GL({self.n})"
+
+
+@dataclass(frozen=True)
+class Orthogonal(MatrixGroup):
+    """``O(n)``: ``T^T T = I``. Dimension ``n (n - 1) / 2``."""
+
+    n: int
+
+    @property
+    def dim(self) -> int:
+        return self.n * (self.n - 1) // 2
+
+    def sample(self, gen=None, dtype=torch.float64) -> Tensor:
+        return random_orthogonal(self.n, _generator(gen), dtype)
+
+    def inverse(self, a: Tensor) -> Tensor:
+        return a.transpose(-2, -1).clone()
+
+    def contains(self, a: Tensor, atol: float = 1e-9) -> bool:
+        a = a.to(torch.float64)
+        eye = torch.eye(self.n, dtype=torch.float64)
+        return a.shape[-2:] == (self.n, self.n) and bool(
+            (a.transpose(-2, -1) @ a - eye).abs().max() <= atol)
+
+    def describe(self) -> str:
+        return f"O({self.n})"
+
+
+@dataclass(frozen=True)
+class RotaryPlanes(MatrixGroup):
+    r"""The RoPE Q-K group ``H(r) (+) GL(n - r)`` on a head of width ``n``.
+
+    The first ``rotary_dims = r`` dimensions are rotated by RoPE in planes given by
+    ``pairing``; on each plane the element is a nonzero complex scalar
+    ``c = a + i b`` (block ``[[a, -b], [b, a]]``), the matrices commuting with every
+    rotation. The remaining ``n - r`` dimensions (partial rotary) carry a full
+    ``GL(n - r)``. Dimension ``r + (n - r)^2``; with ``r = n`` this is the paper's
+    ``H(d_h) ~ (C^x)^{d_h/2}`` of dimension ``d_h``.
+    """
+
+    n: int
+    pairing: str = "half"
+    rotary_dims: int | None = None
+
+    def __post_init__(self):
+        r = self.r
+        if r % 2 or not 0 < r <= self.n:
+            raise GroupError(f"RoPE needs an even rotated width in (0, {self.n}], got {r}")
+        if self.pairing not in PAIRINGS:
+            raise GroupError(f"unknown rotary pairing {self.pairing!r}; use one of {PAIRINGS}")
+
+    @property
+    def r(self) -> int:
+        return self.n if self.rotary_dims is None else int(self.rotary_dims)
+
+    @property
+    def dim(self) -> int:
+        return self.r + (self.n - self.r) ** 2
+
+    def from_planes(self, a: Tensor, b: Tensor, rest: Tensor | None = None) -> Tensor:
+        """Element from per-plane ``(a, b)`` of shape ``(*batch, r/2)`` and the GL block."""
+        return rotary_block_matrix(a, b, self.n, self.pairing, rest)
+
+    def planes(self, t: Tensor) -> tuple[Tensor, Tensor]:
+        """The complex scalars ``(a, b)`` of an element, shape ``(*batch, r/2)``."""
+        j0, j1 = rotary_pairs(self.r, self.pairing)
+        return t[..., j0, j0], t[..., j1, j0]
+
+    def sample(self, gen=None, dtype=torch.float64) -> Tensor:
+        g = _generator(gen)
+        half = self.r // 2
+        logr = (torch.rand(half, generator=g, dtype=torch.float64) * 2 - 1) * 0.5
+        phi = torch.rand(half, generator=g, dtype=torch.float64) * 2 * math.pi
+        rest = random_well_conditioned(self.n - self.r, g) if self.r < self.n else None
+        return self.from_planes(logr.exp() * phi.cos(), logr.exp() * phi.sin(), rest).to(dtype)
+
+    def contains(self, a: Tensor, atol: float = 1e-9) -> bool:
+        if not self._is_invertible(a):
+            return False
+        pa, pb = self.planes(a.to(torch.float64))
+        rest = a[..., self.r:, self.r:] if self.r < self.n else None
+        return bool((self.from_planes(pa, pb, rest) - a.to(torch.float64)).abs().max() <= atol)
+
+    def describe(self) -> str:
+        tag = f"H({self.r},{self.pairing})"
+        return tag if self.r == self.n else f"{tag}+GL({self.n - self.r})"
+
+
+# ----------------------------------------------------------------------------
+# Head-structured groups
+# ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeadPermutation(Group):
+    r"""Permutations of attention heads, acting on blocks of ``head_dim`` entries.
+
+    With grouped-query attention (``n_kv_heads < n_heads``, ``g = n_heads / n_kv_heads``
+    query heads share each K/V head) only permutations that map K/V groups onto K/V
+    groups are symmetries: ``S_{h_kv} wr S_g``. An element is the permutation ``pi``
+    of the *query* heads, ``(T x)_{head i} = x_{head pi[i]}``; it acts on query-head
+    axes (``rep="query"``, ``n_heads * head_dim`` entries) by ``pi`` and on K/V axes
+    (``rep="kv"``, ``n_kv_heads * head_dim`` entries) by the induced group
+    permutation ``sigma[k] = pi[k g] // g``.
+    """
+
+    n_heads: int
+    head_dim: int
+    n_kv_heads: int | None = None
+
+    def __post_init__(self):
+        if self.kv <= 0 or self.n_heads % self.kv:
+            raise GroupError(f"n_kv_heads={self.kv} must divide n_heads={self.n_heads}")
+
+    @property
+    def kv(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else int(self.n_kv_heads)
+
+    @property
+    def group_size(self) -> int:
+        return self.n_heads // self.kv
+
+    @property
+    def n(self) -> int:  # type: ignore[override]
+        return self.n_heads * self.head_dim
+
+    @property
+    def dim(self) -> int:
+        return 0
+
+    def order(self) -> int:
+        """Number of elements: ``h_kv! (g!)^{h_kv}``."""
+        return math.factorial(self.kv) * math.factorial(self.group_size) ** self.kv
+
+    def identity(self, dtype=torch.int64) -> Tensor:
+        return torch.arange(self.n_heads)
+
+    def from_parts(self, sigma: Tensor, taus: Tensor) -> Tensor:
+        """Build ``pi`` from the K/V-group permutation ``sigma`` and ``taus[k]`` within group ``k``."""
+        g = self.group_size
+        return (sigma.view(-1, 1) * g + taus).reshape(-1)
+
+    def kv_permutation(self, pi: Tensor) -> Tensor:
+        return pi[:: self.group_size] // self.group_size
+
+    def sample(self, gen=None, dtype=None) -> Tensor:
+        g = _generator(gen)
+        sigma = torch.randperm(self.kv, generator=g)
+        taus = torch.stack([torch.randperm(self.group_size, generator=g) for _ in range(self.kv)])
+        return self.from_parts(sigma, taus)
+
+    def compose(self, a: Tensor, b: Tensor) -> Tensor:
+        return b[a]
+
+    def inverse(self, a: Tensor) -> Tensor:
+        return torch.argsort(a)
+
+    def contains(self, a: Tensor, atol: float = 0.0) -> bool:
+        if a.shape != (self.n_heads,) or a.is_floating_point():
+            return False
+        if not torch.equal(torch.sort(a).values, torch.arange(self.n_heads)):
+            return False
+        grp = (a // self.group_size).view(self.kv, self.group_size)
+        return bool((grp == grp[:, :1]).all())
+
+    def block_permutation(self, a: Tensor, rep: str | None) -> Tensor:
+        """The permutation of blocks on an axis of kind ``rep`` (``query`` or ``kv``)."""
+        if rep in (None, "query"):
+            return a
+        if rep == "kv":
+            return self.kv_permutation(a)
+        raise GroupError(f"HeadPermutation has no representation {rep!r}; use 'query' or 'kv'")
+
+    def axis_size(self, rep: str | None = None) -> int:
+        return (self.kv if rep == "kv" else self.n_heads) * self.head_dim
+
+    def index(self, a: Tensor, rep: str | None) -> Tensor:
+        blocks = self.block_permutation(a, rep)
+        d = self.head_dim
+        return (blocks.view(-1, 1) * d + torch.arange(d)).reshape(-1)
+
+    def matrix(self, a: Tensor, rep: str | None = None, size: int | None = None) -> Tensor:
+        idx = self.index(a, rep)
+        m = torch.zeros(idx.numel(), idx.numel(), dtype=torch.float64)
+        m[torch.arange(idx.numel()), idx] = 1.0
+        return m
+
+    def act(self, a: Tensor, x: Tensor, axis: int, variance: Variance = "co", rep: str | None = None) -> Tensor:
+        return x.index_select(axis, self.index(a, rep).to(x.device))
+
+    def describe(self) -> str:
+        if self.kv == self.n_heads:
+            return f"S_{self.n_heads}"
+        return f"S_{self.kv} wr S_{self.group_size}"
+
+
+@dataclass(frozen=True)
+class PerHead(Group):
+    r"""One element of ``inner`` per head (or per K/V group): block-diagonal ``T``.
+
+    Elements have shape ``(n_blocks, d, d)``. On an axis of ``n_blocks * d`` entries
+    (``rep="kv"`` or ``None``) block ``k`` acts on entries ``k d .. (k+1) d``. On a
+    query-head axis under GQA (``rep="query"``, ``n_blocks * g * d`` entries) block
+    ``k`` acts on each of the ``g`` query heads of group ``k``. Dimension
+    ``n_blocks * inner.dim``.
+    """
+
+    inner: MatrixGroup
+    n_blocks: int
+
+    @property
+    def n(self) -> int:  # type: ignore[override]
+        return self.n_blocks * self.inner.n
+
+    @property
+    def dim(self) -> int:
+        return self.n_blocks * self.inner.dim
+
+    def identity(self, dtype=torch.float64) -> Tensor:
+        return torch.eye(self.inner.n, dtype=dtype).expand(self.n_blocks, -1, -1).clone()
+
+    def sample(self, gen=None, dtype=torch.float64) -> Tensor:
+        g = _generator(gen)
+        return torch.stack([self.inner.sample(g, dtype) for _ in range(self.n_blocks)])
+
+    def compose(self, a: Tensor, b: Tensor) -> Tensor:
+        return a @ b
+
+    def inverse(self, a: Tensor) -> Tensor:
+        return torch.linalg.inv(a.to(torch.float64)).to(a.dtype)
+
+    def contains(self, a: Tensor, atol: float = 1e-9) -> bool:
+        return a.shape == (self.n_blocks, self.inner.n, self.inner.n) and all(
+            self.inner.contains(blk, atol) for blk in a)
+
+    def axis_size(self, rep: str | None = None) -> int | None:
+        return None if rep == "query" else self.n
+
+    def _repeat(self, size: int) -> int:
+        per = self.n_blocks * self.inner.n
+        if size % per:
+            raise GroupError(f"an axis of {size} entries is not a multiple of {self.n_blocks} blocks of {self.inner.n}")
+        return size // per
+
+    def matrix(self, a: Tensor, rep: str | None = None, size: int | None = None) -> Tensor:
+        rep_n = 1 if size is None else self._repeat(size)
+        blocks = a.to(torch.float64).repeat_interleave(rep_n, dim=0)
+        return torch.block_diag(*blocks)
+
+    def act(self, a: Tensor, x: Tensor, axis: int, variance: Variance, rep: str | None = None) -> Tensor:
+        return apply_on_axis(x, axis, variance_matrix(a, variance), repeat=self._repeat(x.shape[axis]))
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()}^{self.n_blocks}"
