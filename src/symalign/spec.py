@@ -34,12 +34,21 @@ Transform = dict[str, Tensor]
 
 @dataclass(frozen=True)
 class AxisAction:
-    """Space ``space`` acts on ``axis`` of a tensor with the given variance and representation."""
+    """Space ``space`` acts on ``axis`` of a tensor with the given variance and representation.
+
+    ``segment=(start, length)`` restricts the action to a slice of the axis: fused
+    tensors such as GPT-2's ``c_attn`` (columns ``[Q | K | V]``) or ModernBERT's
+    ``Wqkv`` carry several spaces side by side on one axis.
+    """
 
     space: str
     axis: int
     variance: Variance = "co"
     rep: str | None = None
+    segment: tuple[int, int] | None = None
+
+    def size_of(self, x: Tensor) -> int:
+        return x.shape[self.axis] if self.segment is None else self.segment[1]
 
 
 @dataclass
@@ -61,10 +70,11 @@ class SymmetrySpec:
             raise SpecError(f"space {name!r} is declared twice")
         self.spaces[name] = group
 
-    def act_on(self, tensor: str, space: str, axis: int, variance: Variance = "co", rep: str | None = None) -> None:
+    def act_on(self, tensor: str, space: str, axis: int, variance: Variance = "co", rep: str | None = None,
+               segment: tuple[int, int] | None = None) -> None:
         if space not in self.spaces:
             raise SpecError(f"tensor {tensor!r} refers to undeclared space {space!r}")
-        self.tensors.setdefault(tensor, []).append(AxisAction(space, axis, variance, rep))
+        self.tensors.setdefault(tensor, []).append(AxisAction(space, axis, variance, rep, segment))
 
     def couple(self, permutation_space: str, *block_spaces: str) -> None:
         self.couplings[permutation_space] = tuple(self.couplings.get(permutation_space, ())) + block_spaces
@@ -114,7 +124,10 @@ class SymmetrySpec:
                 if not -x.dim() <= a.axis < x.dim():
                     raise SpecError(f"tensor {t!r} of shape {tuple(x.shape)} has no axis {a.axis} (space {a.space!r})")
                 want = self.spaces[a.space].axis_size(a.rep)
-                size = x.shape[a.axis]
+                if a.segment is not None and (a.segment[0] < 0 or sum(a.segment) > x.shape[a.axis]):
+                    raise SpecError(f"tensor {t!r} axis {a.axis} has {x.shape[a.axis]} entries; the segment "
+                                    f"{a.segment} of space {a.space!r} does not fit")
+                size = a.size_of(x)
                 g = self.spaces[a.space]
                 if want is not None and size != want:
                     raise SpecError(f"tensor {t!r} axis {a.axis} has {size} entries but space {a.space!r} "
@@ -145,10 +158,22 @@ def apply(spec: SymmetrySpec, transform: Mapping[str, Tensor], state: Mapping[st
         x = state[t]
         for a in acts:
             if a.space in transform:
-                x = spec.spaces[a.space].act(transform[a.space], x, a.axis, a.variance, a.rep)
+                x = _act(spec.spaces[a.space], transform[a.space], x, a)
         if x is not state[t]:
             out[t] = x
     return out
+
+
+def _act(group: Group, element: Tensor, x: Tensor, a: AxisAction) -> Tensor:
+    """Act on the whole axis, or only on ``a.segment`` of it (the rest is copied unchanged)."""
+    if a.segment is None:
+        return group.act(element, x, a.axis, a.variance, a.rep)
+    start, length = a.segment
+    axis = a.axis % x.dim()
+    part = group.act(element, x.narrow(axis, start, length), axis, a.variance, a.rep)
+    head = x.narrow(axis, 0, start)
+    tail = x.narrow(axis, start + length, x.shape[axis] - start - length)
+    return torch.cat([head, part, tail], dim=axis)
 
 
 def identity(spec: SymmetrySpec) -> Transform:
