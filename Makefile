@@ -9,7 +9,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,hf]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,hf,ray]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(BIN)/symalign demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest
 
 bench: $(STAMP)
 	for f in benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done

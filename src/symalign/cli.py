@@ -57,7 +57,14 @@ def main() -> None:
     except Exception as exc:  # click usage errors
         import click
 
-        if isinstance(exc, click.exceptions.ClickException):
+        errors: tuple = (click.exceptions.ClickException,)
+        try:  # typer >= 0.20 vendors click as typer._click
+            from typer._click.exceptions import ClickException as _VendoredClickException
+
+            errors += (_VendoredClickException,)
+        except ImportError:
+            pass
+        if isinstance(exc, errors):
             exc.show()
             sys.exit(exc.exit_code)
         raise

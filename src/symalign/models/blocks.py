@@ -69,8 +69,12 @@ class Block(nn.Module):
 class PositionalInput(nn.Module):
     """Adds the absolute position table once: ``x[:, t] + P[t]`` (no-op for none/RoPE/ALiBi).
 
-    ``sinusoidal``: the fixed table of :func:`symalign.nn.positional.sinusoidal_table`
-    (a non-persistent buffer, not a parameter); ``learned``: the parameter ``pos_emb``.
+    ``sinusoidal``: ``sqrt(D) x[:, t] + P[t]`` with the fixed table of
+    :func:`symalign.nn.positional.sinusoidal_table` (a non-persistent buffer, not a
+    parameter). The ``sqrt(D)`` embedding scale is Vaswani et al.'s (sec. 3.4): with
+    embeddings initialised at std 0.02 the unit-amplitude table would otherwise
+    swamp the token signal (measured: a char-LM stalls at the unigram loss).
+    ``learned``: the parameter ``pos_emb`` (std 0.02, like the embeddings).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -89,7 +93,7 @@ class PositionalInput(nn.Module):
 
             raise ConfigError(f"sequence length {T} exceeds the position table ({self.n_positions}); raise max_len")
         if self.kind == "sinusoidal":
-            return x + self.table[:T].to(x.dtype)
+            return x * self.table.shape[1] ** 0.5 + self.table[:T].to(x.dtype)
         if self.kind == "learned":
             return x + self.pos_emb[:T]
         return x

@@ -130,9 +130,11 @@ class MultiHeadAttention(nn.Module):
             ang = rope_angles(T, cfg.rotary_dims, cfg.rope_base).to(x.device)
             q = apply_rope(q, ang, cfg.rope_pairing)
             k = apply_rope(k, ang, cfg.rope_pairing)
-        mask = self.score_bias(T, x.dtype, x.device)
+        causal_only = self.use_sdpa and cfg.causal and cfg.pe != "alibi"  # fused causal kernel, no mask tensor
+        mask = None if causal_only else self.score_bias(T, x.dtype, x.device)
         if self.use_sdpa:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=hkv != h, scale=1.0 / math.sqrt(d))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal_only, enable_gqa=hkv != h,
+                                               scale=1.0 / math.sqrt(d))
         else:  # plain tensor ops: functorch (jacrev/jvp/vmap) batches them without fallbacks
             if hkv != h:
                 k = k.repeat_interleave(h // hkv, dim=1)

@@ -1,0 +1,56 @@
+"""Architecture adapters: Hugging Face model families -> exact symmetry specs.
+
+``get_adapter(model_or_config)`` picks the adapter by ``config.model_type``; see
+``docs/adapters.md`` for the supported families, their layouts and groups, and
+how to write a new adapter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from symalign.arch.base import DOCS, Adapter, AttentionLayout, Proj, UnsupportedArchitectureError, layout_spec
+from symalign.arch.bert import BertAdapter
+from symalign.arch.gpt2 import GPT2Adapter
+from symalign.arch.llama import LlamaAdapter, MistralAdapter, Qwen2Adapter
+from symalign.arch.modernbert import ModernBertAdapter
+from symalign.arch.roformer import RoFormerAdapter
+from symalign.arch.vit import ViTAdapter
+
+ADAPTERS: tuple[Adapter, ...] = (GPT2Adapter(), LlamaAdapter(), MistralAdapter(), Qwen2Adapter(), BertAdapter(),
+                                 ViTAdapter(), RoFormerAdapter(), ModernBertAdapter())
+
+# Known families whose attention breaks the per-head groups: refused with the reason.
+UNSUPPORTED: dict[str, str] = {
+    "qwen3": "per-head q_norm/k_norm (RMSNorm over head_dim with a learned gain) breaks GL/H on Q-K",
+    "gemma2": "per-head query/key norms and logit soft-capping are not covered",
+    "gemma3": "per-head q_norm/k_norm breaks GL/H on Q-K",
+    "olmo2": "q_norm/k_norm over all heads breaks the per-head groups",
+    "cohere": "optional per-head Q/K layer norms are not covered",
+    "bloom": "ALiBi pins every head (no head permutation) and the fused layout is not mapped yet",
+    "mpt": "ALiBi pins every head and the fused layout is not mapped yet",
+}
+
+
+def supported() -> list[str]:
+    """The ``model_type`` values with an adapter."""
+    return [mt for a in ADAPTERS for mt in a.model_types]
+
+
+def get_adapter(model_or_config: Any) -> Adapter:
+    """The adapter for a transformers model or config (by ``config.model_type``)."""
+    config = getattr(model_or_config, "config", model_or_config)
+    model_type = getattr(config, "model_type", None)
+    if model_type is None and isinstance(config, dict):
+        model_type = config.get("model_type")
+    for adapter in ADAPTERS:
+        if adapter.model_type == model_type or (model_type is not None and adapter.matches(config)):
+            return adapter
+    why = f" ({UNSUPPORTED[model_type]})" if model_type in UNSUPPORTED else ""
+    raise UnsupportedArchitectureError(
+        f"no adapter for architecture {model_type!r}{why}; supported: {', '.join(supported())}. "
+        f"See {DOCS} to write one")
+
+
+__all__ = ["ADAPTERS", "Adapter", "AttentionLayout", "Proj", "UnsupportedArchitectureError", "get_adapter",
+           "layout_spec", "supported", "UNSUPPORTED"]

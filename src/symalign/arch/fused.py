@@ -1,0 +1,42 @@
+"""Unfused views of fused tensors, for solvers that do not read ``AxisAction.segment``.
+
+GPT-2's ``c_attn`` and ModernBERT's ``Wqkv`` hold Q, K and V side by side on
+one axis, labelled with ``segment=(start, length)``. :func:`split_segments`
+returns an equivalent spec in which every segment is its own (virtual) tensor
+``"<name>[<start>:<end>]"`` and the state dicts cut accordingly. Spaces, groups
+and couplings are unchanged, so a transform found on the split view is a
+transform of the original spec: ``apply(spec, t, state)`` restricted to a
+segment equals ``apply(split_spec, t, split_state)`` on its virtual tensor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Mapping
+
+from torch import Tensor
+
+from symalign.spec import SymmetrySpec
+
+
+def segment_name(tensor: str, segment: tuple[int, int]) -> str:
+    return f"{tensor}[{segment[0]}:{segment[0] + segment[1]}]"
+
+
+def split_segments(spec: SymmetrySpec, *states: Mapping[str, Tensor]) -> tuple[SymmetrySpec, list[dict[str, Tensor]]]:
+    """The spec with one virtual tensor per segment, and each state restricted to the labelled tensors."""
+    out = SymmetrySpec(dict(spec.spaces), {}, dict(spec.couplings))
+    cuts: dict[str, tuple[str, int, tuple[int, int] | None]] = {}
+    for t, acts in spec.tensors.items():
+        for a in acts:
+            name = t if a.segment is None else segment_name(t, a.segment)
+            out.tensors.setdefault(name, []).append(replace(a, segment=None))
+            cuts[name] = (t, a.axis, a.segment)
+    views = []
+    for st in states:
+        view = {}
+        for name, (t, axis, seg) in cuts.items():
+            x = st[t]
+            view[name] = x if seg is None else x.narrow(axis % x.dim(), seg[0], seg[1])
+        views.append(view)
+    return out, views

@@ -1,0 +1,45 @@
+"""``symalign experiment CONFIG.toml``: the paper's re-initialisation protocol."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("experiment")(experiment_command)
+
+
+def experiment_command(
+    config: Path = typer.Argument(..., help="Experiment config (TOML), e.g. configs/vit-digits-rope.toml."),
+    out: Path = typer.Option(Path("runs/experiments"), help="Runs directory; the run goes to OUT/<name>."),
+    threads: Optional[int] = typer.Option(None, help="torch.set_num_threads for training and evaluation."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary rows as JSON."),
+    quiet: bool = typer.Option(False, help="No progress output."),
+) -> None:
+    """Train the base, re-initialise each scope with two seeds, train, align, and record LMC curves.
+
+    Re-running skips finished work (checkpoints, per-scope results.json).
+    """
+    import torch
+    from rich.console import Console
+
+    from symalign.experiments import load_config, run_experiment
+    from symalign.experiments.report import markdown_table
+    from symalign.experiments.protocol import summary_row
+
+    cfg = load_config(config)  # every key validated before any training
+    if threads:
+        torch.set_num_threads(threads)
+    console = Console(stderr=True)
+    log = None if quiet else (lambda s: console.print(f"[bold]{cfg.name}[/]: {s}"))
+    results = run_experiment(cfg, out, progress=not quiet, log=log)
+    rows = [summary_row(cfg.name, r) for r in results]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+    else:
+        typer.echo(markdown_table(rows))
+        typer.echo(f"results: {out / cfg.name}/<scope>/results.json, summary: {out}/summary.md")

@@ -1,0 +1,24 @@
+"""``symalign report RUNS_DIR``: one Markdown report across runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report_command)
+
+
+def report_command(
+    runs_dir: Path = typer.Argument(..., help="A directory holding experiment runs (any depth)."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Report path (default RUNS_DIR/report.md)."),
+) -> None:
+    """Collect every results.json under RUNS_DIR into one Markdown report with tables and plots."""
+    from symalign.experiments.report import write_report, write_summary
+
+    write_summary(runs_dir)
+    path = write_report(runs_dir, out)
+    typer.echo(str(path))

@@ -1,0 +1,122 @@
+"""Experiment configuration (TOML), validated before anything runs.
+
+A config names a model family, a dataset and the protocol::
+
+    name = "vit-digits-rope"
+    data = "digits"
+    [data_options]            # optional, passed to symalign.data.load_dataset
+    [model]                   # symalign.models.ModelConfig fields (family, pe, d_model, ...)
+    [train]                   # symalign.train.TrainConfig fields (steps, batch_size, lr, ...)
+    [protocol]
+    scopes = ["all-attention"]            # first-attention | all-attention | first-block | full
+    seeds = [1, 2]                        # the seeds of models A and B
+    base_seed = 0                         # the shared base model (scopes other than full)
+    freeze = true                         # train only the re-initialised scope
+    points = 25                           # interpolation grid
+    eval_items = 2000                     # held-out examples (LM: windows) per curve point
+    variants = ["full"]                   # stage-2 variants: none | orthogonal | full
+    stage1_ablation = false               # also run with stage 1 off
+
+Unknown keys anywhere raise :class:`ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from symalign.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SCOPES = ("first-attention", "all-attention", "first-block", "full")
+VARIANTS = ("none", "orthogonal", "full")
+
+
+@dataclass
+class Protocol:
+    scopes: list[str] = field(default_factory=lambda: ["all-attention"])
+    seeds: list[int] = field(default_factory=lambda: [1, 2])
+    base_seed: int = 0
+    freeze: bool = True
+    points: int = 25
+    eval_items: int | None = 2000
+    variants: list[str] = field(default_factory=lambda: ["full"])
+    stage1_ablation: bool = False
+
+    def __post_init__(self):
+        if not self.scopes:
+            raise ConfigError("protocol.scopes is empty; list at least one of " + ", ".join(SCOPES))
+        for s in self.scopes:
+            if s not in SCOPES:
+                raise ConfigError(f"protocol.scopes: unknown scope {s!r}; use one of {', '.join(SCOPES)}")
+        for v in self.variants:
+            if v not in VARIANTS:
+                raise ConfigError(f"protocol.variants: unknown stage-2 variant {v!r}; use one of {', '.join(VARIANTS)}")
+        if not self.variants:
+            raise ConfigError("protocol.variants is empty; use e.g. [\"full\"]")
+        if len(self.seeds) != 2 or self.seeds[0] == self.seeds[1]:
+            raise ConfigError(f"protocol.seeds must be two different seeds (models A and B), got {self.seeds}")
+        if self.points < 2:
+            raise ConfigError(f"protocol.points must be >= 2, got {self.points}")
+
+
+@dataclass
+class ExperimentConfig:
+    name: str
+    data: str
+    model: dict
+    train: dict = field(default_factory=dict)
+    data_options: dict = field(default_factory=dict)
+    protocol: Protocol = field(default_factory=Protocol)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check_keys(section: str, d: dict, allowed) -> None:
+    allowed = set(allowed)
+    for k in d:
+        if k not in allowed:
+            where = f"[{section}] " if section else ""
+            raise ConfigError(f"unknown key {where}{k!r}; allowed: {', '.join(sorted(allowed))}")
+
+
+def parse_config(d: dict, source: str = "config") -> ExperimentConfig:
+    """Validate a config dict (every section and key) and build an :class:`ExperimentConfig`."""
+    from symalign.data import canonical_name
+    from symalign.models import ModelConfig
+    from symalign.train import TrainConfig
+
+    _check_keys("", d, ("name", "data", "data_options", "model", "train", "protocol"))
+    for key in ("name", "data", "model"):
+        if key not in d:
+            raise ConfigError(f"{source}: missing required key {key!r}")
+    canonical_name(d["data"])
+    model = dict(d["model"])
+    _check_keys("model", model, (f.name for f in fields(ModelConfig)))
+    train = dict(d.get("train", {}))
+    _check_keys("train", train, (f.name for f in fields(TrainConfig)))
+    TrainConfig(**train)  # validates values
+    proto = dict(d.get("protocol", {}))
+    _check_keys("protocol", proto, (f.name for f in fields(Protocol)))
+    data_options = dict(d.get("data_options", {}))
+    _check_keys("data_options", data_options, ("split_seed", "subset", "seq_len", "kind", "n"))
+    return ExperimentConfig(name=str(d["name"]), data=d["data"], model=model, train=train,
+                            data_options=data_options, protocol=Protocol(**proto))
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Read and validate a TOML experiment config."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such config file")
+    try:
+        d = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML ({exc})") from exc
+    return parse_config(d, str(path))

@@ -1,0 +1,216 @@
+r"""The re-initialisation protocol of the ICML 2026 paper, end to end.
+
+For a config (family, dataset, positional encoding) and each scope:
+
+1. train a base model (seed ``base_seed``) -- skipped for the ``full`` scope;
+2. make models A and B by re-initialising the scope of the base with the two
+   ``seeds`` (``full``: train A and B from scratch) and train both (optionally
+   with everything outside the scope frozen);
+3. align B to A with the two-stage matcher on the attention layers of the scope
+   (every stage-2 variant asked for, and stage 1 off as an ablation), check that
+   the aligned B' computes B's function, and
+4. record the naive (A -> B) and aligned (A -> B') LMC curves, barriers, barrier
+   ratios and the stage-1 metrics (rank of the chosen head permutation among all
+   ``h!``, ``Lhat``).
+
+Each step is skipped when its output exists (finished checkpoints, a scope's
+``results.json``), so an interrupted experiment resumes where it stopped; JSON
+files are written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from symalign import lmc
+from symalign.errors import SymalignError
+from symalign.experiments.config import ExperimentConfig
+from symalign.spec import SymmetrySpec, apply
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to a temporary file in the same directory, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, default=float)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def scope_layers(scope: str, n_layers: int) -> list[int]:
+    """Attention layers a scope re-initialises (and so the layers to align)."""
+    return [0] if scope in ("first-attention", "first-block") else list(range(n_layers))
+
+
+def attention_spec(model: nn.Module, layers: list[int]) -> SymmetrySpec:
+    """The model's spec restricted to the attention spaces (heads, Q-K, V-O) of ``layers``."""
+    spec = model.symmetry_spec()
+    keep = [s for s in spec.spaces
+            if s.split(".")[0] in ("heads", "qk", "vo") and int(s.split(".")[1]) in layers]
+    return spec.restrict(keep)
+
+
+def _finished(run_dir: Path, steps: int) -> bool:
+    from symalign.checkpoint import has_checkpoint, load_checkpoint
+
+    return has_checkpoint(run_dir) and int(load_checkpoint(run_dir, verify=False).meta.get("step", -1)) >= steps
+
+
+def _train(cfg: ExperimentConfig, seed: int, out: Path, init: dict | None, progress: bool) -> Path:
+    from symalign.checkpoint import has_checkpoint
+    from symalign.train import TrainConfig, train
+
+    tc = TrainConfig(**{**cfg.train, "seed": seed})
+    if not _finished(out, tc.steps):
+        train(cfg.model | {"family": cfg.model.get("family", "gpt")}, cfg.data, tc, out,
+              data_options=cfg.data_options, resume=has_checkpoint(out), init=init, progress=progress)
+    return out
+
+
+def relative_output_change(model: nn.Module, state_b: dict[str, Tensor], state_b2: dict[str, Tensor], x: Tensor
+                           ) -> float:
+    """``||f_{B'}(x) - f_B(x)|| / ||f_B(x)||`` on one batch (the exactness check)."""
+    with torch.no_grad():
+        yb = lmc._logits(functional_call(model, state_b, (x,))).double()
+        yb2 = lmc._logits(functional_call(model, state_b2, (x,))).double()
+    return float((yb2 - yb).norm() / yb.norm().clamp_min(1e-30))
+
+
+def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: str,
+                      progress: Callable[[str], None] | None = None) -> dict:
+    """Match B to A for every variant and measure naive and aligned curves (one scope)."""
+    from symalign.checkpoint import load_model
+    from symalign.data import eval_batches, load_dataset
+    from symalign.match import match_attention
+
+    model_a, ck_a = load_model(dir_a)
+    model_b, _ = load_model(dir_b)
+    model_a.eval()
+    ds = load_dataset(cfg.data, **cfg.data_options)
+    p = cfg.protocol
+    context = int(cfg.train.get("context", 128))
+    batches = list(eval_batches(ds, "test", 256, context, p.eval_items))
+    get = lambda: batches  # noqa: E731
+    sa, sb = lmc.full_state(model_a), lmc.full_state(model_b)
+    layers = scope_layers(scope, model_a.cfg.n_layers)
+    spec = attention_spec(model_a, layers)
+    t0 = time.perf_counter()
+    naive = lmc.curve(model_a, sa, sb, get, ds.task, p.points)
+    out: dict[str, Any] = {
+        "scope": scope, "family": model_a.cfg.family, "pe": model_a.cfg.pe, "data": ds.name,
+        "endpoints": {"A": {"loss": naive.loss[0], "acc": naive.acc[0]},
+                      "B": {"loss": naive.loss[-1], "acc": naive.acc[-1]}},
+        "naive": naive.to_dict(), "variants": {}, "layers_aligned": layers,
+    }
+    variants = [(True, v) for v in p.variants] + ([(False, "full")] if p.stage1_ablation else [])
+    first_match = None
+    for stage1, stage2 in variants:
+        key = stage2 if stage1 else f"{stage2}-no-stage1"
+        if progress:
+            progress(f"{scope}: aligning ({key})")
+        m = match_attention(spec, sa, sb, stage1=stage1, stage2=stage2)
+        first_match = first_match or m
+        sb2 = {**sb, **apply(spec, m.transform, sb)}
+        change = relative_output_change(model_a, sb, sb2, batches[0][0])
+        tol = 1e-4 if next(iter(sb.values())).dtype == torch.float32 else 1e-9
+        if change > tol:
+            raise SymalignError(f"alignment changed model B's function (relative change {change:.2e} > {tol:g}); "
+                                "this is a bug -- please report it with the config")
+        aligned = lmc.curve(model_a, sa, sb2, get, ds.task, p.points)
+        out["variants"][key] = {
+            "curve": aligned.to_dict(), "function_change": change,
+            "loss_barrier_ratio_percent": lmc.barrier_ratio(aligned.loss_barrier, naive.loss_barrier),
+            "acc_barrier_ratio_percent": lmc.barrier_ratio(aligned.acc_barrier, naive.acc_barrier),
+            "match": m.to_dict(),
+        }
+        del sb2
+    out["stage1"] = stage1_metrics(spec, sa, sb, first_match.transform)
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def stage1_metrics(spec: SymmetrySpec, state_a: dict, state_b: dict, transform: dict) -> list[dict]:
+    """Per layer: the stage-1 objective of the chosen head permutation, of the identity, and
+    (``h <= 8``) its rank among all admissible permutations and ``Lhat`` (the paper's metrics)."""
+    from symalign.match.heads import best_and_identity, head_cost, lhat, objective, permutation_rank
+    from symalign.match.views import find_layers
+
+    rows = []
+    for layer in find_layers(spec, state_a):
+        space = layer.heads
+        if space is None or space not in transform:
+            continue
+        group = spec.spaces[space]
+        cost = head_cost(layer, state_a, state_b)
+        pi = transform[space]
+        entry = {"layer": layer.tag, "objective": objective(cost, pi),
+                 "identity_objective": objective(cost, torch.arange(group.n_heads))}
+        if group.n_heads <= 8:
+            best, ident = best_and_identity(cost, group)
+            entry.update(rank=permutation_rank(cost, pi, group), n_permutations=group.order(), best_objective=best,
+                         lhat=lhat(entry["objective"], best, ident))
+        rows.append(entry)
+    return rows
+
+
+def summary_row(name: str, res: dict) -> dict:
+    """One line of the summary table for a scope's results."""
+    row = {"experiment": name, "family": res["family"], "data": res["data"], "pe": res["pe"],
+           "scope": res["scope"], "acc_A": res["endpoints"]["A"]["acc"], "acc_B": res["endpoints"]["B"]["acc"],
+           "naive_loss_barrier": res["naive"]["loss_barrier"], "naive_acc_barrier": res["naive"]["acc_barrier"]}
+    for key, v in res["variants"].items():
+        row[f"{key}_loss_barrier"] = v["curve"]["loss_barrier"]
+        row[f"{key}_acc_barrier"] = v["curve"]["acc_barrier"]
+        row[f"{key}_ratio_percent"] = v["loss_barrier_ratio_percent"]
+    return row
+
+
+def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = True,
+                   log: Callable[[str], None] | None = None) -> list[dict]:
+    """Run (or resume) every scope of ``cfg`` under ``out_dir/cfg.name``; returns the per-scope results."""
+    from symalign.experiments.report import plot_curves, write_summary
+
+    root = Path(out_dir) / cfg.name
+    root.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(root / "config.json", cfg.to_dict())
+    say = log or (lambda s: None)
+    p = cfg.protocol
+    base = None
+    results = []
+    for scope in p.scopes:
+        res_path = root / scope / "results.json"
+        if res_path.exists():
+            say(f"{scope}: results exist, skipping")
+            results.append(json.loads(res_path.read_text()))
+            continue
+        dirs = []
+        for seed in p.seeds:
+            if scope == "full":
+                init = None
+            else:
+                if base is None:
+                    say("training the base model")
+                    base = _train(cfg, p.base_seed, root / "base", None, progress)
+                init = {"base": str(base), "scope": scope, "seed": seed, "freeze": p.freeze}
+            say(f"{scope}: training seed {seed}")
+            dirs.append(_train(cfg, seed, root / scope / f"seed{seed}", init, progress))
+        res = align_and_measure(cfg, dirs[0], dirs[1], scope, progress=say)
+        res["experiment"] = cfg.name
+        plot_curves(res, root / scope / "curves.png")
+        write_json_atomic(res_path, res)
+        results.append(res)
+    write_summary(Path(out_dir))
+    return results

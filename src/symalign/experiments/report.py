@@ -1,0 +1,159 @@
+"""Reports: curve plots (PNG), the summary table (CSV + Markdown) and the Markdown report.
+
+Every writer builds its file under a temporary name and renames it into place.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from symalign.errors import SymalignError  # noqa: E402
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _save_fig_atomic(fig, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        Path(tmp).unlink(missing_ok=True)
+
+
+def plot_curves(results: dict | list[dict], path: Path, title: str | None = None) -> Path:
+    """Loss and accuracy along the path, naive vs aligned, one row per result."""
+    rows = results if isinstance(results, list) else [results]
+    fig, axes = plt.subplots(len(rows), 2, figsize=(10, 3.4 * len(rows)), squeeze=False)
+    for (ax_l, ax_a), res in zip(axes, rows):
+        label = f"{res.get('family', '')} {res.get('pe', '')} · {res.get('scope', '')}"
+        curves = {"naive": res["naive"], **{f"aligned ({k})": v["curve"] for k, v in res["variants"].items()}}
+        for name, c in curves.items():
+            style = "--" if name == "naive" else "-"
+            ax_l.plot(c["t"], c["loss"], style, marker=".", label=f"{name}: B={c['loss_barrier']:.3f}")
+            ax_a.plot(c["t"], [100 * a for a in c["acc"]], style, marker=".", label=name)
+        ax_l.set(xlabel="t  (A → B)", ylabel="held-out loss", title=label)
+        ax_a.set(xlabel="t  (A → B)", ylabel="accuracy (%)", title=label)
+        ax_l.legend(fontsize=8)
+        ax_a.legend(fontsize=8)
+        ax_l.grid(alpha=0.3)
+        ax_a.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    _save_fig_atomic(fig, path)
+    return path
+
+
+def collect(runs_dir: Path) -> list[dict]:
+    """Every scope's ``results.json`` under ``runs_dir`` (any depth), sorted by path, then the results of a
+    sweep store ``runs_dir/sweep.sqlite`` (if any) that no results.json already gave."""
+    out = []
+    for p in sorted(Path(runs_dir).rglob("results.json")):
+        try:
+            res = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise SymalignError(f"{p}: not valid JSON ({exc}); delete it to recompute that run") from exc
+        if isinstance(res, dict) and "naive" in res and "variants" in res:
+            res["_path"] = str(p.parent)
+            out.append(res)
+    store = Path(runs_dir) / "sweep.sqlite"
+    if store.exists():
+        from symalign.experiments.sweep import stored_results
+
+        seen = {(r.get("experiment"), r.get("scope")) for r in out}
+        out += [r for r in stored_results(store) if (r.get("experiment"), r.get("scope")) not in seen]
+    return out
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4g}"
+    return str(v)
+
+
+def summary_rows(results: list[dict]) -> list[dict]:
+    from symalign.experiments.protocol import summary_row
+
+    return [summary_row(r.get("experiment", Path(r["_path"]).parent.name), r) for r in results]
+
+
+def markdown_table(rows: list[dict]) -> str:
+    if not rows:
+        return "_no results_\n"
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(runs_dir: Path) -> list[dict]:
+    """Regenerate ``summary.csv`` and ``summary.md`` from every result under ``runs_dir``.
+
+    Rebuilt from the per-run files (not appended), so a resumed run never duplicates a row.
+    """
+    rows = summary_rows(collect(runs_dir))
+    if rows:
+        cols = list(dict.fromkeys(k for r in rows for k in r))
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+        _write_text_atomic(Path(runs_dir) / "summary.csv", buf.getvalue())
+        _write_text_atomic(Path(runs_dir) / "summary.md", markdown_table(rows))
+    return rows
+
+
+def stage1_table(results: list[dict]) -> list[dict]:
+    rows = []
+    for r in results:
+        for e in r.get("stage1", []):
+            rows.append({"experiment": r.get("experiment", ""), "pe": r["pe"], "scope": r["scope"],
+                         "layer": e["layer"], "rank": e.get("rank", "-"), "of": e.get("n_permutations", "-"),
+                         "Lhat": e.get("lhat", float("nan"))})
+    return rows
+
+
+def write_report(runs_dir: str | Path, out: str | Path | None = None) -> Path:
+    """One Markdown report with the tables across runs and the plots; returns its path."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise SymalignError(f"{runs_dir}: no such directory")
+    results = collect(runs_dir)
+    if not results:
+        raise SymalignError(f"{runs_dir}: no results.json found; run `symalign experiment CONFIG.toml` first")
+    out = Path(out) if out else runs_dir / "report.md"
+    rows = summary_rows(results)
+    parts = ["# symalign report\n", f"{len(results)} runs under `{runs_dir}`.\n",
+             "Barriers are `max_t [L(t) - ((1-t) L_A + t L_B)]` on held-out data (accuracy: sign flipped); "
+             "the ratio is aligned / naive in percent.\n", "## Barriers\n", markdown_table(rows)]
+    s1 = stage1_table(results)
+    if s1:
+        parts += ["## Stage 1: rank of the chosen head permutation\n", markdown_table(s1)]
+    parts.append("## Curves\n")
+    for r in results:
+        png = Path(r["_path"]) / "curves.png"
+        if png.exists():
+            rel = os.path.relpath(png, out.parent)
+            parts.append(f"### {r.get('experiment', '')} · {r['scope']}\n\n![curves]({rel})\n")
+    _write_text_atomic(out, "\n".join(parts))
+    return out

@@ -1,0 +1,269 @@
+"""Reading and writing Hugging Face ``save_pretrained`` directories, validated.
+
+:func:`load_checkpoint` reads ``config.json`` and the safetensors weights
+(``model.safetensors`` or shards listed in ``model.safetensors.index.json``) as a
+plain state dict, without instantiating the model with real weights, and checks
+them: a missing or truncated file names the file, a tensor whose shape the
+config does not predict (or that is missing) is named, as is any NaN/Inf
+tensor. :func:`check_same_architecture` refuses pairs of different families or
+sizes. :func:`write_checkpoint` writes an output directory atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+from torch import Tensor
+
+from symalign.arch import Adapter, get_adapter
+from symalign.errors import CheckpointError, MatchError
+
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".safetensors.index.json",
+                    ".bin.index.json")
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: its directory, transformers config, adapter and state dict."""
+
+    path: Path
+    config: Any
+    adapter: Adapter
+    state: dict[str, Tensor]
+    files: list[Path]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        floats = [t.dtype for t in self.state.values() if t.is_floating_point()]
+        return max(set(floats), key=floats.count) if floats else torch.float32
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.state.values())
+
+
+def load_config(path: str | os.PathLike) -> Any:
+    """The transformers config of a checkpoint directory (no weights read)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a directory (expected a save_pretrained checkpoint)")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{cfg_file} is missing (expected a save_pretrained checkpoint)")
+    try:
+        json.loads(cfg_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{cfg_file} is not valid JSON: {exc}") from None
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(path))
+    except Exception as exc:  # unknown model_type, bad fields...
+        raise CheckpointError(f"{cfg_file}: transformers cannot read this config: {str(exc).splitlines()[0]}") from None
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint (single file, or the shards of the index)."""
+    index = path / INDEX_NAME
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise CheckpointError(f"{index} is not a valid safetensors index: {exc}") from None
+        files = [path / s for s in shards]
+        for f in files:
+            if not f.is_file():
+                raise CheckpointError(f"{f} is missing (listed in {index})")
+        return files
+    single = path / WEIGHTS_NAME
+    if not single.is_file():
+        others = sorted(p.name for p in path.iterdir() if p.name.endswith((".bin", ".pt", ".pth")))
+        hint = f" (found {', '.join(others)}: re-save with safe_serialization=True)" if others else ""
+        raise CheckpointError(f"{single} is missing{hint}")
+    return [single]
+
+
+def read_state(files: Iterable[Path]) -> dict[str, Tensor]:
+    """All tensors of the safetensors ``files``; a truncated or corrupt file is named."""
+    from safetensors.torch import load_file
+
+    state: dict[str, Tensor] = {}
+    for f in files:
+        try:
+            part = load_file(str(f))
+        except Exception as exc:
+            raise CheckpointError(f"{f} is truncated or not a safetensors file ({str(exc).splitlines()[0]})") from None
+        dup = set(part) & set(state)
+        if dup:
+            raise CheckpointError(f"{f} repeats tensor {sorted(dup)[0]!r} of another shard")
+        state.update(part)
+    return state
+
+
+def expected_shapes(adapter: Adapter, config: Any) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+    """Shapes the config predicts (model built on the meta device: no memory) and the tied keys."""
+    cls = adapter.model_class(config)
+    with torch.device("meta"):
+        model = cls._from_config(config)
+    tied = set(getattr(model, "all_tied_weights_keys", None) or getattr(model, "_tied_weights_keys", None) or {})
+    state = model.state_dict()
+    try:  # the names save_pretrained writes (transformers 5.x renames some families on save, e.g. ViT)
+        from transformers.core_model_loading import revert_weight_conversion
+
+        on_disk = revert_weight_conversion(model, dict(state))
+        if len(on_disk) == len(state):
+            renamed = {id(v): k for k, v in on_disk.items()}
+            tied = {renamed.get(id(state[k]), k) if k in state else k for k in tied}
+            state = on_disk
+    except Exception:  # pragma: no cover - older transformers: names are saved as in memory
+        pass
+    return {k: tuple(v.shape) for k, v in state.items()}, tied
+
+
+def validate(ckpt: Checkpoint, check_finite: bool = True) -> None:
+    """Raise :class:`CheckpointError` naming the first tensor the config does not predict, or non-finite."""
+    shapes, tied = expected_shapes(ckpt.adapter, ckpt.config)
+    where = ckpt.path
+    for name, t in ckpt.state.items():
+        if name not in shapes:
+            raise CheckpointError(f"{where}: tensor {name!r} is not part of the model config.json describes")
+        if tuple(t.shape) != shapes[name]:
+            raise CheckpointError(f"{where}: tensor {name!r} has shape {tuple(t.shape)} but config.json implies "
+                                  f"{shapes[name]} (config and weights do not match)")
+    missing = sorted(set(shapes) - set(ckpt.state) - tied)
+    if missing:
+        raise CheckpointError(f"{where}: tensor {missing[0]!r} is missing from the weights "
+                              f"({len(missing)} missing in all)")
+    if check_finite:
+        for name, t in ckpt.state.items():
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise CheckpointError(f"{where}: tensor {name!r} contains NaN or Inf values")
+
+
+def load_checkpoint(path: str | os.PathLike, check: bool = True) -> Checkpoint:
+    """Config + state dict of a ``save_pretrained`` directory, validated (see the module docstring)."""
+    path = Path(path)
+    config = load_config(path)
+    adapter = get_adapter(config)
+    files = weight_files(path)
+    ckpt = Checkpoint(path, config, adapter, read_state(files), files)
+    if check:
+        validate(ckpt)
+    return ckpt
+
+
+def check_same_architecture(a: Checkpoint, b: Checkpoint) -> None:
+    """Refuse two checkpoints of different families, tensor names or shapes."""
+    ta, tb = a.config.model_type, b.config.model_type
+    if ta != tb:
+        raise MatchError(f"{a.path} is a {ta} model but {b.path} is a {tb} model: both must be the same architecture")
+    only_a, only_b = sorted(set(a.state) - set(b.state)), sorted(set(b.state) - set(a.state))
+    if only_a or only_b:
+        name, side = (only_a[0], a.path) if only_a else (only_b[0], b.path)
+        raise MatchError(f"tensor {name!r} exists only in {side}: the two checkpoints differ in architecture")
+    for name, t in a.state.items():
+        if t.shape != b.state[name].shape:
+            raise MatchError(f"tensor {name!r} has shape {tuple(t.shape)} in {a.path} but "
+                             f"{tuple(b.state[name].shape)} in {b.path}: the models differ in size")
+
+
+# ----------------------------------------------------------------------------
+# Writing
+# ----------------------------------------------------------------------------
+
+
+def _inside(child: Path, parent: Path) -> bool:
+    return child == parent or parent in child.parents
+
+
+def check_output_dir(out: str | os.PathLike, inputs: Iterable[str | os.PathLike], force: bool) -> Path:
+    """Refuse an output directory that exists (unless ``force``) or overlaps an input directory."""
+    out_r = Path(out).resolve()
+    for src in inputs:
+        src_r = Path(src).resolve()
+        if _inside(out_r, src_r):
+            raise CheckpointError(f"the output directory {out} is inside the input directory {src}; pick another")
+        if _inside(src_r, out_r):
+            raise CheckpointError(f"the input directory {src} is inside the output directory {out}; pick another")
+    if out_r.exists() and not force:
+        raise CheckpointError(f"{out} already exists; pass --force to replace it")
+    return out_r
+
+
+def _is_weight_file(name: str) -> bool:
+    return name.endswith(_WEIGHT_SUFFIXES)
+
+
+def write_checkpoint(out: str | os.PathLike, state: Mapping[str, Tensor], like: str | os.PathLike,
+                     force: bool = False) -> Path:
+    """Write ``state`` as ``OUT/model.safetensors`` with every non-weight file of ``like``, atomically.
+
+    The directory is built in a temporary sibling of ``out`` (:func:`stage_checkpoint`)
+    and renamed into place (:func:`commit`).
+    """
+    out = Path(out).resolve()
+    if out.exists() and not force:
+        raise CheckpointError(f"{out} already exists; pass --force to replace it")
+    return commit(stage_checkpoint(out, state, like), out)
+
+
+def stage_checkpoint(out: str | os.PathLike, state: Mapping[str, Tensor], like: str | os.PathLike) -> Path:
+    """A complete checkpoint in a temporary sibling directory of ``out`` (removed on failure)."""
+    from safetensors.torch import save_file
+
+    out = Path(out).resolve()
+    like = Path(like)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        for entry in like.iterdir():
+            if _is_weight_file(entry.name):
+                continue
+            if entry.is_dir():
+                shutil.copytree(entry, tmp / entry.name, ignore=lambda d, names: [n for n in names if _is_weight_file(n)])
+            else:
+                shutil.copy2(entry, tmp / entry.name)
+        tensors = {k: v.detach().contiguous() for k, v in state.items()}
+        save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
+def discard(tmp: str | os.PathLike) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def commit(tmp: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Rename the staged ``tmp`` to ``out``; an existing ``out`` is renamed aside first, then removed.
+
+    ``out`` is never half written: it is either the old directory, briefly absent,
+    or the new one.
+    """
+    tmp, out = Path(tmp), Path(out).resolve()
+    if not out.exists():
+        os.replace(tmp, out)
+        return out
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    old.rmdir()
+    os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    if old.is_dir():
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        old.unlink(missing_ok=True)
+    return out

@@ -1,0 +1,298 @@
+r"""The two-stage, data-free attention matcher: :func:`match_attention`.
+
+Finds ``g`` in the declared symmetry group so that ``g . theta_B`` is close to
+``theta_A`` (squared Frobenius distance over every attention tensor the spec
+acts on). Per layer: stage 1 (:mod:`~symalign.match.heads`) picks the head
+permutation ``pi`` (new head ``i`` of B' = old head ``pi[i]`` of B); stage 2
+aligns each K/V block of the re-ordered B over ``GL`` (:mod:`~symalign.match.qk`,
+:mod:`~symalign.match.vo`) or ``H (+) GL`` under RoPE (:mod:`~symalign.match.rope`),
+batched over every block of every layer. The result's ``transform`` maps
+``heads.L -> pi``, ``qk.L -> U``, ``vo.L -> B``; on an axis the heads act first
+(``T = blockdiag(U) P``), exactly as :func:`symalign.spec.apply` composes them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from symalign.errors import MatchError, SymalignError
+from symalign.match.heads import assign_heads, head_cost, objective
+from symalign.match.qk import GLSolution, Grams, solve_gl
+from symalign.match.rope import solve_rope
+from symalign.match.views import AttentionLayer, SpaceSides, block_rows, find_layers, side_gram
+from symalign.match.vo import solve_vo
+from symalign.spec import SymmetrySpec, Transform, apply
+
+STAGE2_MODES = ("none", "orthogonal", "full")
+
+
+@dataclass
+class LayerMatch:
+    """Diagnostics of one attention layer (lists are per K/V block unless stated).
+
+    Distances are squared Frobenius distances between A and B over the block's
+    stacked rows (Q-K: Q rows incl. biases + K rows; V-O: V rows + O rows):
+    ``*_before`` unaligned, ``*_stage1`` after re-ordering only, ``*_after`` final.
+    """
+
+    tag: str
+    permutation: list[int] | None
+    encoding: str  # "GL" or e.g. "H(64,half)+GL(0)"
+    stage1_cost: float | None = None  # objective at the chosen permutation
+    stage1_cost_identity: float | None = None
+    qk_before: list[float] = field(default_factory=list)
+    qk_stage1: list[float] = field(default_factory=list)
+    qk_after: list[float] = field(default_factory=list)
+    vo_before: list[float] = field(default_factory=list)
+    vo_stage1: list[float] = field(default_factory=list)
+    vo_after: list[float] = field(default_factory=list)
+    qk_cond: list[float] = field(default_factory=list)
+    vo_cond: list[float] = field(default_factory=list)
+    qk_iterations: list[int] = field(default_factory=list)
+    vo_iterations: list[int] = field(default_factory=list)
+    qk_fallback: list[bool] = field(default_factory=list)
+    vo_fallback: list[bool] = field(default_factory=list)
+    qk_converged: list[bool] = field(default_factory=list)
+    vo_converged: list[bool] = field(default_factory=list)
+    time_s: float = 0.0  # views + stage 1 for this layer (stage 2 is batched over layers)
+
+
+@dataclass
+class AttentionMatch:
+    """Result of :func:`match_attention`; apply with ``result.apply(state_b)``."""
+
+    transform: Transform
+    layers: list[LayerMatch]
+    spec: SymmetrySpec = field(repr=False)
+    stage1: bool = True
+    stage2: str = "full"
+    totals: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def worst_condition(self) -> float:
+        conds = [c for lay in self.layers for c in lay.qk_cond + lay.vo_cond]
+        return max(conds) if conds else 1.0
+
+    def apply(self, state_b: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """``g . state_b`` (B'), via :func:`symalign.spec.apply`."""
+        return apply(self.spec, self.transform, state_b)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (no tensors)."""
+        return {"stage1": self.stage1, "stage2": self.stage2, "totals": dict(self.totals),
+                "worst_condition": self.worst_condition, "layers": [asdict(lay) for lay in self.layers]}
+
+
+# ----------------------------------------------------------------------------
+# validation
+# ----------------------------------------------------------------------------
+
+
+def _validate(spec: SymmetrySpec, layers: list[AttentionLayer], state_a, state_b, spec_b) -> None:
+    if spec_b is not None and spec.describe() != spec_b.describe():
+        da, db = spec.describe(), spec_b.describe()
+        diff = sorted(k for k in set(da) | set(db) if da.get(k) != db.get(k))
+        k = diff[0]
+        raise MatchError(f"the models have different symmetry specs: space {k!r} is {da.get(k)} in A but "
+                         f"{db.get(k)} in B (different head counts, widths or positional encodings?)")
+    if not layers:
+        raise MatchError("the spec declares no attention layer (no 'qk.*'/'vo.*' spaces)")
+    for lay in layers:
+        for t in lay.tensors:
+            for who, st in (("A", state_a), ("B", state_b)):
+                if t not in st:
+                    raise MatchError(f"layer {lay.tag!r}: model {who} has no tensor {t!r}")
+            xa, xb = state_a[t], state_b[t]
+            if xa.shape != xb.shape:
+                raise MatchError(f"layer {lay.tag!r}: tensor {t!r} has shape {tuple(xa.shape)} in A but "
+                                 f"{tuple(xb.shape)} in B")
+            for who, x in (("A", xa), ("B", xb)):
+                if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+                    raise MatchError(f"layer {lay.tag!r}: tensor {t!r} of model {who} has NaN or Inf entries")
+        rope = lay.qk.rope
+        if rope is not None and rope.r % 2:
+            raise MatchError(f"layer {lay.tag!r}: odd rotated width {rope.r}")
+    try:
+        spec.check(state_a)
+        spec.check(state_b)
+    except SymalignError as e:
+        raise MatchError(f"the spec does not fit the state dicts: {e}") from e
+
+
+# ----------------------------------------------------------------------------
+# per-layer views and Grams
+# ----------------------------------------------------------------------------
+
+
+def _permuted(layer: AttentionLayer, spec: SymmetrySpec, state: Mapping[str, Tensor], pi: Tensor | None) -> dict:
+    """The layer's tensors of B with the head permutation applied (heads act first)."""
+    out = {}
+    for t in layer.tensors:
+        x = state[t]
+        if pi is not None and layer.heads is not None:
+            for a in spec.tensors[t]:
+                if a.space == layer.heads:
+                    x = layer.heads_group.act(pi, x, a.axis, a.variance, a.rep)
+        out[t] = x
+    return out
+
+
+def _grams(s: SpaceSides, state_a, state_b) -> Grams:
+    nb, d = s.group.n_blocks, s.group.inner.n
+    co = side_gram([block_rows(state_a[p.tensor], p, nb, d) for p in s.co],
+                   [block_rows(state_b[p.tensor], p, nb, d) for p in s.co])
+    ct = side_gram([block_rows(state_a[p.tensor], p, nb, d) for p in s.contra],
+                   [block_rows(state_b[p.tensor], p, nb, d) for p in s.contra])
+    return Grams(*co, *ct)
+
+
+def _identity_distance(g: Grams) -> Tensor:
+    eye = torch.eye(g.d, dtype=torch.float64).expand(g.n, g.d, g.d)
+    return g.objective(eye, eye)
+
+
+# ----------------------------------------------------------------------------
+# the matcher
+# ----------------------------------------------------------------------------
+
+
+def match_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor], *,
+                    stage1: bool = True, stage2: str = "full", spec_b: SymmetrySpec | None = None,
+                    max_iter: int = 100, xtol: float = 1e-11, max_cond: float = 1e6,
+                    rope_grid: int = 65, t_cap: float = 20.0) -> AttentionMatch:
+    r"""Align B's attention layers to A's through the declared exact symmetries.
+
+    Args:
+        spec: the symmetry spec of both models (``heads.*``/``qk.*``/``vo.*`` spaces).
+        state_a, state_b: state dicts (any float dtype; computations are float64).
+        stage1: match heads (off: identity permutation).
+        stage2: ``"none"``, ``"orthogonal"`` (Procrustes; ``|c| = 1`` planes under RoPE)
+            or ``"full"`` (refined over ``GL``; global per-plane optimum over ``H``).
+        spec_b: B's own spec, if it may differ (compared via ``describe()``).
+        max_iter, xtol: GL refinement limits; max_cond: conditioning guard (blocks whose
+            ``cond(U)`` exceeds it fall back to the orthogonal solution, with a warning).
+        rope_grid, t_cap: RoPE plane solver grid size and ``|log r|`` cap.
+
+    Returns:
+        :class:`AttentionMatch`; ``result.apply(state_b)`` is B', with
+        ``||A - B'|| <= ||A - B||`` on every block for ``stage2 != "none"``.
+
+    Raises:
+        MatchError: mismatched shapes/specs/encodings, NaN/Inf weights, odd rotated width.
+    """
+    if stage2 not in STAGE2_MODES:
+        raise MatchError(f"unknown stage2={stage2!r}; use one of {', '.join(STAGE2_MODES)}")
+    try:
+        layers = find_layers(spec, state_a)
+    except SymalignError as e:
+        raise MatchError(str(e)) from e
+    _validate(spec, layers, state_a, state_b, spec_b)
+    t0 = time.perf_counter()
+    transform: Transform = {}
+    diags: list[LayerMatch] = []
+    qk_gl: list[tuple[int, Grams]] = []
+    qk_rope: list[tuple[int, Grams]] = []
+    vo_all: list[tuple[int, Grams]] = []
+    t_stage1 = 0.0
+    for li, lay in enumerate(layers):
+        tl = time.perf_counter()
+        rope = lay.qk.rope
+        diag = LayerMatch(lay.tag, None, rope.describe() if rope is not None else "GL")
+        pi = None
+        if lay.heads is not None:
+            hg = lay.heads_group
+            if stage1:
+                ts = time.perf_counter()
+                cost = head_cost(lay, state_a, state_b)
+                pi = assign_heads(cost, hg)
+                diag.stage1_cost = objective(cost, pi)
+                diag.stage1_cost_identity = float(cost.diagonal().sum())
+                t_stage1 += time.perf_counter() - ts
+            else:
+                pi = hg.identity()
+            transform[lay.heads] = pi
+            diag.permutation = [int(i) for i in pi]
+        g_qk0, g_vo0 = _grams(lay.qk, state_a, state_b), _grams(lay.vo, state_a, state_b)
+        diag.qk_before = _identity_distance(g_qk0).tolist()
+        diag.vo_before = _identity_distance(g_vo0).tolist()
+        if pi is not None and not torch.equal(pi, torch.arange(pi.numel())):
+            pb = _permuted(lay, spec, state_b, pi)
+            g_qk, g_vo = _grams(lay.qk, state_a, pb), _grams(lay.vo, state_a, pb)
+            del pb
+        else:
+            g_qk, g_vo = g_qk0, g_vo0
+        diag.qk_stage1 = _identity_distance(g_qk).tolist()
+        diag.vo_stage1 = _identity_distance(g_vo).tolist()
+        (qk_rope if rope is not None else qk_gl).append((li, g_qk))
+        vo_all.append((li, g_vo))
+        diag.time_s = time.perf_counter() - tl
+        diags.append(diag)
+
+    ts2 = time.perf_counter()
+    kw = dict(max_iter=max_iter, xtol=xtol, max_cond=max_cond)
+
+    def scatter(items: list[tuple[int, Grams]], sol: GLSolution, kind: str) -> None:
+        off = 0
+        for li, g in items:
+            sl = slice(off, off + g.n)
+            off += g.n
+            lay, dg = layers[li], diags[li]
+            space = lay.qk.name if kind == "qk" else lay.vo.name
+            transform[space] = sol.u[sl].clone()
+            setattr(dg, f"{kind}_after", sol.objective[sl].tolist())
+            setattr(dg, f"{kind}_cond", sol.cond[sl].tolist())
+            setattr(dg, f"{kind}_iterations", [int(i) for i in sol.iterations[sl]])
+            setattr(dg, f"{kind}_fallback", [bool(b) for b in sol.fallback[sl]])
+            setattr(dg, f"{kind}_converged", [bool(b) for b in sol.converged[sl]])
+
+    gl_by_width: dict[int, list[tuple[int, Grams]]] = {}
+    for li, g in qk_gl:
+        gl_by_width.setdefault(g.d, []).append((li, g))
+    for items in gl_by_width.values():
+        scatter(items, solve_gl(Grams.cat([g for _, g in items]), stage2, label="Q-K", **kw), "qk")
+    # RoPE layers: batch those sharing a group (same width/pairing/rotary dims)
+    by_group: dict[Any, list[tuple[int, Grams]]] = {}
+    for li, g in qk_rope:
+        by_group.setdefault(layers[li].qk.rope, []).append((li, g))
+    for grp, items in by_group.items():
+        sol = solve_rope(Grams.cat([g for _, g in items]), grp, stage2, label="Q-K (RoPE)", grid=rope_grid,
+                         t_cap=t_cap, **kw)
+        scatter(items, sol, "qk")
+    # V-O: batch blocks of equal width
+    by_width: dict[int, list[tuple[int, Grams]]] = {}
+    for li, g in vo_all:
+        by_width.setdefault(g.d, []).append((li, g))
+    for items in by_width.values():
+        scatter(items, solve_vo(Grams.cat([g for _, g in items]), stage2, **kw), "vo")
+    t_stage2 = time.perf_counter() - ts2
+    totals = {
+        "distance_before": sum(sum(d.qk_before) + sum(d.vo_before) for d in diags),
+        "distance_stage1": sum(sum(d.qk_stage1) + sum(d.vo_stage1) for d in diags),
+        "distance_after": sum(sum(d.qk_after) + sum(d.vo_after) for d in diags),
+        "time_stage1_s": t_stage1,
+        "time_stage2_s": t_stage2,
+        "time_total_s": time.perf_counter() - t0,
+    }
+    if not all(math.isfinite(v) for v in totals.values()):
+        raise MatchError("the match produced non-finite distances; check the inputs for extreme values")
+    return AttentionMatch(transform, diags, spec, stage1, stage2, totals)
+
+
+def align_models(model_a, model_b, **kw) -> AttentionMatch:
+    """Match two modules exposing ``symmetry_spec()``; B is not modified.
+
+    Apply with ``model_b.load_state_dict(result.apply(model_b.state_dict()))``.
+    """
+    for who, m in (("A", model_a), ("B", model_b)):
+        if not hasattr(m, "symmetry_spec"):
+            raise MatchError(f"model {who} ({type(m).__name__}) has no symmetry_spec() method")
+    spec_a, spec_b = model_a.symmetry_spec(), model_b.symmetry_spec()
+    sa = {k: v.detach() for k, v in model_a.state_dict().items()}  # state_dict tensors are detached
+    sb = {k: v.detach() for k, v in model_b.state_dict().items()}
+    return match_attention(spec_a, sa, sb, spec_b=spec_b, **kw)

@@ -1,0 +1,179 @@
+r"""Stage 1: matching attention heads by a linear assignment on GL-invariant features.
+
+For query head ``i`` of a layer (paper layout, biases as homogeneous rows):
+
+* ``Mbar_i = W~_Q^i (C W_K^{k(i)})^T`` -- ``C`` centres the key weight over its
+  input rows (the paper's row-centring of ``M_i``, removing the softmax shift
+  along ``1``); without RoPE the key-bias row is dropped (it only adds a
+  per-query constant to the scores), under RoPE it is kept;
+* ``N_i = W~_V^{k(i)} (W_O^i)^T`` (``(D+1) x D``: V rows incl. bias, O output rows).
+
+``k(i) = i // g`` is the K/V group under GQA. Both are invariant under the
+per-head ``GL``/``H`` actions, so the cost ``C_ij = ||Mbar_i^A - Mbar_j^B||^2 +
+||N_i^A - N_j^B||^2`` is unaffected by stage 2's freedom. It is computed without
+``D x D`` products, from ``d x d`` Gram blocks:
+
+    ||X Y^T||^2 = sum((X^T X) * (Y^T Y)),   <X Y^T, Z W^T> = sum((X^T Z) * (Y^T W)),
+
+all pairs of heads at once by one matrix product per side
+(``(h d, R) @ (R, h d)``). Layers are processed one at a time to bound memory.
+
+GQA: only permutations in ``S_{h_kv} wr S_g`` are symmetries. The objective
+``sum_i C[i, pi(i)]`` splits over K/V groups, so its exact minimum over the wreath
+product is: ``Cg[k, l] = min_tau sum_a C[(k, a), (l, tau(a))]`` (a ``g x g``
+assignment for each pair of groups), then an ``h_kv x h_kv`` assignment on ``Cg``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Mapping
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import Tensor
+
+from symalign.groups import HeadPermutation
+from symalign.match.views import AttentionLayer, Part, SpaceSides, head_rows
+
+
+def _side_heads(state: Mapping[str, Tensor], parts: tuple[Part, ...], n_heads: int, d: int,
+                centre: bool = False, drop_bias: bool = False) -> list[tuple[Tensor, int]]:
+    out = []
+    for p in parts:
+        if drop_bias and p.homogeneous:
+            continue
+        x, units = head_rows(state[p.tensor], p, d)
+        if centre and not p.homogeneous:
+            x = x - x.mean(dim=1, keepdim=True)
+        out.append((x, units))
+    return out
+
+
+def _expand(units: int, n_heads: int) -> Tensor:
+    """Head -> unit index (identity, or ``i // g`` for a K/V axis under GQA)."""
+    return torch.arange(n_heads) // (n_heads // units)
+
+
+def _cross(a_side, b_side, n_heads: int, d: int) -> Tensor:
+    """``G[i, a, j, b] = (X_i^A)^T X_j^B`` summed over parts, ``(h, d, h, d)``."""
+    total = torch.zeros(n_heads, d, n_heads, d, dtype=torch.float64)
+    for (xa, units), (xb, _) in zip(a_side, b_side):
+        r = xa.shape[1]
+        g = xa.permute(0, 2, 1).reshape(units * d, r) @ xb.permute(1, 0, 2).reshape(r, units * d)
+        g = g.view(units, d, units, d)
+        if units != n_heads:
+            idx = _expand(units, n_heads)
+            g = g[idx][:, :, idx]
+        total += g
+    return total
+
+
+def _self(side, n_heads: int, d: int) -> Tensor:
+    """``X_i^T X_i`` summed over parts, ``(h, d, d)``."""
+    total = torch.zeros(n_heads, d, d, dtype=torch.float64)
+    for x, units in side:
+        g = torch.einsum("ira,irb->iab", x, x)
+        total += g[_expand(units, n_heads)] if units != n_heads else g
+    return total
+
+
+def _pair_cost(co_a, co_b, ct_a, ct_b, n_heads: int, d: int) -> Tensor:
+    """``||X_i^A Y_i^A^T - X_j^B Y_j^B^T||^2`` for all pairs ``(i, j)``."""
+    na = (_self(co_a, n_heads, d) * _self(ct_a, n_heads, d)).sum((-1, -2))
+    nb = (_self(co_b, n_heads, d) * _self(ct_b, n_heads, d)).sum((-1, -2))
+    gx = _cross(co_a, co_b, n_heads, d)
+    gy = _cross(ct_a, ct_b, n_heads, d)
+    inner = torch.einsum("iajb,iajb->ij", gx, gy)
+    return na[:, None] + nb[None, :] - 2 * inner
+
+
+def head_cost(layer: AttentionLayer, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor]) -> Tensor:
+    """Stage-1 cost matrix ``C[i, j]`` (head ``i`` of A vs head ``j`` of B), ``(h, h)`` float64."""
+    h, d = layer.n_heads, layer.head_dim
+    rope = layer.qk.rope is not None
+    qk, vo = layer.qk, layer.vo
+
+    def sides(s: SpaceSides, st, centre: bool, drop: bool):
+        return (_side_heads(st, s.co, h, d),
+                _side_heads(st, s.contra, h, d, centre=centre, drop_bias=drop))
+
+    qa, ka = sides(qk, state_a, True, not rope)
+    qb, kb = sides(qk, state_b, True, not rope)
+    cost = _pair_cost(qa, qb, ka, kb, h, d)
+    del qa, ka, qb, kb
+    va, oa = sides(vo, state_a, False, False)
+    vb, ob = sides(vo, state_b, False, False)
+    cost += _pair_cost(va, vb, oa, ob, h, d)
+    return cost.clamp_min(0.0)
+
+
+def assign_heads(cost: Tensor, group: HeadPermutation) -> Tensor:
+    """The element ``pi`` of ``group`` minimising ``sum_i cost[i, pi[i]]`` (exact, GQA-aware).
+
+    ``cost[i, j]`` compares head ``i`` of A with head ``j`` of B; the result re-orders
+    B: new head ``i`` of B' is old head ``pi[i]`` of B.
+    """
+    c = cost.detach().cpu().numpy().astype(np.float64)
+    g, kv = group.group_size, group.kv
+    if g == 1:
+        return torch.as_tensor(linear_sum_assignment(c)[1], dtype=torch.int64)
+    c4 = c.reshape(kv, g, kv, g)
+    cg = np.empty((kv, kv))
+    taus = np.empty((kv, kv, g), dtype=np.int64)
+    for k in range(kv):
+        for l_ in range(kv):
+            r, col = linear_sum_assignment(c4[k, :, l_, :])
+            cg[k, l_] = c4[k, r, l_, col].sum()
+            taus[k, l_] = col
+    sigma = linear_sum_assignment(cg)[1]
+    tau = torch.as_tensor(np.stack([taus[k, sigma[k]] for k in range(kv)]))
+    return group.from_parts(torch.as_tensor(sigma, dtype=torch.int64), tau)
+
+
+def objective(cost: Tensor, pi: Tensor) -> float:
+    """Stage-1 objective ``sum_i cost[i, pi[i]]``."""
+    return float(cost[torch.arange(cost.shape[0]), pi].sum())
+
+
+def permutation_rank(cost: Tensor, pi: Tensor, group: HeadPermutation | None = None,
+                     max_heads: int = 8) -> int:
+    """Rank (1 = best) of ``pi`` among all elements of ``group`` (default ``S_h``) by the stage-1 objective.
+
+    Brute force over ``h!`` permutations (``h <= max_heads``); ties count in ``pi``'s
+    favour (rank = 1 + number of strictly better elements, with a relative tolerance
+    of 1e-12).
+    """
+    h = cost.shape[0]
+    if h > max_heads:
+        raise ValueError(f"brute-force rank needs h <= {max_heads}, got {h}")
+    c = cost.detach().cpu().numpy().astype(np.float64)
+    mine = c[np.arange(h), pi.numpy()].sum()
+    perms = np.array(list(itertools.permutations(range(h))))
+    if group is not None:
+        keep = [group.contains(torch.as_tensor(p)) for p in perms]
+        perms = perms[np.array(keep)]
+    vals = c[np.arange(h)[None, :], perms].sum(1)
+    tol = 1e-12 * max(abs(mine), np.abs(c).max(), 1e-300)
+    return int((vals < mine - tol).sum()) + 1
+
+
+def best_and_identity(cost: Tensor, group: HeadPermutation | None = None) -> tuple[float, float]:
+    """``(L_best, L_identity)`` by brute force (for :func:`lhat`)."""
+    h = cost.shape[0]
+    c = cost.detach().cpu().numpy().astype(np.float64)
+    perms = np.array(list(itertools.permutations(range(h))))
+    if group is not None:
+        perms = perms[np.array([group.contains(torch.as_tensor(p)) for p in perms])]
+    vals = c[np.arange(h)[None, :], perms].sum(1)
+    return float(vals.min()), float(np.trace(c))
+
+
+def lhat(l_method: float, l_best: float, l_identity: float) -> float:
+    """``Lhat = 100 (L_method - L_best) / (L_identity - L_best)`` (0 when identity is already best)."""
+    den = l_identity - l_best
+    if den <= 0 or not math.isfinite(den):
+        return 0.0
+    return 100.0 * (l_method - l_best) / den

@@ -1,0 +1,192 @@
+r"""Canonical per-head views of attention tensors, read from a :class:`SymmetrySpec`.
+
+The matcher is architecture-blind: it finds attention layers by scanning the
+spec (a ``HeadPermutation`` space coupled to ``qk.*``/``vo.*`` per-head spaces,
+or bare ``qk.L``/``vo.L`` pairs for layers without a head permutation, e.g.
+ALiBi) and gets every tensor from :meth:`SymmetrySpec.tensors_of`.
+
+Paper layout
+------------
+For a per-head space with blocks of width ``d``, every tensor axis it acts on is
+cut into blocks; the other axes of the tensor become *rows*. A block of an
+``nn.Linear`` weight ``(n d, D)`` acted on along axis 0 is the ``D x d`` matrix
+``W^i`` of the paper; a bias ``(n d,)`` gives one extra row (the homogeneous
+coordinate, ``W~ = [W ; b]``). With ``T = U`` the block of the group element:
+
+* covariant parts (Q, V): ``W' = T W`` in PyTorch layout, i.e. each row
+  ``w -> w U^T`` (paper: ``W_Q U^T``);
+* contravariant parts (K, O): ``W' = T^{-T} W``, i.e. ``w -> w U^{-1}``.
+
+Under GQA a query-head axis (``rep="query"``) of a space with ``h_kv`` blocks
+holds ``g = h / h_kv`` consecutive sub-blocks per block; all ``g`` query heads'
+rows are stacked under the one transform of their K/V group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+from torch import Tensor
+
+from symalign.errors import MatchError
+from symalign.groups import GeneralLinear, HeadPermutation, PerHead, RotaryPlanes
+from symalign.spec import SymmetrySpec
+
+
+@dataclass(frozen=True)
+class Part:
+    """One tensor on one side of a per-head space.
+
+    ``homogeneous``: a 1-D tensor (a bias), contributing one row per head.
+    """
+
+    tensor: str
+    axis: int
+    variance: str
+    rep: str | None
+    homogeneous: bool
+
+
+@dataclass(frozen=True)
+class SpaceSides:
+    """A per-head space and its covariant (Q/V) and contravariant (K/O) parts."""
+
+    name: str
+    group: PerHead
+    co: tuple[Part, ...]
+    contra: tuple[Part, ...]
+
+    @property
+    def rope(self) -> RotaryPlanes | None:
+        return self.group.inner if isinstance(self.group.inner, RotaryPlanes) else None
+
+
+@dataclass(frozen=True)
+class AttentionLayer:
+    """The spaces of one attention layer: ``heads`` (optional), ``qk`` and ``vo``."""
+
+    tag: str
+    heads: str | None
+    heads_group: HeadPermutation | None
+    qk: SpaceSides
+    vo: SpaceSides
+
+    @property
+    def n_kv(self) -> int:
+        return self.qk.group.n_blocks
+
+    @property
+    def head_dim(self) -> int:
+        return self.qk.group.inner.n
+
+    @property
+    def n_heads(self) -> int:
+        return self.heads_group.n_heads if self.heads_group is not None else self.n_kv
+
+    @property
+    def tensors(self) -> list[str]:
+        names: list[str] = []
+        for s in (self.qk, self.vo):
+            for p in s.co + s.contra:
+                if p.tensor not in names:
+                    names.append(p.tensor)
+        return names
+
+
+def _sides(spec: SymmetrySpec, space: str) -> SpaceSides:
+    g = spec.spaces[space]
+    if not isinstance(g, PerHead) or not isinstance(g.inner, (GeneralLinear, RotaryPlanes)):
+        raise MatchError(f"space {space!r} ({g.describe()}) is not a per-head GL/RoPE space; "
+                         "the attention matcher needs PerHead(GeneralLinear) or PerHead(RotaryPlanes)")
+    if isinstance(g.inner, RotaryPlanes) and g.inner.r % 2:
+        raise MatchError(f"space {space!r}: odd rotated width {g.inner.r}; RoPE planes need an even width")
+    co, contra = [], []
+    for t, a in spec.tensors_of(space):
+        part = Part(t, a.axis, a.variance, a.rep, homogeneous=False)  # biases marked by _mark_bias
+        (co if a.variance == "co" else contra).append(part)
+    if not co or not contra:
+        raise MatchError(f"space {space!r} needs tensors on both sides (covariant and contravariant); "
+                         f"found {len(co)} covariant and {len(contra)} contravariant")
+    return SpaceSides(space, g, tuple(co), tuple(contra))
+
+
+def find_layers(spec: SymmetrySpec, state: Mapping[str, Tensor] | None = None) -> list[AttentionLayer]:
+    """Every attention layer of ``spec``, in declaration order of its ``qk`` spaces.
+
+    With ``state`` given, parts whose tensor is 1-D are marked homogeneous (biases).
+    """
+    heads_of: dict[str, str] = {}
+    for p, blocks in spec.couplings.items():
+        for b in blocks:
+            heads_of[b] = p
+    layers = []
+    for name in spec.spaces:
+        if not name.startswith("qk."):
+            continue
+        tag = name[3:]
+        vo = f"vo.{tag}"
+        if vo not in spec.spaces:
+            raise MatchError(f"layer {tag!r}: space {name!r} has no matching {vo!r}")
+        hq, hv = heads_of.get(name), heads_of.get(vo)
+        if hq != hv:
+            raise MatchError(f"layer {tag!r}: {name!r} and {vo!r} are coupled to different head spaces ({hq}, {hv})")
+        hg = spec.spaces[hq] if hq is not None else None
+        if hg is not None and not isinstance(hg, HeadPermutation):
+            raise MatchError(f"layer {tag!r}: head space {hq!r} is {hg.describe()}, not a HeadPermutation")
+        qk, vos = _sides(spec, name), _sides(spec, vo)
+        if state is not None:
+            qk, vos = (_mark_bias(s, state) for s in (qk, vos))
+        if qk.group.n_blocks != vos.group.n_blocks or qk.group.inner.n != vos.group.inner.n:
+            raise MatchError(f"layer {tag!r}: qk ({qk.group.describe()}) and vo ({vos.group.describe()}) "
+                             "have different block structures")
+        layers.append(AttentionLayer(tag, hq, hg, qk, vos))
+    return layers
+
+
+def _mark_bias(s: SpaceSides, state: Mapping[str, Tensor]) -> SpaceSides:
+    def mark(ps):
+        return tuple(Part(p.tensor, p.axis, p.variance, p.rep, state[p.tensor].dim() == 1) for p in ps)
+
+    return SpaceSides(s.name, s.group, mark(s.co), mark(s.contra))
+
+
+def block_rows(x: Tensor, part: Part, n_blocks: int, d: int, dtype=torch.float64) -> Tensor:
+    """The part as ``(n_blocks, repeat, rows, d)`` in the paper layout (rows = all other axes).
+
+    ``repeat`` is ``g`` for a query-head axis under GQA and 1 otherwise; a bias gives
+    ``rows = 1``.
+    """
+    xd = torch.movedim(x, part.axis, 0)
+    size = xd.shape[0]
+    if size % (n_blocks * d):
+        raise MatchError(f"tensor {part.tensor!r}: axis {part.axis} has {size} entries, "
+                         f"not a multiple of {n_blocks} blocks of {d}")
+    rep = size // (n_blocks * d)
+    return xd.reshape(n_blocks, rep, d, -1).transpose(-1, -2).to(dtype)
+
+
+def head_rows(x: Tensor, part: Part, d: int, dtype=torch.float64) -> tuple[Tensor, int]:
+    """The part as ``(n_units, rows, d)`` with one unit per head block on the axis.
+
+    Returns the view and ``n_units`` (``n_heads`` for a query-head axis, ``h_kv`` for a
+    K/V axis under GQA).
+    """
+    xd = torch.movedim(x, part.axis, 0)
+    units = xd.shape[0] // d
+    return xd.reshape(units, d, -1).transpose(-1, -2).to(dtype), units
+
+
+def side_gram(a_parts: list[Tensor], b_parts: list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-block Gram matrices of one side, summed over parts (rows and query heads).
+
+    Inputs are ``(n_blocks, repeat, rows, d)`` views of A and B. Returns
+    ``(bb, ab, aa_diag)`` with ``bb = X_B^T X_B`` and ``ab = X_A^T X_B`` of shape
+    ``(n_blocks, d, d)`` and ``aa_diag = diag(X_A^T X_A)`` of shape ``(n_blocks, d)``,
+    where ``X`` stacks all rows of the block (the canonical per-block matrix).
+    """
+    bb = sum(torch.einsum("kxra,kxrb->kab", b, b) for b in b_parts)
+    ab = sum(torch.einsum("kxra,kxrb->kab", a, b) for a, b in zip(a_parts, b_parts))
+    aa = sum(torch.einsum("kxra,kxra->ka", a, a) for a in a_parts)
+    return bb, ab, aa  # type: ignore[return-value]

@@ -1,0 +1,107 @@
+"""``symalign probe`` / ``symalign demo`` on the command line: JSON, help, and one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from symalign import cli
+
+
+def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """Run :func:`symalign.cli.main` in-process (same path as the console script)."""
+    monkeypatch.setattr(sys, "argv", ["symalign", *args])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_probe_json(monkeypatch, capsys):
+    code, out, _ = run_main(monkeypatch, capsys, "probe", "--pe", "rope", "--d-model", "8", "--heads", "2",
+                            "--head-dim", "4", "--bias", "--seq-len", "6", "--json")
+    assert code == 0
+    d = json.loads(out)
+    assert d["nullity"] == d["predicted"] == 48
+    assert d["head_permutations_preserved"] is True
+    assert d["parameters"] == 288 and d["method"] == "dense" and d["match"] is True
+    assert d["config"]["max_len"] == 6
+
+
+def test_probe_table_alibi(monkeypatch, capsys):
+    code, out, _ = run_main(monkeypatch, capsys, "probe", "--pe", "alibi", "--seq-len", "6")
+    assert code == 0
+    assert "match" in out and "False" in out  # heads pinned by the slopes
+
+
+@pytest.mark.parametrize("command", ["probe", "demo"])
+def test_help(monkeypatch, capsys, command):
+    code, out, _ = run_main(monkeypatch, capsys, command, "--help")
+    assert code == 0 and "Usage" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--pe", "rope", "--head-dim", "3", "--d-model", "6", "--heads", "2"], "even"),        # odd rotated width
+    (["--pe", "rope", "--head-dim", "4", "--rotary-fraction", "0.25"], "even"),              # r = 1
+    (["--d-model", "9", "--heads", "2"], "not divisible"),
+    (["--heads", "4", "--kv-heads", "3", "--d-model", "8"], "must divide"),
+    (["--pe", "nope"], "unknown positional encoding"),
+    (["--pe", "rope", "--pairing", "diagonal"], "pairing"),
+    (["--method", "svd"], "method"),
+    (["--seq-len", "1"], "seq-len"),
+])
+def test_bad_input_one_line_exit_2(monkeypatch, capsys, args, needle):
+    code, out, err = run_main(monkeypatch, capsys, "probe", *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err
+
+
+def test_usage_error_exits_2(monkeypatch, capsys):
+    code, _, err = run_main(monkeypatch, capsys, "probe", "--d-model", "eight")
+    assert code == 2 and "Traceback" not in err
+
+
+def test_console_script_bad_pe():
+    """The installed entry point: unknown --pe is one line on stderr, exit 2, no traceback."""
+    exe = Path(sys.executable).parent / "symalign"
+    proc = subprocess.run([str(exe), "probe", "--pe", "xpos"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert "xpos" in proc.stderr
+
+
+def test_probe_api_without_parameters():
+    import torch
+    from torch import nn
+
+    from symalign.errors import SymalignError
+    from symalign.probe import probe
+
+    with pytest.raises(SymalignError):
+        probe(nn.Identity(), torch.randn(2, 3))
+
+
+def test_demo_writes_json_atomically(monkeypatch, capsys, tmp_path):
+    import symalign.probe as P
+
+    full_tour = P.probe_tour
+
+    def small_tour(**kw):
+        return full_tour(variants=["alibi"], biases=(False,))
+
+    monkeypatch.setattr(P, "probe_tour", small_tour)
+    code, out, _ = run_main(monkeypatch, capsys, "demo", "--out", str(tmp_path), "--json")
+    assert code == 0
+    rows = json.loads(out)["tour"]
+    assert rows[0]["variant"] == "alibi" and rows[0]["head_permutations_preserved"] is False
+    saved = json.loads((tmp_path / "symmetry.json").read_text())
+    assert saved["tour"] == rows
+    assert not list(tmp_path.glob("*.tmp"))

@@ -1,0 +1,92 @@
+"""The experiment protocol end to end on tiny models: results, resumption, reports, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from symalign import lmc
+from symalign.errors import SymalignError
+from symalign.experiments import parse_config, run_experiment
+from symalign.experiments.report import write_report
+
+TINY = {
+    "name": "tiny",
+    "data": "digits",
+    "model": {"family": "vit", "pe": "rope", "d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 32,
+              "patch_size": 4},
+    "train": {"steps": 30, "batch_size": 32, "lr": 3e-3, "eval_every": 0},
+    "protocol": {"scopes": ["first-attention"], "seeds": [1, 2], "points": 3, "eval_items": 64,
+                 "variants": ["orthogonal", "full"], "stage1_ablation": True},
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    res = run_experiment(parse_config(TINY), out, progress=False)
+    return out, res
+
+
+def test_protocol_writes_results_and_aligned_function_is_unchanged(tiny_run):
+    out, (res,) = tiny_run
+    path = out / "tiny" / "first-attention" / "results.json"
+    on_disk = json.loads(path.read_text())
+    assert on_disk["scope"] == "first-attention" and on_disk["pe"] == "rope"
+    assert set(on_disk["variants"]) == {"orthogonal", "full", "full-no-stage1"}
+    for v in on_disk["variants"].values():
+        assert v["function_change"] <= 1e-4
+        c = v["curve"]
+        assert c["loss"][0] == pytest.approx(on_disk["naive"]["loss"][0], rel=1e-9)  # same A endpoint
+        assert c["loss"][-1] == pytest.approx(on_disk["naive"]["loss"][-1], rel=1e-4)  # B' ~ B
+    assert (out / "tiny" / "first-attention" / "curves.png").stat().st_size > 1000
+    assert on_disk["stage1"][0]["rank"] >= 1 and on_disk["stage1"][0]["n_permutations"] == 2
+    assert "tiny" in (out / "summary.md").read_text()
+
+
+def test_rerun_skips_finished_work(tiny_run):
+    out, (res,) = tiny_run
+    path = out / "tiny" / "first-attention" / "results.json"
+    before = path.stat().st_mtime_ns
+    res2 = run_experiment(parse_config(TINY), out, progress=False)
+    assert path.stat().st_mtime_ns == before
+    assert res2[0]["naive"] == res["naive"]
+
+
+def test_interrupted_scope_resumes(tiny_run, tmp_path):
+    """Delete the results of a finished scope: the rerun recomputes them from the checkpoints."""
+    out, (res,) = tiny_run
+    path = out / "tiny" / "first-attention" / "results.json"
+    saved = path.read_text()
+    path.unlink()
+    try:
+        (res2,) = run_experiment(parse_config(TINY), out, progress=False)
+        assert res2["naive"]["loss"] == pytest.approx(res["naive"]["loss"], rel=1e-12)
+    finally:
+        path.write_text(saved)
+
+
+def test_report(tiny_run):
+    out, _ = tiny_run
+    rep = write_report(out)
+    text = rep.read_text()
+    assert "| experiment |" in text and "curves.png" in text
+
+
+def test_report_errors(tmp_path):
+    with pytest.raises(SymalignError, match="no results"):
+        write_report(tmp_path)
+    with pytest.raises(SymalignError, match="no such directory"):
+        write_report(tmp_path / "missing")
+
+
+def test_curve_refuses_different_architectures(tiny_run):
+    from symalign.models import build_model
+
+    out, _ = tiny_run
+    a = build_model({**TINY["model"], "image_size": 8, "n_classes": 10, "max_len": 8}, seed=0)
+    b = build_model({**TINY["model"], "d_model": 32, "image_size": 8, "n_classes": 10, "max_len": 8}, seed=0)
+    with pytest.raises(SymalignError, match="shape"):
+        lmc.curve(a, lmc.full_state(a), lmc.full_state(b), lambda: [(torch.zeros(1, 1, 8, 8), torch.zeros(1).long())])

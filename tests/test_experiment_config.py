@@ -1,0 +1,47 @@
+"""Experiment configs: every shipped config parses; bad keys and values fail before any training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from symalign.errors import ConfigError, SymalignError
+from symalign.experiments.config import load_config, parse_config
+
+CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_shipped_configs_parse(path):
+    cfg = load_config(path)
+    assert cfg.name == path.stem
+    assert cfg.protocol.points == 25
+
+
+BASE = {"name": "x", "data": "digits", "model": {"family": "vit", "pe": "rope"}}
+
+
+@pytest.mark.parametrize("patch, msg", [
+    ({"extra": 1}, "unknown key 'extra'"),
+    ({"model": {"family": "vit", "pe": "rope", "widht": 3}}, r"unknown key \[model\] 'widht'"),
+    ({"train": {"stpes": 3}}, r"\[train\] 'stpes'"),
+    ({"protocol": {"scopes": ["all-attention", "some-attention"]}}, "unknown scope 'some-attention'"),
+    ({"protocol": {"scopes": []}}, "scopes is empty"),
+    ({"protocol": {"variants": ["fancy"]}}, "unknown stage-2 variant"),
+    ({"protocol": {"seeds": [1, 1]}}, "two different seeds"),
+    ({"data": "cifar-1000"}, "unknown dataset"),
+    ({"train": {"steps": 0}}, "steps must be a positive integer"),
+])
+def test_bad_configs_name_the_key(patch, msg):
+    with pytest.raises(SymalignError, match=msg):
+        parse_config({**BASE, **patch})
+
+
+def test_missing_and_invalid_files(tmp_path):
+    with pytest.raises(ConfigError, match="no such config"):
+        load_config(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = [unclosed")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(bad)
