@@ -1,4 +1,4 @@
-"""``symalign probe`` / ``symalign demo`` on the command line: JSON, help, and one-line errors (exit 2)."""
+"""``symalign probe`` / ``symalign tour`` on the command line: JSON, help, and one-line errors (exit 2)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_probe_table_alibi(monkeypatch, capsys):
     assert "match" in out and "False" in out  # heads pinned by the slopes
 
 
-@pytest.mark.parametrize("command", ["probe", "demo"])
+@pytest.mark.parametrize("command", ["probe", "tour", "demo"])
 def test_help(monkeypatch, capsys, command):
     code, out, _ = run_main(monkeypatch, capsys, command, "--help")
     assert code == 0 and "Usage" in out
@@ -89,7 +89,7 @@ def test_probe_api_without_parameters():
         probe(nn.Identity(), torch.randn(2, 3))
 
 
-def test_demo_writes_json_atomically(monkeypatch, capsys, tmp_path):
+def test_tour_writes_json_atomically(monkeypatch, capsys, tmp_path):
     import symalign.probe as P
 
     full_tour = P.probe_tour
@@ -98,7 +98,7 @@ def test_demo_writes_json_atomically(monkeypatch, capsys, tmp_path):
         return full_tour(variants=["alibi"], biases=(False,))
 
     monkeypatch.setattr(P, "probe_tour", small_tour)
-    code, out, _ = run_main(monkeypatch, capsys, "demo", "--out", str(tmp_path), "--json")
+    code, out, _ = run_main(monkeypatch, capsys, "tour", "--out", str(tmp_path), "--json")
     assert code == 0
     rows = json.loads(out)["tour"]
     assert rows[0]["variant"] == "alibi" and rows[0]["head_permutations_preserved"] is False

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from symalign.atomic import write_text
 from symalign.errors import CheckpointError, SymalignError
 
 FORMAT = "symalign.checkpoint"
@@ -56,11 +57,7 @@ def dedupe_state(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str,
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def save_checkpoint(run_dir: str | Path, model: nn.Module, meta: dict, optim: dict | None = None,
@@ -100,10 +97,7 @@ def save_checkpoint(run_dir: str | Path, model: nn.Module, meta: dict, optim: di
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     latest = run_dir / LATEST
-    fd, ltmp = tempfile.mkstemp(dir=run_dir, prefix=".latest.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(name + "\n")
-    os.replace(ltmp, latest)
+    write_text(latest, name + "\n")
     ckpts = sorted(p for p in run_dir.glob("ckpt-*") if p.is_dir())
     for p in ckpts[:-keep] if keep > 0 else []:
         if p != final:

@@ -1,67 +1,65 @@
-"""``symalign demo``: a short tour of the symmetry probe over every positional encoding.
-
-(Temporary main job; a later issue replaces it by an LMC experiment. The tour itself
-lives in :func:`symalign.probe.probe_tour`.)
-"""
+"""``symalign demo`` (what ``make demo`` runs): the symmetry tour, then LMC of small ViTs on digits."""
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import typer
 
 
-def write_json_atomic(path: Path, payload) -> None:
-    """Write JSON to ``path`` atomically (temporary file in the same folder, then ``os.replace``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo_command)
 
 
-def render_tour(rows: list[dict]) -> None:
-    """Print the tour as a rich table."""
+def demo_command(
+    out: Path = typer.Option(Path("runs/demo"), "--out", help="Output folder: results.json, report.md, curves.png."),
+    steps: int = typer.Option(400, help="Training steps per model (base, A, B)."),
+    threads: int = typer.Option(0, help="torch threads (0: one per core, at most 2 for these tiny models)."),
+    tour: bool = typer.Option(True, "--tour/--no-tour", help="Print the symmetry-probe tour first."),
+    as_json: bool = typer.Option(False, "--json", help="Print results.json instead of tables."),
+) -> None:
+    """Train small ViTs on the embedded digits data with sinusoidal and RoPE encodings, re-initialise
+    their attention with two seeds, align B to A with the two-stage matcher, and compare naive and
+    aligned interpolation barriers. Resumable: re-running reuses finished checkpoints."""
+    import os
+
+    import torch
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="symmetry probe tour (dense Jacobian, float64)")
-    for col in ("variant", "bias", "params", "nullity", "predicted", "declared group", "head swap", "verdict"):
-        table.add_column(col)
-    for r in rows:
-        group = " x ".join(r["group"].values())
-        table.add_row(r["variant"], "yes" if r["bias"] else "no", str(r["parameters"]), str(r["nullity"]),
-                      str(r["predicted"]), group, str(r["head_permutations_preserved"]),
-                      "[green]match[/green]" if r["match"] else "[red]mismatch[/red]")
-    Console().print(table)
+    from symalign.experiments.demo import run_demo
 
-
-def register(app: typer.Typer) -> None:
-    @app.command("demo")
-    def demo_cmd(
-        out: Path = typer.Option(Path("runs/demo"), "--out", help="folder for symmetry.json"),
-        as_json: bool = typer.Option(False, "--json", help="print the tour as JSON instead of a table"),
-        seed: int = typer.Option(0, "--seed", help="seed of the weights and inputs"),
-    ) -> None:
-        """Probe every positional encoding (none, sinusoidal, learned, RoPE half/interleaved, partial RoPE,
-        ALiBi, GQA), with and without biases: measured Jacobian nullity vs predicted group dimension,
-        and whether head swaps are symmetries. Writes OUT/symmetry.json."""
+    torch.set_num_threads(threads or max(1, min(2, os.cpu_count() or 1)))
+    console = Console(stderr=as_json)
+    if tour and not as_json:
+        from symalign.commands.tour import render_tour
         from symalign.probe import probe_tour
 
-        rows = probe_tour(seed=seed)
-        write_json_atomic(out / "symmetry.json", {"tour": rows})
-        if as_json:
-            typer.echo(json.dumps({"tour": rows, "path": str(out / "symmetry.json")}))
-        else:
-            render_tour(rows)
-            bad = sum(not r["match"] for r in rows)
-            typer.echo(f"{len(rows)} variants, {bad} mismatches; wrote {out / 'symmetry.json'}")
+        console.print("[bold]1. The symmetry group of each attention design, measured[/] "
+                      "(Jacobian null space vs theory)")
+        render_tour(probe_tour(seed=0))
+        console.print("[bold]2. Linear mode connectivity after alignment[/] (ViT on digits, "
+                      "attention re-initialised with two seeds)")
+    log = (lambda s: console.print(f"  {s}")) if not as_json else None
+    summary = run_demo(out, steps=steps, progress=not as_json, log=log)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    table = Table(title="LMC barriers, B aligned to A (held-out digits)")
+    for col in ("encoding", "acc A", "acc B", "naive loss barrier", "aligned loss barrier", "ratio %",
+                "naive acc barrier", "aligned acc barrier"):
+        table.add_column(col, justify="right")
+    for pe, d in summary["encodings"].items():
+        table.add_row(pe, f"{d['acc_A']:.3f}", f"{d['acc_B']:.3f}", f"{d['naive_loss_barrier']:.4f}",
+                      f"{d['aligned_loss_barrier']:.4f}", f"{d['barrier_ratio_percent']:.1f}",
+                      f"{d['naive_acc_barrier']:.4f}", f"{d['aligned_acc_barrier']:.4f}")
+    console.print(table)
+    abl = Table(title="Stage-2 ablation: loss barrier ratio aligned / naive (%)")
+    for col in ("encoding", "none", "orthogonal", "full"):
+        abl.add_column(col, justify="right")
+    for pe, d in summary["encodings"].items():
+        r = d["stage2_ablation_ratio_percent"]
+        abl.add_row(pe, *(f"{r[k]:.1f}" for k in ("none", "orthogonal", "full")))
+    console.print(abl)
+    console.print(f"wrote {out / 'results.json'}, {out / 'report.md'}, {out / 'curves.png'}")

@@ -11,13 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 from torch import Tensor
+
+from symalign.atomic import atomic_path
 
 BYTE_VOCAB = 256
 ARRAYS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")
@@ -92,16 +93,9 @@ def cache_path(name: str, options: dict) -> Path:
 
 def save_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """Write ``arrays`` to ``path`` via a temp file in the same directory and ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
             np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def cached(name: str, options: dict, build: Callable[[], dict[str, np.ndarray]], use_cache: bool = True

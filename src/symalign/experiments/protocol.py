@@ -21,8 +21,6 @@ files are written atomically.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -32,22 +30,10 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from symalign import lmc
+from symalign.atomic import write_json as write_json_atomic
 from symalign.errors import SymalignError
 from symalign.experiments.config import ExperimentConfig
 from symalign.spec import SymmetrySpec, apply
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON to a temporary file in the same directory, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, default=float)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def scope_layers(scope: str, n_layers: int) -> list[int]:

@@ -10,7 +10,6 @@ import io
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -18,27 +17,17 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from symalign.atomic import atomic_path  # noqa: E402
+from symalign.atomic import write_text as _write_text_atomic  # noqa: E402
 from symalign.errors import SymalignError  # noqa: E402
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def _save_fig_atomic(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
+        with atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png")
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
 
 
 def plot_curves(results: dict | list[dict], path: Path, title: str | None = None) -> Path:

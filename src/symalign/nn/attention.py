@@ -25,7 +25,7 @@ rotation on the first ``r = rotary_fraction * d_h`` dims (identity otherwise),
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F

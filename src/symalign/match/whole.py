@@ -1,0 +1,262 @@
+r"""Whole-model weight matching (seed 002): residual ``O``, FF permutations, attention.
+
+Given a :class:`~symalign.spec.SymmetrySpec` with
+
+* attention spaces ``heads.i``/``qk.i``/``vo.i`` (matched by
+  :func:`symalign.match.match_attention`),
+* permutation spaces not coupled to per-head blocks (``ff.i``; also a permuted
+  ``residual`` when only ``S_D`` is exact) -- :mod:`symalign.match.ff`,
+* orthogonal spaces (``residual`` = ``O(D)`` after the RMSNorm rewrite, or the
+  centred ``O_1(D)`` for a LayerNorm stream) -- :mod:`symalign.match.residual`,
+
+find ``g`` with ``g . theta_B`` close to ``theta_A`` in the squared Frobenius
+distance summed over every tensor the spec labels, by block-coordinate descent:
+
+0. initialise the residual space from the tensors no other space acts on
+   (embeddings, positions, CLS token, head, output biases): those are comparable
+   before anything else is aligned;
+1. each unit permutation space (``ff.*``) by a linear assignment given the others;
+2. the attention spaces by :func:`match_attention` on ``B`` with the residual and FF
+   elements applied (actions on different axes commute);
+3. each residual-stream space (orthogonal: Procrustes; a permuted stream: linear
+   assignment) given the current others;
+
+and repeat 1-3 until the total distance falls by less than ``rtol`` (relative to
+the initial distance). Steps 1 and 3 are exact minimisers of their block; step 2
+is the attention matcher's (exact on planted pairs). The per-iteration distances
+are recorded in :attr:`WholeMatch.distances`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from symalign.errors import MatchError, SymalignError
+from symalign.groups import HeadPermutation, Orthogonal, PerHead, Permutation
+from symalign.match.api import match_attention
+from symalign.match.ff import assign
+from symalign.match.residual import cross, procrustes
+from symalign.spec import SymmetrySpec, Transform, apply
+
+
+@dataclass
+class Partition:
+    """The spaces of a spec by role."""
+
+    attention: list[str]
+    permutations: list[str]
+    orthogonal: list[str]
+
+
+def partition(spec: SymmetrySpec) -> Partition:
+    """Split the spaces into attention / permutation / orthogonal (anything else: :class:`MatchError`)."""
+    coupled = {b for bs in spec.couplings.values() for b in bs} | set(spec.couplings)
+    att, perm, orth = [], [], []
+    for name, g in spec.spaces.items():
+        if name in coupled or isinstance(g, (HeadPermutation, PerHead)):
+            att.append(name)
+        elif isinstance(g, Permutation):
+            perm.append(name)
+        elif isinstance(g, Orthogonal):
+            orth.append(name)
+        else:
+            raise MatchError(f"space {name!r} ({g.describe()}) is not supported by whole-model matching "
+                             "(expected attention, permutation or orthogonal spaces)")
+    return Partition(att, perm, orth)
+
+
+def validate_states(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor]) -> None:
+    """Every labelled tensor exists in both states with equal shapes and finite entries."""
+    for t in spec.tensors:
+        for who, st in (("A", state_a), ("B", state_b)):
+            if t not in st:
+                raise MatchError(f"model {who} has no tensor {t!r} (the models differ in depth or structure)")
+        xa, xb = state_a[t], state_b[t]
+        if xa.shape != xb.shape:
+            raise MatchError(f"tensor {t!r} has shape {tuple(xa.shape)} in A but {tuple(xb.shape)} in B; "
+                             "whole-model matching needs equal widths (FF width, heads, model width)")
+        for who, x in (("A", xa), ("B", xb)):
+            if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+                raise MatchError(f"tensor {t!r} of model {who} has NaN or Inf entries")
+    try:
+        spec.check(state_a)
+        spec.check(state_b)
+    except SymalignError as e:
+        raise MatchError(f"the spec does not fit the state dicts: {e}") from e
+
+
+def distance(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor]) -> float:
+    """``sum_t ||A_t - B_t||^2`` over the tensors the spec labels."""
+    return float(sum(float((state_a[t].double() - state_b[t].double()).pow(2).sum()) for t in spec.tensors))
+
+
+def _without(transform: Mapping[str, Tensor], names) -> Transform:
+    drop = set(names)
+    return {k: v for k, v in transform.items() if k not in drop}
+
+
+def _pairs(spec: SymmetrySpec, space: str, only_free: bool = False):
+    out = []
+    for t, a in spec.tensors_of(space):
+        if only_free and any(b.space != space for b in spec.tensors[t]):
+            continue
+        out.append((t, a))
+    return out
+
+
+def _solve_space(spec: SymmetrySpec, space: str, state_a, state_b, only_free: bool = False) -> Tensor | None:
+    pairs = _pairs(spec, space, only_free)
+    if not pairs:
+        return None
+    m = cross(pairs, state_a, state_b)
+    g = spec.spaces[space]
+    if isinstance(g, Permutation):
+        return assign(m)
+    return procrustes(m, g)  # type: ignore[arg-type]
+
+
+def attention_step(spec: SymmetrySpec, names: list[str], state_a, state_b, stage1: bool = True,
+                   stage2: str = "full"):
+    """:func:`match_attention` on the attention sub-spec (fused segments split into virtual tensors)."""
+    from symalign.arch.fused import split_segments
+
+    sub = spec.restrict(names)
+    view_spec, (va, vb) = split_segments(sub, state_a, state_b)
+    return match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2)
+
+
+@dataclass
+class WholeMatch:
+    """Result of :func:`match_whole`; ``apply(state_b)`` is B aligned to A.
+
+    ``distances[0]`` is the unaligned distance, ``distances[k]`` the distance after
+    iteration ``k`` (squared Frobenius, summed over the labelled tensors).
+    """
+
+    transform: Transform
+    spec: SymmetrySpec = field(repr=False)
+    distances: list[float]
+    converged: bool
+    method: str = "weight"
+    attention: Any = field(default=None, repr=False)
+    time_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def iterations(self) -> int:
+        return len(self.distances) - 1
+
+    def apply(self, state_b: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        return apply(self.spec, self.transform, state_b)
+
+    def to_dict(self) -> dict[str, Any]:
+        d0 = self.distances[0] if self.distances else float("nan")
+        return {"method": self.method, "iterations": self.iterations, "converged": self.converged,
+                "distances": list(self.distances),
+                "relative_distance_before": 1.0 if d0 else 0.0,
+                "relative_distance_after": math.sqrt(self.distances[-1] / d0) if d0 else 0.0,
+                "spaces": self.spec.describe(), "time_s": self.time_s, "notes": list(self.notes),
+                "attention": self.attention.to_dict() if self.attention is not None else None}
+
+
+def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor], *,
+                max_iter: int = 20, rtol: float = 1e-10, stage1: bool = True, stage2: str = "full",
+                init: Transform | None = None, spec_b: SymmetrySpec | None = None) -> WholeMatch:
+    """Align every declared space of B to A by alternating minimisation (see the module docstring).
+
+    Args:
+        spec: the symmetry spec (e.g. :func:`symalign.rewrite.whole_spec`).
+        state_a, state_b: state dicts with the tensors the spec labels.
+        max_iter: maximum number of sweeps; rtol: stop when a sweep lowers the distance by
+            less than ``rtol * distances[0]``.
+        stage1, stage2: passed to :func:`match_attention`.
+        init: a starting transform (skips the residual initialisation).
+        spec_b: B's spec; must describe the same groups.
+
+    Raises:
+        MatchError: different specs, shapes (depth/width), NaN weights, unsupported spaces.
+    """
+    t0 = time.perf_counter()
+    if spec_b is not None and spec_b.describe() != spec.describe():
+        da, db = spec.describe(), spec_b.describe()
+        diff = sorted(set(da) ^ set(db)) or sorted(k for k in da if da[k] != db.get(k))
+        raise MatchError(f"the models have different symmetry groups (first difference: {diff[0]!r}: "
+                         f"{da.get(diff[0])} in A, {db.get(diff[0])} in B) -- different depth or widths?")
+    validate_states(spec, state_a, state_b)
+    part = partition(spec)
+    transform: Transform = dict(init) if init is not None else {}
+    notes: list[str] = []
+    stream = part.orthogonal + [p for p in part.permutations if not p.startswith("ff.")]
+    if init is None:
+        for name in stream:
+            el = _solve_space(spec, name, state_a, state_b, only_free=True)
+            if el is not None:
+                transform[name] = el
+            else:
+                notes.append(f"{name}: no tensor free of other spaces; initialised at the identity")
+    d_first = distance(spec, state_a, state_b)
+    distances = [d_first]
+    att = None
+    converged = False
+    units = [p for p in part.permutations if p not in stream]
+    for _ in range(max_iter):
+        # 1. unit permutations (FF hidden units)
+        if units:
+            cur = apply(spec, _without(transform, units), state_b)
+            for name in units:
+                el = _solve_space(spec, name, state_a, cur)
+                if el is not None:
+                    transform[name] = el
+        # 2. attention
+        if part.attention:
+            cur = apply(spec, _without(transform, part.attention), state_b)
+            att = attention_step(spec, part.attention, state_a, cur, stage1, stage2)
+            transform = {**_without(transform, part.attention), **att.transform}
+        # 3. residual-stream spaces (orthogonal, or a permuted stream)
+        if stream:
+            cur = apply(spec, _without(transform, stream), state_b)
+            for name in stream:
+                transform[name] = _solve_space(spec, name, state_a, cur)
+        d = distance(spec, state_a, apply(spec, transform, state_b))
+        if not math.isfinite(d):
+            raise MatchError("whole-model matching produced a non-finite distance; check the inputs")
+        distances.append(d)
+        if distances[-2] - d <= rtol * d_first or d <= 1e-20 * d_first:
+            converged = True
+            break
+    return WholeMatch(transform, spec, distances, converged, "weight", att, time.perf_counter() - t0, notes)
+
+
+def check_configs(cfg_a, cfg_b, allow_heterogeneous: bool = False) -> None:
+    """Clear errors for built-in model pairs that cannot be matched."""
+    if cfg_a.family != cfg_b.family:
+        raise MatchError(f"model A is a {cfg_a.family} but B is a {cfg_b.family}")
+    if cfg_a.n_layers != cfg_b.n_layers:
+        raise MatchError(f"the models have different depths ({cfg_a.n_layers} vs {cfg_b.n_layers} layers); "
+                         "whole-model matching pairs layer i with layer i")
+    if cfg_a.d_ff != cfg_b.d_ff and not allow_heterogeneous:
+        raise MatchError(f"FF widths differ ({cfg_a.d_ff} vs {cfg_b.d_ff}); only equal FF widths can be matched "
+                         "by permutations")
+    if cfg_a.d_model != cfg_b.d_model and not allow_heterogeneous:
+        raise MatchError(f"model widths differ ({cfg_a.d_model} vs {cfg_b.d_model}); use "
+                         "symalign.match.widths.embed_narrow to embed the narrower model first")
+    for k in ("n_heads", "head_dim", "n_kv_heads", "pe", "norm", "pre_norm", "bias", "activation"):
+        if getattr(cfg_a, k) != getattr(cfg_b, k):
+            raise MatchError(f"the models differ in {k} ({getattr(cfg_a, k)!r} vs {getattr(cfg_b, k)!r})")
+
+
+def align_whole(model_a, model_b, **kw) -> WholeMatch:
+    """Match two *rewritten* built-in models (:func:`symalign.rewrite.rewrite_model`); B is not modified."""
+    cfg_a, cfg_b = getattr(model_a, "cfg", None), getattr(model_b, "cfg", None)
+    if cfg_a is not None and cfg_b is not None:
+        check_configs(cfg_a, cfg_b)
+    spec = model_a.symmetry_spec()
+    sa = {k: v.detach() for k, v in model_a.state_dict().items()}
+    sb = {k: v.detach() for k, v in model_b.state_dict().items()}
+    return match_whole(spec, sa, sb, spec_b=model_b.symmetry_spec(), **kw)

@@ -1,0 +1,74 @@
+"""The LayerNorm -> gainless RMSNorm rewrite is exact, and its residual O(D) is a symmetry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _whole_util import FAMILIES, PES, inputs, model, rel_out
+
+from symalign.errors import ConfigError
+from symalign.groups import Orthogonal
+from symalign.rewrite import plan, rewrite_model, rewrite_state, rewritten_model, whole_spec
+from symalign.spec import apply, sample
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("pe", PES)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rewrite_exact_and_whole_symmetry(family, pe, norm):
+    m = model(family, pe, norm=norm)
+    x = inputs(m.cfg)
+    y = m(x)
+    r = rewrite_model(m)
+    assert not any("norm" in k for k in r.state_dict()), "gainless norms have no parameters"
+    assert rel_out(r(x), y) <= 1e-12
+    spec = r.symmetry_spec()
+    assert ("residual" in spec.spaces) == (pe != "sinusoidal")
+    if pe != "sinusoidal":
+        assert isinstance(spec.spaces["residual"], Orthogonal)
+    r.load_state_dict(apply(spec, sample(spec, 3), r.state_dict()))
+    assert rel_out(r(x), y) <= 1e-9
+
+
+def test_stream_is_mean_free_after_rewrite():
+    m = rewrite_model(model("gpt", "learned"))
+    seen = []
+    h = m.blocks[1].register_forward_pre_hook(lambda mod, inp: seen.append(inp[0]))
+    m(inputs(m.cfg))
+    h.remove()
+    assert float(seen[0].detach().mean(-1).abs().max()) <= 1e-12
+
+
+def test_rotation_is_not_a_symmetry_without_rewrite():
+    """Control: on the original LayerNorm model (gains != 1) a residual rotation changes the function."""
+    m = model("gpt", "rope")
+    spec = whole_spec(m.cfg)
+    x = inputs(m.cfg)
+    y = m(x)
+    st = {k: v for k, v in m.state_dict().items()}
+    st2 = apply(spec, {"residual": spec.spaces["residual"].sample(1)}, st)
+    m.load_state_dict(st2)
+    assert rel_out(m(x), y) > 1e-3
+
+
+def test_sinusoidal_refuses_residual_and_says_why():
+    p = plan(model("gpt", "sinusoidal").cfg)
+    assert not p.residual and "sinusoidal" in p.reason
+    assert p.norm == "centred"
+
+
+def test_tied_gpt_is_untied_and_float32_exact():
+    m = model("gpt", "rope", tie_embeddings=True).float()
+    r = rewrite_model(m)
+    assert r.head.weight.data_ptr() != r.tok_emb.weight.data_ptr()
+    x = inputs(m.cfg)
+    assert rel_out(r(x).double(), m(x).double()) <= 1e-5
+
+
+def test_post_ln_refused():
+    m = model("gpt", "rope", pre_norm=False)
+    with pytest.raises(ConfigError, match="pre-LN"):
+        rewrite_state(m.cfg, m.state_dict())
+    with pytest.raises(ConfigError, match="post-LN"):
+        rewritten_model(m.cfg)
