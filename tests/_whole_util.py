@@ -47,3 +47,15 @@ def rel_state(a: dict, b: dict) -> float:
     num = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a if a[k].is_floating_point())
     den = sum(float(a[k].double().pow(2).sum()) for k in a if a[k].is_floating_point())
     return (num / den) ** 0.5
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one intra-op thread (2 threads on a loaded 2-core machine are ~100x slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

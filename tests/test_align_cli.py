@@ -159,7 +159,7 @@ def _corrupt(kind: str, da: Path, db: Path, tmp: Path) -> tuple[list, str]:
         save_file(st, str(wb), metadata={"format": "pt"})
         return [], "transformer.h.1.attn.c_attn.weight"
     if kind == "scope":
-        return ["--scope", "model"], "not available yet"
+        return ["--scope", "layer"], "unknown scope"
     if kind == "stage2":
         return ["--stage2", "bogus"], "stage2"
     raise AssertionError(kind)

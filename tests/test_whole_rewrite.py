@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _whole_util import FAMILIES, PES, inputs, model, rel_out
+from _whole_util import FAMILIES, PES, inputs, model, rel_out, one_thread  # noqa: F401  (autouse fixture)
 
 from symalign.errors import ConfigError
 from symalign.groups import Orthogonal

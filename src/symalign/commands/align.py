@@ -60,7 +60,9 @@ def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention",
     if scope not in SCOPES:
         raise ConfigError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
     if scope == "model":
-        raise ConfigError("--scope model (whole-model alignment) is not available yet; use --scope attention")
+        from symalign.commands.align_model import run_align_model
+
+        return run_align_model(a_dir, b_dir, out_dir, stage2=stage2, stage1=stage1, force=force)
     if stage2 not in STAGE2:
         raise ConfigError(f"unknown --stage2 {stage2!r}; use one of {', '.join(STAGE2)}")
     out_path = hf_io.check_output_dir(out_dir, [a_dir, b_dir], force)
@@ -119,7 +121,7 @@ def register(app: typer.Typer) -> None:
         a_dir: Path = typer.Argument(..., help="Reference checkpoint A (save_pretrained directory)."),
         b_dir: Path = typer.Argument(..., help="Checkpoint B, to be aligned to A."),
         out: Path = typer.Option(..., "-o", "--out", help="Output directory: B aligned to A."),
-        scope: str = typer.Option("attention", help="attention | model (model: not available yet)."),
+        scope: str = typer.Option("attention", help="attention | model (model: whole model, Llama/Mistral/Qwen2/GPT-2)."),
         stage2: str = typer.Option("full", help="Inside-head alignment: none | orthogonal | full."),
         no_stage1: bool = typer.Option(False, "--no-stage1", help="Keep B's head order (skip the head assignment)."),
         force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists (atomically)."),

@@ -36,9 +36,10 @@ def plot_curves(results: dict | list[dict], path: Path, title: str | None = None
     fig, axes = plt.subplots(len(rows), 2, figsize=(10, 3.4 * len(rows)), squeeze=False)
     for (ax_l, ax_a), res in zip(axes, rows):
         label = f"{res.get('family', '')} {res.get('pe', '')} · {res.get('scope', '')}"
-        curves = {"naive": res["naive"], **{f"aligned ({k})": v["curve"] for k, v in res["variants"].items()}}
+        naive = res.get("naive_label", "naive")
+        curves = {naive: res["naive"], **{f"aligned ({k})": v["curve"] for k, v in res["variants"].items()}}
         for name, c in curves.items():
-            style = "--" if name == "naive" else "-"
+            style = "--" if name == naive and res["variants"] else "-"
             ax_l.plot(c["t"], c["loss"], style, marker=".", label=f"{name}: B={c['loss_barrier']:.3f}")
             ax_a.plot(c["t"], [100 * a for a in c["acc"]], style, marker=".", label=name)
         ax_l.set(xlabel="t  (A → B)", ylabel="held-out loss", title=label)
@@ -49,6 +50,7 @@ def plot_curves(results: dict | list[dict], path: Path, title: str | None = None
         ax_a.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
     _save_fig_atomic(fig, path)
     return path
 

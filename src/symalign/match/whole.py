@@ -166,7 +166,7 @@ class WholeMatch:
 
 
 def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor], *,
-                max_iter: int = 20, rtol: float = 1e-10, stage1: bool = True, stage2: str = "full",
+                max_iter: int = 20, rtol: float = 1e-6, stage1: bool = True, stage2: str = "full",
                 init: Transform | None = None, spec_b: SymmetrySpec | None = None) -> WholeMatch:
     """Align every declared space of B to A by alternating minimisation (see the module docstring).
 

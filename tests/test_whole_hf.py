@@ -1,0 +1,114 @@
+"""``symalign align --scope model`` on tiny Llama and GPT-2 checkpoints (planted and independent pairs)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_tiny import inputs, make_model, output, rel
+from _whole_util import one_thread  # noqa: F401  (autouse fixture)
+
+from symalign.arch import get_adapter
+from symalign.match.hfmodel import prepare
+from symalign.spec import apply, sample
+
+
+def run_cli(args, capsys, monkeypatch):
+    from symalign import cli
+
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["symalign", "align", *map(str, args)])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _state(model) -> dict:
+    st = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        st.pop("lm_head.weight", None)  # not saved for tied models
+    return st
+
+
+def _prepared(model):
+    st = _state(model)
+    return prepare(model.config, st, get_adapter(model).spec(model.config, st.keys()))
+
+
+def _load_out(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def _rel_state(a: dict, b: dict) -> float:
+    num = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a)
+    den = sum(float(a[k].double().pow(2).sum()) for k in a)
+    return (num / den) ** 0.5
+
+
+@pytest.mark.parametrize("family,kw,tol", [("llama", {}, 1e-6), ("qwen2", {}, 1e-6), ("mistral", {}, 1e-6),
+                                            ("gpt2", {"tie_word_embeddings": False}, 1e-9)])
+def test_planted_whole_model_recovery_cli(family, kw, tol, tmp_path, capsys, monkeypatch):
+    a = make_model(family, dtype=torch.float64, seed=0, **kw)
+    pa = _prepared(a)
+    b = make_model(family, dtype=torch.float64, seed=0, **kw)
+    b.load_state_dict(apply(pa.spec, sample(pa.spec, 11), pa.state), strict=False)
+    da, db, out = tmp_path / "A", tmp_path / "B", tmp_path / "OUT"
+    a.save_pretrained(da)
+    b.save_pretrained(db)
+    code, stdout, err = run_cli([da, db, "-o", out, "--scope", "model", "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    info = json.loads(stdout)
+    assert info["scope"] == "model" and "residual" in info["group"]["spaces"]
+    assert info["distance"]["before"]["total"] > 0.1
+    assert info["distance"]["after"]["total"] <= 1e-8
+    assert _rel_state(pa.state, _load_out(out)) <= 1e-8
+    o = type(b).from_pretrained(out, dtype=torch.float64, attn_implementation="eager").eval()
+    x = inputs(b)
+    assert rel(output(o, x), output(b, x)) <= tol
+
+
+def test_gpt2_tied_independent_pair_is_untied_and_exact(tmp_path, capsys, monkeypatch):
+    a = make_model("gpt2", dtype=torch.float64, seed=0)
+    b = make_model("gpt2", dtype=torch.float64, seed=1)
+    da, db, out = tmp_path / "A", tmp_path / "B", tmp_path / "OUT"
+    a.save_pretrained(da)
+    b.save_pretrained(db)
+    code, stdout, err = run_cli([da, db, "-o", out, "--scope", "model", "--json", "--stage2", "orthogonal"], capsys, monkeypatch)
+    assert code == 0, err
+    info = json.loads(stdout)
+    assert info["untied_head"] and json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False
+    assert info["distance"]["after"]["total"] < info["distance"]["before"]["total"]
+    assert info["match"]["distances"][-1] < info["match"]["distances"][0]
+    o = type(b).from_pretrained(out, dtype=torch.float64, attn_implementation="eager").eval()
+    x = inputs(b)
+    assert rel(output(o, x), output(b, x)) <= 1e-9
+
+
+def test_unsupported_family_refused(tmp_path, capsys, monkeypatch):
+    a = make_model("bert", dtype=torch.float32, seed=0)
+    b = make_model("bert", dtype=torch.float32, seed=1)
+    a.save_pretrained(tmp_path / "A")
+    b.save_pretrained(tmp_path / "B")
+    code, _, err = run_cli([tmp_path / "A", tmp_path / "B", "-o", tmp_path / "OUT", "--scope", "model"], capsys,
+                           monkeypatch)
+    assert code == 2 and "--scope model supports" in err
+    assert not (tmp_path / "OUT").exists()
+
+
+def test_tied_llama_refused(tmp_path, capsys, monkeypatch):
+    for name, seed in (("A", 0), ("B", 1)):
+        make_model("llama", dtype=torch.float32, seed=seed, tie_word_embeddings=True).save_pretrained(tmp_path / name)
+    code, _, err = run_cli([tmp_path / "A", tmp_path / "B", "-o", tmp_path / "OUT", "--scope", "model"], capsys,
+                           monkeypatch)
+    assert code == 2 and "tied embeddings" in err
+    assert not (tmp_path / "OUT").exists()
