@@ -17,6 +17,8 @@ def experiment_command(
     config: Path = typer.Argument(..., help="Experiment config (TOML), e.g. configs/vit-digits-rope.toml."),
     out: Path = typer.Option(Path("runs/experiments"), help="Runs directory; the run goes to OUT/<name>."),
     threads: Optional[int] = typer.Option(None, help="torch.set_num_threads for training and evaluation."),
+    scope: list[str] = typer.Option([], "--scope", help="Run only these scopes (repeatable); default: the "
+                                                       "config's protocol.scopes."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary rows as JSON."),
     quiet: bool = typer.Option(False, help="No progress output."),
 ) -> None:
@@ -32,6 +34,10 @@ def experiment_command(
     from symalign.experiments.protocol import summary_row
 
     cfg = load_config(config)  # every key validated before any training
+    if scope:
+        from symalign.experiments.config import Protocol
+
+        cfg.protocol = Protocol(**{**vars(cfg.protocol), "scopes": list(scope)})  # validated again
     if threads:
         torch.set_num_threads(threads)
     console = Console(stderr=True)
