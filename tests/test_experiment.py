@@ -90,3 +90,19 @@ def test_curve_refuses_different_architectures(tiny_run):
     b = build_model({**TINY["model"], "d_model": 32, "image_size": 8, "n_classes": 10, "max_len": 8}, seed=0)
     with pytest.raises(SymalignError, match="shape"):
         lmc.curve(a, lmc.full_state(a), lmc.full_state(b), lambda: [(torch.zeros(1, 1, 8, 8), torch.zeros(1).long())])
+
+
+def test_block_and_full_scopes_use_whole_model_matching(tmp_path):
+    """first-block aligns attention + FF of block 0; full rewrites the norms and aligns the residual
+    stream too. B' computes B's function in every case."""
+    cfg = {**TINY, "name": "tiny-whole", "model": {**TINY["model"], "pe": "learned"},
+           "protocol": {**TINY["protocol"], "scopes": ["first-block", "full"], "variants": ["full"],
+                        "stage1_ablation": False}}
+    res = {r["scope"]: r for r in run_experiment(parse_config(cfg), tmp_path, progress=False)}
+    assert set(res["first-block"]["spaces_aligned"]) == {"heads.0", "qk.0", "vo.0", "ff.0"}
+    assert "residual" in res["full"]["spaces_aligned"] and "ff.1" in res["full"]["spaces_aligned"]
+    for r in res.values():
+        v = r["variants"]["full"]
+        assert v["function_change"] <= 1e-4
+        assert v["curve"]["loss"][-1] == pytest.approx(r["naive"]["loss"][-1], rel=1e-4)
+        assert v["curve"]["loss"][0] == pytest.approx(r["naive"]["loss"][0], rel=1e-4)

@@ -83,7 +83,8 @@ def test_gpt2_tied_independent_pair_is_untied_and_exact(tmp_path, capsys, monkey
     da, db, out = tmp_path / "A", tmp_path / "B", tmp_path / "OUT"
     a.save_pretrained(da)
     b.save_pretrained(db)
-    code, stdout, err = run_cli([da, db, "-o", out, "--scope", "model", "--json", "--stage2", "orthogonal"], capsys, monkeypatch)
+    args = [da, db, "-o", out, "--scope", "model", "--json", "--stage2", "orthogonal"]
+    code, stdout, err = run_cli(args, capsys, monkeypatch)
     assert code == 0, err
     info = json.loads(stdout)
     assert info["untied_head"] and json.loads((out / "config.json").read_text())["tie_word_embeddings"] is False

@@ -88,3 +88,11 @@ def test_bad_inputs():
     sb = {k: v for k, v in a.state_dict().items() if not k.startswith("blocks.1.")}
     with pytest.raises(MatchError, match="no tensor"):
         match_whole(a.symmetry_spec(), a.state_dict(), sb)
+
+
+@pytest.mark.parametrize("kw", [dict(n_kv_heads=2, activation="relu", bias=False),
+                                dict(rope_pairing="interleaved", rotary_fraction=0.5, head_dim=4)])
+def test_planted_recovery_gqa_and_partial_rope(kw):
+    a, b = planted("gpt", "rope", **kw)
+    res = align_whole(a, b)
+    assert rel_state(a.state_dict(), res.apply(b.state_dict())) <= 1e-8

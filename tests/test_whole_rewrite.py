@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from _whole_util import FAMILIES, PES, inputs, model, rel_out, one_thread  # noqa: F401  (autouse fixture)
 
@@ -72,3 +71,23 @@ def test_post_ln_refused():
         rewrite_state(m.cfg, m.state_dict())
     with pytest.raises(ConfigError, match="post-LN"):
         rewritten_model(m.cfg)
+
+
+VARIANTS = [
+    ("encoder", "learned", dict(pooling="mean")),
+    ("vit", "rope", dict(pooling="mean", bias=False)),
+    ("gpt", "rope", dict(n_kv_heads=2, activation="relu", bias=False, tie_embeddings=False)),
+    ("gpt", "rope", dict(rope_pairing="interleaved", rotary_fraction=0.5, head_dim=4)),
+]
+
+
+@pytest.mark.parametrize("family,pe,kw", VARIANTS)
+def test_rewrite_variants(family, pe, kw):
+    m = model(family, pe, **kw)
+    x = inputs(m.cfg)
+    y = m(x)
+    r = rewrite_model(m)
+    assert rel_out(r(x), y) <= 1e-12
+    spec = r.symmetry_spec()
+    r.load_state_dict(apply(spec, sample(spec, 3), r.state_dict()))
+    assert rel_out(r(x), y) <= 1e-9

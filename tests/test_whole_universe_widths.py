@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from _whole_util import inputs, model, rel_out, rel_state, one_thread  # noqa: F401  (autouse fixture)
 

@@ -41,12 +41,58 @@ def scope_layers(scope: str, n_layers: int) -> list[int]:
     return [0] if scope in ("first-attention", "first-block") else list(range(n_layers))
 
 
+ATTENTION_KINDS = ("heads", "qk", "vo")
+
+
+def scope_spaces(spec: SymmetrySpec, scope: str, n_layers: int) -> list[str]:
+    """The spaces to align for a scope: what the scope re-initialised and nothing else.
+
+    ``first-attention``/``all-attention``: the attention spaces of those layers;
+    ``first-block``: attention and FF hidden units of block 0; ``full``: every space
+    (residual stream included where the architecture has it).
+    """
+    if scope == "full":
+        return list(spec.spaces)
+    layers = scope_layers(scope, n_layers)
+    kinds = ATTENTION_KINDS + (("ff",) if scope == "first-block" else ())
+    return [s for s in spec.spaces if "." in s and s.split(".")[0] in kinds and int(s.split(".")[1]) in layers]
+
+
 def attention_spec(model: nn.Module, layers: list[int]) -> SymmetrySpec:
     """The model's spec restricted to the attention spaces (heads, Q-K, V-O) of ``layers``."""
     spec = model.symmetry_spec()
-    keep = [s for s in spec.spaces
-            if s.split(".")[0] in ("heads", "qk", "vo") and int(s.split(".")[1]) in layers]
+    keep = [s for s in spec.spaces if s.split(".")[0] in ATTENTION_KINDS and int(s.split(".")[1]) in layers]
     return spec.restrict(keep)
+
+
+def alignment_models(model_a: nn.Module, model_b: nn.Module, scope: str) -> tuple[nn.Module, nn.Module, list[str]]:
+    """The parametrisation in which to align, and notes.
+
+    For the ``full`` scope the models are first rewritten (LayerNorm -> gainless norm,
+    gains folded, writers centred: :mod:`symalign.rewrite`) so that the residual stream
+    has its ``O(D)`` symmetry -- the same functions in other coordinates; interpolation
+    then happens in those coordinates, as in seed 002. Other scopes keep the models.
+    """
+    if scope != "full":
+        return model_a, model_b, []
+    from symalign.rewrite import plan, rewrite_model
+
+    try:
+        p = plan(model_a.cfg)
+    except SymalignError as exc:  # e.g. post-LN: keep the model's own (permutation) residual symmetry
+        return model_a, model_b, [f"no rewrite ({exc}); residual stream matched by permutation"]
+    notes = [] if p.residual else [f"residual stream not aligned: {p.reason}"]
+    return rewrite_model(model_a).eval(), rewrite_model(model_b).eval(), notes
+
+
+def match_scope(spec: SymmetrySpec, sa: dict, sb: dict, stage1: bool, stage2: str):
+    """Attention-only spaces: the two-stage matcher; otherwise whole-model weight matching."""
+    from symalign.match import match_attention
+    from symalign.match.whole import match_whole
+
+    if all(s.split(".")[0] in ATTENTION_KINDS for s in spec.spaces):
+        return match_attention(spec, sa, sb, stage1=stage1, stage2=stage2)
+    return match_whole(spec, sa, sb, stage1=stage1, stage2=stage2, max_iter=10)
 
 
 def _finished(run_dir: Path, steps: int) -> bool:
@@ -66,13 +112,14 @@ def _train(cfg: ExperimentConfig, seed: int, out: Path, init: dict | None, progr
     return out
 
 
-def relative_output_change(model: nn.Module, state_b: dict[str, Tensor], state_b2: dict[str, Tensor], x: Tensor
-                           ) -> float:
-    """``||f_{B'}(x) - f_B(x)|| / ||f_B(x)||`` on one batch (the exactness check)."""
+def relative_output_change(model: nn.Module, state: dict[str, Tensor], state_b: dict[str, Tensor], x: Tensor,
+                           model_b: nn.Module | None = None) -> float:
+    """``||f(x) - f_B(x)|| / ||f_B(x)||``: the aligned B (``model`` with ``state``, possibly in
+    rewritten coordinates) against B itself (``model_b`` with ``state_b``; default ``model``)."""
     with torch.no_grad():
-        yb = lmc._logits(functional_call(model, state_b, (x,))).double()
-        yb2 = lmc._logits(functional_call(model, state_b2, (x,))).double()
-    return float((yb2 - yb).norm() / yb.norm().clamp_min(1e-30))
+        yb = lmc._logits(functional_call(model_b or model, state_b, (x,))).double()
+        y2 = lmc._logits(functional_call(model, state, (x,))).double()
+    return float((y2 - yb).norm() / yb.norm().clamp_min(1e-30))
 
 
 def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: str,
@@ -80,11 +127,10 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
     """Match B to A for every variant and measure naive and aligned curves (one scope)."""
     from symalign.checkpoint import load_model
     from symalign.data import eval_batches, load_dataset
-    from symalign.match import match_attention
-
-    model_a, ck_a = load_model(dir_a)
+    model_a, _ = load_model(dir_a)
     model_b, _ = load_model(dir_b)
     model_a.eval()
+    model_b.eval()
     ds = load_dataset(cfg.data, **cfg.data_options)
     p = cfg.protocol
     context = int(cfg.train.get("context", 128))
@@ -92,7 +138,10 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
     get = lambda: batches  # noqa: E731
     sa, sb = lmc.full_state(model_a), lmc.full_state(model_b)
     layers = scope_layers(scope, model_a.cfg.n_layers)
-    spec = attention_spec(model_a, layers)
+    arch_a, arch_b, notes = alignment_models(model_a, model_b, scope)  # same functions as A, B
+    ra, rb = lmc.full_state(arch_a), lmc.full_state(arch_b)
+    full_spec = arch_a.symmetry_spec()
+    spec = full_spec.restrict(scope_spaces(full_spec, scope, model_a.cfg.n_layers))
     t0 = time.perf_counter()
     naive = lmc.curve(model_a, sa, sb, get, ds.task, p.points)
     out: dict[str, Any] = {
@@ -100,6 +149,7 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
         "endpoints": {"A": {"loss": naive.loss[0], "acc": naive.acc[0]},
                       "B": {"loss": naive.loss[-1], "acc": naive.acc[-1]}},
         "naive": naive.to_dict(), "variants": {}, "layers_aligned": layers,
+        "spaces_aligned": spec.describe(), "notes": notes,
     }
     variants = [(True, v) for v in p.variants] + ([(False, "full")] if p.stage1_ablation else [])
     first_match = None
@@ -107,23 +157,25 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
         key = stage2 if stage1 else f"{stage2}-no-stage1"
         if progress:
             progress(f"{scope}: aligning ({key})")
-        m = match_attention(spec, sa, sb, stage1=stage1, stage2=stage2)
+        m = match_scope(spec, ra, rb, stage1, stage2)
         first_match = first_match or m
-        sb2 = {**sb, **apply(spec, m.transform, sb)}
-        change = relative_output_change(model_a, sb, sb2, batches[0][0])
+        rb2 = {**rb, **apply(spec, m.transform, rb)}
+        change = relative_output_change(arch_a, rb2, sb, batches[0][0], model_b)
         tol = 1e-4 if next(iter(sb.values())).dtype == torch.float32 else 1e-9
         if change > tol:
             raise SymalignError(f"alignment changed model B's function (relative change {change:.2e} > {tol:g}); "
                                 "this is a bug -- please report it with the config")
-        aligned = lmc.curve(model_a, sa, sb2, get, ds.task, p.points)
+        aligned = lmc.curve(arch_a, ra, rb2, get, ds.task, p.points)
         out["variants"][key] = {
             "curve": aligned.to_dict(), "function_change": change,
             "loss_barrier_ratio_percent": lmc.barrier_ratio(aligned.loss_barrier, naive.loss_barrier),
             "acc_barrier_ratio_percent": lmc.barrier_ratio(aligned.acc_barrier, naive.acc_barrier),
             "match": m.to_dict(),
         }
-        del sb2
-    out["stage1"] = stage1_metrics(spec, sa, sb, first_match.transform)
+        del rb2
+    attn = getattr(first_match, "attention", None) or first_match
+    out["stage1"] = stage1_metrics(spec.restrict([x for x in spec.spaces if x.split(".")[0] in ATTENTION_KINDS]),
+                                   ra, rb, attn.transform)
     out["seconds"] = time.perf_counter() - t0
     return out
 

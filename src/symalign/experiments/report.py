@@ -114,6 +114,24 @@ def write_summary(runs_dir: Path) -> list[dict]:
     return rows
 
 
+def compact_rows(results: list[dict]) -> list[dict]:
+    """The paper-style table: endpoint accuracies, naive loss barrier, and the barrier ratio
+    (aligned / naive, %) of every stage-2 variant (and of stage 1 switched off)."""
+    rows = []
+    for r in results:
+        row = {"experiment": r.get("experiment", ""), "scope": r["scope"],
+               "acc A / B": f"{r['endpoints']['A']['acc']:.3f} / {r['endpoints']['B']['acc']:.3f}",
+               "naive loss barrier": r["naive"]["loss_barrier"], "naive acc barrier": r["naive"]["acc_barrier"]}
+        for key, v in r["variants"].items():
+            row[f"{key} %"] = v["loss_barrier_ratio_percent"]
+        full = r["variants"].get("full")
+        if full is not None:
+            row["aligned loss barrier"] = full["curve"]["loss_barrier"]
+            row["aligned acc barrier"] = full["curve"]["acc_barrier"]
+        rows.append(row)
+    return rows
+
+
 def stage1_table(results: list[dict]) -> list[dict]:
     rows = []
     for r in results:
@@ -136,7 +154,8 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None) -> Path:
     rows = summary_rows(results)
     parts = ["# symalign report\n", f"{len(results)} runs under `{runs_dir}`.\n",
              "Barriers are `max_t [L(t) - ((1-t) L_A + t L_B)]` on held-out data (accuracy: sign flipped); "
-             "the ratio is aligned / naive in percent.\n", "## Barriers\n", markdown_table(rows)]
+             "the ratio is aligned / naive in percent.\n", "## Barrier ratios (aligned / naive, %)\n",
+             markdown_table(compact_rows(results)), "## All barriers\n", markdown_table(rows)]
     s1 = stage1_table(results)
     if s1:
         parts += ["## Stage 1: rank of the chosen head permutation\n", markdown_table(s1)]

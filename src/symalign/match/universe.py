@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
 from torch import Tensor, nn
 
 from symalign.errors import MatchError
 from symalign.match.whole import check_configs, distance, match_whole
-from symalign.spec import SymmetrySpec, Transform, apply
+from symalign.spec import SymmetrySpec, Transform
 
 
 @dataclass

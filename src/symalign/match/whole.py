@@ -101,24 +101,43 @@ def _without(transform: Mapping[str, Tensor], names) -> Transform:
     return {k: v for k, v in transform.items() if k not in drop}
 
 
-def _pairs(spec: SymmetrySpec, space: str, only_free: bool = False):
-    out = []
-    for t, a in spec.tensors_of(space):
-        if only_free and any(b.space != space for b in spec.tensors[t]):
-            continue
-        out.append((t, a))
-    return out
+def apply_subset(spec: SymmetrySpec, transform: Mapping[str, Tensor], state: Mapping[str, Tensor],
+                 spaces, only_bound: bool = False) -> dict[str, Tensor]:
+    """``transform . state`` restricted to the tensors the given spaces act on (the rest is not computed);
+    ``only_bound``: only those on which some other space acts as well."""
+    names = {t for s in spaces for t, _ in spec.tensors_of(s)}
+    if only_bound:
+        names = {t for t in names if any(not _is_free(spec, t, s) for s in spaces)}
+    sub = SymmetrySpec(spec.spaces, {t: spec.tensors[t] for t in names}, spec.couplings)
+    return apply(sub, transform, {t: state[t] for t in names})
 
 
-def _solve_space(spec: SymmetrySpec, space: str, state_a, state_b, only_free: bool = False) -> Tensor | None:
-    pairs = _pairs(spec, space, only_free)
-    if not pairs:
-        return None
-    m = cross(pairs, state_a, state_b)
+def _is_free(spec: SymmetrySpec, t: str, space: str) -> bool:
+    return all(b.space == space for b in spec.tensors[t])
+
+
+def _pairs(spec: SymmetrySpec, space: str, free: bool | None = None):
+    """The ``(tensor, action)`` pairs of ``space``; ``free=True``/``False``: only tensors no other space
+    acts on / only the others (``None``: all)."""
+    return [(t, a) for t, a in spec.tensors_of(space) if free is None or _is_free(spec, t, space) == free]
+
+
+def _project(spec: SymmetrySpec, space: str, m: Tensor) -> Tensor:
     g = spec.spaces[space]
-    if isinstance(g, Permutation):
-        return assign(m)
-    return procrustes(m, g)  # type: ignore[arg-type]
+    return assign(m) if isinstance(g, Permutation) else procrustes(m, g)  # type: ignore[arg-type]
+
+
+def _solve_space(spec: SymmetrySpec, space: str, state_a, state_b, only_free: bool = False,
+                 constant: Tensor | None = None) -> Tensor | None:
+    """Assignment / Procrustes for one space. ``constant``: the (cached) cross term of its free tensors,
+    which no other space changes; then only the other tensors are read."""
+    pairs = _pairs(spec, space, True if only_free else (False if constant is not None else None))
+    if not pairs and constant is None:
+        return None
+    m = cross(pairs, state_a, state_b) if pairs else None
+    if constant is not None:
+        m = constant if m is None else m + constant
+    return _project(spec, space, m)
 
 
 def attention_step(spec: SymmetrySpec, names: list[str], state_a, state_b, stage1: bool = True,
@@ -159,7 +178,6 @@ class WholeMatch:
         d0 = self.distances[0] if self.distances else float("nan")
         return {"method": self.method, "iterations": self.iterations, "converged": self.converged,
                 "distances": list(self.distances),
-                "relative_distance_before": 1.0 if d0 else 0.0,
                 "relative_distance_after": math.sqrt(self.distances[-1] / d0) if d0 else 0.0,
                 "spaces": self.spec.describe(), "time_s": self.time_s, "notes": list(self.notes),
                 "attention": self.attention.to_dict() if self.attention is not None else None}
@@ -193,11 +211,15 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
     transform: Transform = dict(init) if init is not None else {}
     notes: list[str] = []
     stream = part.orthogonal + [p for p in part.permutations if not p.startswith("ff.")]
+    free_m: dict[str, Tensor] = {}
+    for name in stream:  # the free tensors' cross term is the same in every sweep: computed once
+        pairs = _pairs(spec, name, True)
+        if pairs:
+            free_m[name] = cross(pairs, state_a, state_b)
     if init is None:
         for name in stream:
-            el = _solve_space(spec, name, state_a, state_b, only_free=True)
-            if el is not None:
-                transform[name] = el
+            if name in free_m:
+                transform[name] = _project(spec, name, free_m[name])
             else:
                 notes.append(f"{name}: no tensor free of other spaces; initialised at the identity")
     d_first = distance(spec, state_a, state_b)
@@ -208,21 +230,21 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
     for _ in range(max_iter):
         # 1. unit permutations (FF hidden units)
         if units:
-            cur = apply(spec, _without(transform, units), state_b)
+            cur = apply_subset(spec, _without(transform, units), state_b, units)
             for name in units:
                 el = _solve_space(spec, name, state_a, cur)
                 if el is not None:
                     transform[name] = el
         # 2. attention
         if part.attention:
-            cur = apply(spec, _without(transform, part.attention), state_b)
+            cur = apply_subset(spec, _without(transform, part.attention), state_b, part.attention)
             att = attention_step(spec, part.attention, state_a, cur, stage1, stage2)
             transform = {**_without(transform, part.attention), **att.transform}
         # 3. residual-stream spaces (orthogonal, or a permuted stream)
         if stream:
-            cur = apply(spec, _without(transform, stream), state_b)
+            cur = apply_subset(spec, _without(transform, stream), state_b, stream, only_bound=True)
             for name in stream:
-                transform[name] = _solve_space(spec, name, state_a, cur)
+                transform[name] = _solve_space(spec, name, state_a, cur, constant=free_m.get(name))
         d = distance(spec, state_a, apply(spec, transform, state_b))
         if not math.isfinite(d):
             raise MatchError("whole-model matching produced a non-finite distance; check the inputs")
