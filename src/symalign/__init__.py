@@ -10,17 +10,14 @@ Core objects:
 
 from symalign.errors import SymalignError
 from symalign.spec import AxisAction, SymmetrySpec, Transform, apply, compose, invert
+from symalign.probe import probe  # binds ``symalign.probe`` to the function (the submodule stays importable)
 
 __version__ = "0.1.0"
 
-__all__ = ["SymalignError", "SymmetrySpec", "AxisAction", "Transform", "apply", "compose", "invert", "__version__"]
+__all__ = ["SymalignError", "probe", "SymmetrySpec", "AxisAction", "Transform", "apply", "compose", "invert", "__version__"]
 
 
 def __getattr__(name):  # lazy: heavy subpackages load on first use
-    if name == "probe":
-        from symalign.probe import probe
-
-        return probe
     if name == "match_attention":
         from symalign.match import match_attention
 

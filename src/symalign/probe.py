@@ -53,9 +53,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import sys
 import time
-import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -631,14 +629,3 @@ def probe_tour(d_model: int = 8, n_heads: int = 2, head_dim: int = 4, seq_len: i
                          "group": res.group, "head_permutations_preserved": res.head_permutations_preserved,
                          "match": res.match, "seconds": round(res.seconds, 3)})
     return rows
-
-
-# ``symalign.probe`` is re-exported lazily as the function, but importing this submodule
-# rebinds the package attribute ``symalign.probe`` to the module. Make the module itself
-# callable (delegating to :func:`probe`) so ``symalign.probe(module, inputs)`` works either way.
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args, **kwargs) -> ProbeResult:
-        return probe(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

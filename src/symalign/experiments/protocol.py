@@ -173,9 +173,11 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
             "match": m.to_dict(),
         }
         del rb2
-    attn = getattr(first_match, "attention", None) or first_match
-    out["stage1"] = stage1_metrics(spec.restrict([x for x in spec.spaces if x.split(".")[0] in ATTENTION_KINDS]),
-                                   ra, rb, attn.transform)
+    # stage-1 metrics of the chosen head permutations, on B with the other spaces (residual, FF) aligned
+    attn_spaces = [x for x in spec.spaces if x.split(".")[0] in ATTENTION_KINDS]
+    other = [x for x in spec.spaces if x not in attn_spaces]
+    rb_ctx = {**rb, **apply(spec.restrict(other), {k: v for k, v in first_match.transform.items() if k in other}, rb)}
+    out["stage1"] = stage1_metrics(spec.restrict(attn_spaces), ra, rb_ctx, first_match.transform)
     out["seconds"] = time.perf_counter() - t0
     return out
 
