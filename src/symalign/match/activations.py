@@ -33,7 +33,7 @@ from symalign.groups import Orthogonal, Permutation
 from symalign.match.ff import assign, correlation
 from symalign.match.heads import assign_heads
 from symalign.match.residual import procrustes
-from symalign.match.whole import WholeMatch, attention_step, check_configs, distance, partition, validate_states
+from symalign.match.whole import WholeMatch, attention_step, model_states, distance, partition, validate_states
 from symalign.spec import Transform, apply
 
 
@@ -92,12 +92,7 @@ def match_activations(model_a: nn.Module, model_b: nn.Module, batches: Iterable[
     batches = list(batches)
     if not batches:
         raise MatchError("activation matching needs data: the sample was empty")
-    cfg_a, cfg_b = getattr(model_a, "cfg", None), getattr(model_b, "cfg", None)
-    if cfg_a is not None and cfg_b is not None:
-        check_configs(cfg_a, cfg_b)
-    spec = model_a.symmetry_spec()
-    sa = {k: v.detach() for k, v in model_a.state_dict().items()}
-    sb = {k: v.detach() for k, v in model_b.state_dict().items()}
+    spec, sa, sb = model_states(model_a, model_b)
     validate_states(spec, sa, sb)
     part = partition(spec)
     ra, rb = record(model_a, batches), record(model_b, batches)

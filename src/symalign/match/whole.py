@@ -273,12 +273,17 @@ def check_configs(cfg_a, cfg_b, allow_heterogeneous: bool = False) -> None:
             raise MatchError(f"the models differ in {k} ({getattr(cfg_a, k)!r} vs {getattr(cfg_b, k)!r})")
 
 
-def align_whole(model_a, model_b, **kw) -> WholeMatch:
-    """Match two *rewritten* built-in models (:func:`symalign.rewrite.rewrite_model`); B is not modified."""
+def model_states(model_a, model_b) -> tuple[SymmetrySpec, dict[str, Tensor], dict[str, Tensor]]:
+    """A's spec and both (detached) state dicts, after checking the configs are compatible."""
     cfg_a, cfg_b = getattr(model_a, "cfg", None), getattr(model_b, "cfg", None)
     if cfg_a is not None and cfg_b is not None:
         check_configs(cfg_a, cfg_b)
-    spec = model_a.symmetry_spec()
     sa = {k: v.detach() for k, v in model_a.state_dict().items()}
     sb = {k: v.detach() for k, v in model_b.state_dict().items()}
+    return model_a.symmetry_spec(), sa, sb
+
+
+def align_whole(model_a, model_b, **kw) -> WholeMatch:
+    """Match two *rewritten* built-in models (:func:`symalign.rewrite.rewrite_model`); B is not modified."""
+    spec, sa, sb = model_states(model_a, model_b)
     return match_whole(spec, sa, sb, spec_b=model_b.symmetry_spec(), **kw)
