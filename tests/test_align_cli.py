@@ -22,22 +22,14 @@ from hf_tiny import FAMILIES, inputs, make_model, output, rel
 from symalign.arch import get_adapter
 from symalign.spec import apply, sample
 
+from _cli_util import run_symalign  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
-    """``symalign.cli.main`` in-process: (exit code, stdout, stderr)."""
-    from symalign import cli
-
-    capsys.readouterr()  # drop what earlier steps printed
-    monkeypatch.setattr(sys, "argv", ["symalign", "align", *map(str, args)])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
+    """``symalign align ARGS`` in-process: (exit code, stdout, stderr)."""
+    return run_symalign(monkeypatch, capsys, "align", *args)
 
 
 def save_pair(tmp: Path, family: str, dtype=torch.float32, planted: bool = True, seed: int = 0):

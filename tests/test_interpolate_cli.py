@@ -9,18 +9,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from symalign.cli import main  # noqa: E402
+from _cli_util import run_symalign  # noqa: E402
 
 
 def _run(monkeypatch, capsys, *args):
-    monkeypatch.setattr("sys.argv", ["symalign", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_symalign(monkeypatch, capsys, *args)
 
 
 def _gpt2(tmp_path, name, seed, vocab=256):

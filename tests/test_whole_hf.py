@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from hf_tiny import inputs, make_model, output, rel
+from _cli_util import run_symalign
 from _whole_util import one_thread  # noqa: F401  (autouse fixture)
 
 from symalign.arch import get_adapter
@@ -18,17 +18,7 @@ from symalign.spec import apply, sample
 
 
 def run_cli(args, capsys, monkeypatch):
-    from symalign import cli
-
-    capsys.readouterr()
-    monkeypatch.setattr(sys, "argv", ["symalign", "align", *map(str, args)])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_symalign(monkeypatch, capsys, "align", *args)
 
 
 def _state(model) -> dict:

@@ -110,13 +110,17 @@ def parse_config(d: dict, source: str = "config") -> ExperimentConfig:
                             data_options=data_options, protocol=Protocol(**proto))
 
 
-def load_config(path: str | Path) -> ExperimentConfig:
-    """Read and validate a TOML experiment config."""
+def read_toml(path: str | Path, what: str = "config") -> dict:
+    """The parsed TOML file, or a :class:`ConfigError` naming the file (missing, invalid TOML)."""
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"{path}: no such config file")
+        raise ConfigError(f"{path}: no such {what} file")
     try:
-        d = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML ({exc})") from exc
-    return parse_config(d, str(path))
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Read and validate a TOML experiment config."""
+    return parse_config(read_toml(path), str(path))

@@ -40,7 +40,6 @@ import os
 import re
 import socket
 import sqlite3
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -48,12 +47,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from symalign.errors import ConfigError, SymalignError
-from symalign.experiments.config import ExperimentConfig, parse_config
+from symalign.experiments.config import ExperimentConfig, parse_config, read_toml
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 STORE_FILE = "sweep.sqlite"
 RUNS_SUBDIR = "runs"
@@ -265,13 +260,7 @@ def parse_grid(d: dict, source: str = "grid", default_name: str = "sweep") -> Gr
 def load_grid(path: str | Path) -> Grid:
     """Read, validate and expand a TOML grid file (nothing runs)."""
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: no such grid file")
-    try:
-        d = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML ({exc})") from exc
-    return parse_grid(d, str(path), default_name=path.stem)
+    return parse_grid(read_toml(path, "grid"), str(path), default_name=path.stem)
 
 
 # ----------------------------------------------------------------------------
