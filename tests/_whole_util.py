@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from _match_util import rel
 from symalign.models import ModelConfig, build_model
 
 FAMILIES = ("vit", "gpt", "encoder")
@@ -44,9 +45,8 @@ def rel_out(y: torch.Tensor, y0: torch.Tensor) -> float:
 
 
 def rel_state(a: dict, b: dict) -> float:
-    num = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in a if a[k].is_floating_point())
-    den = sum(float(a[k].double().pow(2).sum()) for k in a if a[k].is_floating_point())
-    return (num / den) ** 0.5
+    """Relative distance over the floating tensors of ``a`` (see ``_match_util.rel``)."""
+    return rel(a, b)
 
 
 import pytest  # noqa: E402

@@ -9,19 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from symalign import cli
+from _cli_util import run_symalign
 
 
 def run_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     """Run :func:`symalign.cli.main` in-process (same path as the console script)."""
-    monkeypatch.setattr(sys, "argv", ["symalign", *args])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_symalign(monkeypatch, capsys, *args)
 
 
 def test_probe_json(monkeypatch, capsys):
