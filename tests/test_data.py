@@ -36,7 +36,7 @@ def test_digits_split_is_deterministic_and_cached(tmp_path):
 
 def test_unknown_dataset():
     with pytest.raises(DatasetError, match="unknown dataset"):
-        load_dataset("mnist")
+        load_dataset("no-such-dataset")
 
 
 def _write_idx(path: Path, arr: np.ndarray) -> None:

@@ -133,7 +133,7 @@ def _cli(monkeypatch, capsys, *args):
 
 @pytest.mark.parametrize("args,word", [
     (["--pe", "nope"], "pe="),
-    (["--data", "mnist"], "unknown dataset"),
+    (["--data", "no-such-dataset"], "unknown dataset"),
     (["--d-model", "18", "--heads", "4"], "divisible"),
     (["--d-model", "12", "--heads", "4"], "even"),
     (["--family", "gpt", "--data", "digits"], "--family vit"),

@@ -1,4 +1,7 @@
-"""``symalign align --scope model`` on tiny Llama and GPT-2 checkpoints (planted and independent pairs)."""
+"""``symalign align --scope model`` on tiny Llama and GPT-2 checkpoints (planted and independent pairs).
+
+ViT, BERT, RoFormer and ModernBERT: tests/test_whole_hf_more.py.
+"""
 
 from __future__ import annotations
 
@@ -85,15 +88,18 @@ def test_gpt2_tied_independent_pair_is_untied_and_exact(tmp_path, capsys, monkey
     assert rel(output(o, x), output(b, x)) <= 1e-9
 
 
-def test_unsupported_family_refused(tmp_path, capsys, monkeypatch):
+def test_float32_checkpoints_stay_float32(tmp_path, capsys, monkeypatch):
+    """Every adapted family is mapped now (unmapped model types: tests/test_whole_hf_more.py); a float32
+    pair is matched in float64 and written back in float32."""
     a = make_model("bert", dtype=torch.float32, seed=0)
     b = make_model("bert", dtype=torch.float32, seed=1)
     a.save_pretrained(tmp_path / "A")
     b.save_pretrained(tmp_path / "B")
-    code, _, err = run_cli([tmp_path / "A", tmp_path / "B", "-o", tmp_path / "OUT", "--scope", "model"], capsys,
-                           monkeypatch)
-    assert code == 2 and "--scope model supports" in err
-    assert not (tmp_path / "OUT").exists()
+    code, stdout, err = run_cli([tmp_path / "A", tmp_path / "B", "-o", tmp_path / "OUT", "--scope", "model",
+                                 "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    assert json.loads(stdout)["dtype"] == "float32"
+    assert {t.dtype for t in _load_out(tmp_path / "OUT").values() if t.is_floating_point()} == {torch.float32}
 
 
 def test_tied_llama_refused(tmp_path, capsys, monkeypatch):

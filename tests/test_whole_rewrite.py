@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from _whole_util import FAMILIES, PES, inputs, model, rel_out, one_thread  # noqa: F401  (autouse fixture)
+from _whole_util import FAMILIES, PES, config, inputs, model, rel_out, one_thread  # noqa: F401  (autouse fixture)
 
 from symalign.errors import ConfigError
 from symalign.groups import Orthogonal
@@ -23,9 +23,12 @@ def test_rewrite_exact_and_whole_symmetry(family, pe, norm):
     assert not any("norm" in k for k in r.state_dict()), "gainless norms have no parameters"
     assert rel_out(r(x), y) <= 1e-12
     spec = r.symmetry_spec()
-    assert ("residual" in spec.spaces) == (pe != "sinusoidal")
+    p = plan(m.cfg)
+    assert ("residual" in spec.spaces) == (p.residual_dims > 0)
     if pe != "sinusoidal":
-        assert isinstance(spec.spaces["residual"], Orthogonal)
+        assert type(spec.spaces["residual"]) is Orthogonal and p.residual and p.residual_dims == m.cfg.d_model
+    else:  # only the rotations fixing the table (tests/test_whole_sinusoidal.py)
+        assert not p.residual and p.residual_dims < m.cfg.d_model
     r.load_state_dict(apply(spec, sample(spec, 3), r.state_dict()))
     assert rel_out(r(x), y) <= 1e-9
 
@@ -51,10 +54,13 @@ def test_rotation_is_not_a_symmetry_without_rewrite():
     assert rel_out(m(x), y) > 1e-3
 
 
-def test_sinusoidal_refuses_residual_and_says_why():
-    p = plan(model("gpt", "sinusoidal").cfg)
-    assert not p.residual and "sinusoidal" in p.reason
+def test_sinusoidal_restricts_residual_and_says_why():
+    p = plan(model("gpt", "sinusoidal").cfg)  # 16 positions at D = 16: nothing stays free
+    assert not p.residual and "sinusoidal" in p.reason and p.residual_dims == 0
+    assert "0 of 16 dimensions remain free" in p.reason
     assert p.norm == "centred"
+    p = plan(config("vit", "sinusoidal", d_model=64, image_size=28, patch_size=7, max_len=32))  # 17 positions
+    assert p.residual_dims == 46 and "46 of 64 dimensions remain free" in p.reason
 
 
 def test_tied_gpt_is_untied_and_float32_exact():

@@ -6,7 +6,8 @@ temporary directory and renamed into place (``os.replace``), then ``latest`` is
 replaced atomically, then older checkpoints are pruned -- so an interruption at
 any point leaves the previous complete checkpoint loadable.
 
-``config.json`` holds the model config, data name/options, training config,
+``config.json`` holds the model config (for ``hf:`` families the whole transformers
+config, so :func:`load_model` rebuilds the model), data name/options, training config,
 seed, step, metrics, history and the SHA-256 of ``model.safetensors``;
 ``optim.pt`` holds the optimizer state and RNG states. Tied tensors (a GPT head
 sharing the embedding) are stored once and listed under ``aliases``.
@@ -133,10 +134,12 @@ class Checkpoint:
 
     @property
     def config(self):
-        from symalign.models import ModelConfig
+        """The model config: a :class:`~symalign.models.ModelConfig`, or an
+        :class:`~symalign.models.hf.HFConfig` (``hf:`` families keep their transformers config here)."""
+        from symalign.models import config_from_dict
 
         try:
-            return ModelConfig.from_dict(self.meta["model"])
+            return config_from_dict(self.meta["model"])
         except (SymalignError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{self.path / CONFIG_FILE}: invalid model config ({exc})") from exc
 

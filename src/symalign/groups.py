@@ -238,6 +238,99 @@ class Permutation(Group):
         return f"S_{self.n}"
 
 
+@dataclass(frozen=True)
+class PositiveMonomial(Permutation):
+    r"""Positive monomial matrices ``S_n x (R_{>0})^n``: ``T = diag(s) P``, ``(T x)_i = s_i x_{perm[i]}``.
+
+    The FF hidden units of a ReLU MLP: ``relu(s z) = s relu(z)`` for ``s > 0``, so
+    scaling ``fc_in`` row ``i`` (and its bias) by ``s_i`` and ``fc_out`` column ``i``
+    by ``1 / s_i`` is exact (a covariant axis is multiplied by ``T``, a
+    contravariant one by ``T^{-T} = diag(1/s) P``).
+
+    An element is a float64 tensor of shape ``(2, n)``: row 0 the permutation
+    ``perm`` (integer-valued), row 1 the scales ``s > 0``. A bare permutation
+    (``int64`` of shape ``(n,)``, as :class:`Permutation` uses) is accepted
+    everywhere as the element with unit scales: ``S_n`` is a subgroup, so a
+    permutation-only solver (assignment, activation or learned matching) still
+    returns an element. Composition (``b`` first, then ``a``):
+    ``diag(s_a) P_a diag(s_b) P_b = diag(s_a * s_b[perm_a]) P_a P_b``, i.e.
+    ``(perm_b[perm_a], s_a * s_b[perm_a])``; inverse ``(perm^{-1}, 1 / s[perm^{-1}])``.
+    Dimension ``n`` (the scales).
+    """
+
+    log_scale: float = 1.0  # sample: s = exp(U(-log_scale, log_scale))
+
+    @property
+    def dim(self) -> int:
+        return self.n
+
+    def parts(self, a: Tensor) -> tuple[Tensor, Tensor]:
+        """``(perm, s)`` (``int64``, ``float64``) of an element or of a bare permutation."""
+        if a.dim() == 1 and not a.is_floating_point():
+            return a, torch.ones(a.shape[0], dtype=torch.float64)
+        if a.shape != (2, self.n):
+            raise GroupError(f"an element of {self.describe()} is a (2, {self.n}) tensor [perm; scales] or an "
+                             f"int64 permutation of length {self.n}; got shape {tuple(a.shape)}")
+        return a[0].round().to(torch.int64), a[1].to(torch.float64)
+
+    @staticmethod
+    def pack(perm: Tensor, s: Tensor) -> Tensor:
+        """The ``(2, n)`` element ``[perm; s]``."""
+        return torch.stack([perm.to(torch.float64), s.to(torch.float64)])
+
+    def identity(self, dtype=torch.float64) -> Tensor:
+        return self.pack(torch.arange(self.n), torch.ones(self.n, dtype=torch.float64))
+
+    def sample(self, gen=None, dtype=None) -> Tensor:
+        g = _generator(gen)
+        perm = torch.randperm(self.n, generator=g)
+        u = torch.rand(self.n, generator=g, dtype=torch.float64) * 2 - 1
+        return self.pack(perm, (u * self.log_scale).exp())
+
+    def compose(self, a: Tensor, b: Tensor) -> Tensor:
+        pa, sa = self.parts(a)
+        pb, sb = self.parts(b)
+        return self.pack(pb[pa], sa * sb[pa])
+
+    def inverse(self, a: Tensor) -> Tensor:
+        p, s = self.parts(a)
+        inv = torch.argsort(p)
+        return self.pack(inv, 1.0 / s[inv])
+
+    def contains(self, a: Tensor, atol: float = 0.0) -> bool:
+        try:
+            p, s = self.parts(a)
+        except GroupError:
+            return False
+        if a.is_floating_point() and not bool((a[0] == a[0].round()).all()):
+            return False
+        return bool(torch.equal(torch.sort(p).values, torch.arange(self.n))) and bool(
+            (torch.isfinite(s) & (s > 0)).all())
+
+    def matrix(self, a: Tensor, rep: str | None = None, size: int | None = None) -> Tensor:
+        p, s = self.parts(a)
+        m = torch.zeros(self.n, self.n, dtype=torch.float64)
+        m[torch.arange(self.n), p] = s
+        return m
+
+    def act(self, a: Tensor, x: Tensor, axis: int, variance: Variance = "co", rep: str | None = None) -> Tensor:
+        """``x`` along ``axis``: entry ``i`` becomes ``s_i x_{perm[i]}`` (co) or ``x_{perm[i]} / s_i`` (contra);
+        formed in float64 and cast back."""
+        p, s = self.parts(a)
+        if variance not in ("co", "contra"):
+            raise GroupError(f"unknown variance {variance!r}; use 'co' or 'contra'")
+        axis = axis % x.dim()
+        shape = [1] * x.dim()
+        shape[axis] = self.n
+        y = x.index_select(axis, p.to(x.device)).to(torch.float64)
+        s = s.to(y.device).view(shape)
+        y = y * s if variance == "co" else y / s
+        return y.to(x.dtype)
+
+    def describe(self) -> str:
+        return f"S_{self.n} x R+^{self.n}"
+
+
 # ----------------------------------------------------------------------------
 # Matrix groups: GL, O, and the RoPE plane group H
 # ----------------------------------------------------------------------------

@@ -7,7 +7,14 @@ Scopes (parameter-name prefixes of the built-in models):
 * ``first-block``: ``blocks.0.*`` (norms, attention, MLP)
 * ``full``: every parameter
 
+A model may define its own mapping as ``scope_names(scope) -> set of parameter names``
+(Hugging Face families: :meth:`symalign.models.hf.HFModel.scope_names`, which reads
+the attention tensors of each layer from the family's adapter);
+:func:`scope_names` uses it when present.
+
 The re-initialised values are exactly those of ``build_model(cfg, seed)``.
+Parameters a model keeps fixed (``requires_grad=False`` when built, e.g. RoFormer's
+sinusoidal table) stay fixed.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ SCOPES: tuple[str, ...] = ("first-attention", "all-attention", "first-block", "f
 
 
 def in_scope(name: str, scope: str) -> bool:
-    """Whether parameter ``name`` belongs to ``scope``."""
+    """Whether parameter ``name`` of a built-in model belongs to ``scope``."""
     if scope == "full":
         return True
     if scope == "first-attention":
@@ -34,6 +41,16 @@ def in_scope(name: str, scope: str) -> bool:
     if scope == "first-block":
         return name.startswith("blocks.0.")
     raise ConfigError(f"unknown re-initialisation scope {scope!r}; use one of {', '.join(SCOPES)}")
+
+
+def scope_names(model: nn.Module, scope: str) -> set[str]:
+    """The names of ``model``'s parameters that ``scope`` covers."""
+    if scope not in SCOPES:
+        in_scope("", scope)  # raises with the list of scopes
+    own = getattr(model, "scope_names", None)
+    if callable(own):
+        return set(own(scope))
+    return {n for n, _ in model.named_parameters() if in_scope(n, scope)}
 
 
 def reinit(base: nn.Module | str | Path, scope: str, seed: int, freeze: bool = False
@@ -50,14 +67,14 @@ def reinit(base: nn.Module | str | Path, scope: str, seed: int, freeze: bool = F
     if scope not in SCOPES:
         in_scope("", scope)  # raises with the list of scopes
     fresh = build_model(base.cfg, seed=seed).to(next(base.parameters()).device)
-    names = [n for n, _ in fresh.named_parameters() if in_scope(n, scope)]
-    keep = set(names)
+    keep = scope_names(fresh, scope)
+    names = [n for n, _ in fresh.named_parameters() if n in keep]
     with torch.no_grad():
         base_params = dict(base.named_parameters())
         for n, p in fresh.named_parameters():
             if n not in keep:
                 p.copy_(base_params[n])
-            p.requires_grad_(n in keep or not freeze)
+            p.requires_grad_(p.requires_grad and (n in keep or not freeze))
         base_buffers = dict(base.named_buffers())
         for n, b in fresh.named_buffers():
             b.copy_(base_buffers[n])

@@ -21,13 +21,21 @@ over unchanged). The rewrite:
 The rewritten stream has the exact symmetry ``O(D)``: ``RMS(O x) = O RMS(x)``,
 writers ``W <- O W``, readers ``W <- W O^T``.
 
-Special cases (all exact, checked in ``tests/test_whole_rewrite.py``):
+Special cases (all exact, checked in ``tests/test_whole_rewrite.py`` and ``tests/test_whole_sinusoidal.py``):
 
 * ``norm="rmsnorm"`` models: nothing to centre; the gains are folded.
 * ``pe="sinusoidal"``: the fixed table ``P`` is a buffer, not a parameter, so the
-  stream ``sqrt(D) e + P`` cannot be made mean-free and does not rotate. The norms
-  become LayerNorm **without affine** (``RMS(C x)``) after folding; the spec then has
-  **no** residual space (rotations are refused, see :func:`plan`).
+  stream ``sqrt(D) e + P`` cannot be made mean-free and the table does not rotate.
+  The norms become LayerNorm **without affine** (``RMS(C x)``) after folding. Only
+  the rotations that fix every row ``p_t`` of the table (the model can use every
+  row), and ``1`` for the centred norm, are exact:
+  ``O (sqrt(D) e + p_t) = sqrt(D) O e + p_t`` and ``O C = C O``. They form
+  ``O(k)`` on the complement of ``S = span{p_t} (+ span{1})``
+  (:func:`symalign.match.residual.stabiliser`, with its numerical-rank rule: every
+  element moves every ``p_t`` by at most ``1e-12 ||p_t||``). The spec declares that
+  group as ``residual`` when ``k >= 1`` (ViT with 17 positions at ``D = 64``:
+  ``k = 46``); with a context of at least ``D`` positions ``k`` is 0 and no residual
+  space is declared. ``plan(cfg).reason`` says which and how many dimensions remain free.
 * GPT with tied embeddings: the head reads ``norm_f``'s output, so
   ``head = E diag(gamma_f) C`` differs from the (centred) embedding ``E C``; the
   rewritten GPT is always **untied** and has a head bias ``W beta_f`` when
@@ -40,6 +48,7 @@ Special cases (all exact, checked in ``tests/test_whole_rewrite.py``):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Mapping
 
 import torch
@@ -47,9 +56,11 @@ from torch import Tensor, nn
 
 from symalign.errors import ConfigError
 from symalign.groups import Orthogonal
+from symalign.match.residual import FixingOrthogonal, stabiliser
 from symalign.models import MODEL_CLASSES
 from symalign.models.blocks import RESIDUAL, blocks_spec
 from symalign.models.config import ModelConfig
+from symalign.nn.positional import sinusoidal_table
 from symalign.spec import SymmetrySpec
 
 
@@ -59,7 +70,10 @@ class RewritePlan:
 
     ``norm``: ``"rms"`` (gainless RMSNorm) or ``"centred"`` (LayerNorm without affine).
     ``centre``: whether writers are centred. ``residual``: whether the rewritten
-    stream has the ``O(D)`` symmetry; ``reason`` says why not.
+    stream has the full rotation group ``O(D)``; ``residual_dims``: the dimension ``k``
+    of the subspace on which the declared residual rotations act (``D``; under a fixed
+    sinusoidal table the free complement of the table, possibly 0 = no residual space);
+    ``reason`` says why the group is smaller than ``O(D)``.
     """
 
     family: str
@@ -68,9 +82,27 @@ class RewritePlan:
     residual: bool
     reason: str | None
     untied_head: bool
+    residual_dims: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@lru_cache(maxsize=32)
+def _table_group(n_positions: int, d_model: int, centred: bool) -> FixingOrthogonal | None:
+    """The rotations fixing the sinusoidal table (exactly the buffer's float32 values) and ``1`` if ``centred``."""
+    table = sinusoidal_table(n_positions, d_model).to(torch.float64)
+    label = f"sinusoidal table {n_positions}x{d_model}" + (" and 1" if centred else "")
+    return stabiliser(table, fix_ones=centred, label=label)
+
+
+def residual_group(cfg: ModelConfig) -> Orthogonal | None:
+    """The residual rotations of the rewritten model: ``O(D)``, the subgroup fixing a sinusoidal
+    table (:func:`symalign.match.residual.stabiliser`), or ``None`` when that subgroup is trivial."""
+    if cfg.pe != "sinusoidal":
+        return Orthogonal(cfg.d_model)
+    centred = cfg.norm == "layernorm"
+    return _table_group(cfg.n_positions, cfg.d_model, centred)
 
 
 def plan(cfg: ModelConfig) -> RewritePlan:
@@ -81,9 +113,18 @@ def plan(cfg: ModelConfig) -> RewritePlan:
     sinus = cfg.pe == "sinusoidal"
     centre = cfg.norm == "layernorm" and not sinus
     norm = "centred" if (sinus and cfg.norm == "layernorm") else "rms"
-    reason = ("a fixed sinusoidal table is added to the residual stream; it is a buffer, not a parameter, so it "
-              "does not rotate with the stream: residual rotations are not symmetries") if sinus else None
-    return RewritePlan(cfg.family, norm, centre, not sinus, reason, cfg.family == "gpt")
+    group = residual_group(cfg)
+    dims = 0 if group is None else (group.k if isinstance(group, FixingOrthogonal) else cfg.d_model)
+    reason = None
+    if sinus:
+        fixed = cfg.d_model - dims
+        reason = (f"a fixed sinusoidal table ({cfg.n_positions} positions) is added to the residual stream; it is a "
+                  "buffer, not a parameter, so only rotations fixing every table row"
+                  + (" and the all-ones vector (centred norm)" if norm == "centred" else "")
+                  + f" are symmetries: {dims} of {cfg.d_model} dimensions remain free"
+                  + (f" (O({dims}) on the complement of the {fixed}-dimensional fixed span)" if dims else
+                     " (no residual rotation is declared)"))
+    return RewritePlan(cfg.family, norm, centre, not sinus, reason, cfg.family == "gpt", dims)
 
 
 def _gainless(cfg: ModelConfig, norm: str) -> nn.Module:
@@ -228,16 +269,18 @@ def whole_spec(cfg: ModelConfig) -> SymmetrySpec:
     r"""Exact symmetries of the rewritten model.
 
     Per layer: ``heads.i``, ``qk.i``, ``vo.i`` (attention, as in the original spec) and
-    ``ff.i`` = ``S_{d_ff}``; plus ``residual`` = ``O(D)`` acting covariantly on every
-    writer (embeddings, positions, CLS, patch embedding, ``o_proj``/``fc_out`` outputs
-    and biases) and contravariantly on every reader (Q/K/V, ``fc_in``, head inputs) --
-    unless the plan refuses residual rotations (fixed sinusoidal PE).
+    ``ff.i`` = ``S_{d_ff}``; plus ``residual`` acting covariantly on every writer
+    (embeddings, positions, CLS, patch embedding, ``o_proj``/``fc_out`` outputs and
+    biases) and contravariantly on every reader (Q/K/V, ``fc_in``, head inputs). The
+    residual group is ``O(D)``, or under a fixed sinusoidal table the rotations fixing
+    it (:func:`residual_group`; no residual space when that group is trivial).
     """
-    p = plan(cfg)
+    plan(cfg)
     spec = blocks_spec(cfg, residual=False)
-    if not p.residual:
+    group = residual_group(cfg)
+    if group is None:
         return spec
-    spec.add_space(RESIDUAL, Orthogonal(cfg.d_model))
+    spec.add_space(RESIDUAL, group)
     for t, axis in _writers(cfg):
         spec.act_on(t, RESIDUAL, axis, "co")
     for readers in _readers(cfg).values():

@@ -1,6 +1,7 @@
-r"""Seeded, deterministic, resumable training of the built-in models.
+r"""Seeded, deterministic, resumable training of the built-in models (and ``hf:`` families).
 
-* Initialisation: ``build_model(cfg, seed)`` (an explicit generator).
+* Initialisation: ``build_model(cfg, seed)`` (an explicit generator; for ``hf:``
+  families transformers' own initialisation under ``torch.manual_seed(seed)``).
 * Data order: batch ``s`` is a pure function of ``(seed, s)``
   (:mod:`symalign.data.batches`), so resuming needs no loader state.
 * Dropout RNG: the global torch RNG seeded from ``seed``; saved/restored.
@@ -36,7 +37,8 @@ from symalign.checkpoint import has_checkpoint, load_checkpoint, load_state_into
 from symalign.data import Dataset, eval_batches, load_dataset, train_batch
 from symalign.data.batches import mix
 from symalign.errors import CheckpointError, ConfigError, SymalignError
-from symalign.models import ModelConfig, build_model
+from symalign.models import HFConfig, ModelConfig, build_model
+from symalign.models.hf import is_hf_family
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -108,10 +110,15 @@ def set_deterministic(device: torch.device) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def fit_config(model: dict, ds: Dataset, context: int) -> ModelConfig:
+def fit_config(model: dict, ds: Dataset, context: int) -> ModelConfig | HFConfig:
     """Complete a model-config dict from the data (classes, image size, vocabulary, lengths) and
-    check the family fits the task: ViT <- images, GPT <- LM text, encoder <- labelled text."""
+    check the family fits the task: ViT <- images, GPT <- LM text, encoder <- labelled text
+    (``hf:`` families: :func:`symalign.models.hf.fit_hf_config`)."""
     family = model.get("family", "gpt")
+    if is_hf_family(family):
+        from symalign.models.hf import fit_hf_config
+
+        return fit_hf_config(model, ds, context)
     want = {"vit": "image", "gpt": "lm", "encoder": "text"}.get(family)
     if want is not None and ds.modality != want:
         fit = {"image": "vit", "lm": "gpt", "text": "encoder"}[ds.modality]
@@ -245,7 +252,7 @@ def _train(model_cfg, data: str, tc: TrainConfig, out_dir: Path, data_options: d
     """The body of :func:`train` (deterministic mode already set)."""
     data_options = dict(data_options or {})
     ds = load_dataset(data, **data_options)
-    cfg = model_cfg if isinstance(model_cfg, ModelConfig) else fit_config(model_cfg, ds, tc.context)
+    cfg = model_cfg if isinstance(model_cfg, (ModelConfig, HFConfig)) else fit_config(model_cfg, ds, tc.context)
     if ds.task == "lm" and tc.context > cfg.max_len and cfg.pe in ("sinusoidal", "learned"):
         raise ConfigError(f"context={tc.context} exceeds max_len={cfg.max_len}")
     out_dir = Path(out_dir)
@@ -265,10 +272,11 @@ def _train(model_cfg, data: str, tc: TrainConfig, out_dir: Path, data_options: d
         load_state_into(model, ck.state, ck.path / MODEL_FILE)
         model.to(dev)
         if init is not None and init.get("freeze"):
-            from symalign.reinit import in_scope
+            from symalign.reinit import scope_names
 
+            keep = scope_names(model, init["scope"])
             for n, p in model.named_parameters():
-                p.requires_grad_(in_scope(n, init["scope"]))
+                p.requires_grad_(p.requires_grad and n in keep)
         opt = _optimizer(model, tc)
         saved = ck.optim_state()
         if saved is None:

@@ -121,7 +121,8 @@ def register(app: typer.Typer) -> None:
         a_dir: Path = typer.Argument(..., help="Reference checkpoint A (save_pretrained directory)."),
         b_dir: Path = typer.Argument(..., help="Checkpoint B, to be aligned to A."),
         out: Path = typer.Option(..., "-o", "--out", help="Output directory: B aligned to A."),
-        scope: str = typer.Option("attention", help="attention | model (model: whole model, Llama/Mistral/Qwen2/GPT-2)."),
+        scope: str = typer.Option("attention", help="attention | model (model: residual stream, FF units and "
+                                  "attention, in the checkpoint's own format; see docs/whole-model.md)."),
         stage2: str = typer.Option("full", help="Inside-head alignment: none | orthogonal | full."),
         no_stage1: bool = typer.Option(False, "--no-stage1", help="Keep B's head order (skip the head assignment)."),
         force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists (atomically)."),
@@ -134,8 +135,11 @@ def register(app: typer.Typer) -> None:
             return
         d0, d1 = info["distance"]["before"]["total"], info["distance"]["after"]["total"]
         typer.echo(f"aligned {info['family']} {b_dir} to {a_dir} -> {info['out']}")
-        typer.echo(f"attention distance to A: {d0:.4g} -> {d1:.4g} (relative); output change "
+        what = "whole-model" if info["scope"] == "model" else "attention"
+        typer.echo(f"{what} distance to A: {d0:.4g} -> {d1:.4g} (relative); output change "
                    f"{info['verify']['relative_output_change']:.1e}; {info['timing_s']['total']:.1f} s")
+        for note in info.get("notes", []):
+            typer.echo(f"note: {note}")
 
 
 def _jsonable(x: Any) -> Any:

@@ -1,7 +1,9 @@
 """``symalign align --scope model``: whole-model alignment of two Hugging Face checkpoints.
 
-Steps: load and validate both checkpoints, fold their norm gains exactly
-(:func:`symalign.match.hfmodel.prepare`), match the folded B to the folded A with
+Steps: load and validate both checkpoints, rewrite each exactly in its own format
+(:func:`symalign.match.hfmodel.prepare`: norm gains folded where the residual group
+needs it; the group per family -- ``O(D)``, ``O_1(D)`` or ``S_D`` -- is tabled there),
+match the rewritten B to the rewritten A with
 :func:`symalign.match.whole.match_whole` (residual stream, FF units, attention),
 apply, check on a random batch that OUT computes B's function (refuse to write
 otherwise), write OUT atomically (GPT-2: with ``tie_word_embeddings = false``).

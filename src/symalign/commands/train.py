@@ -16,7 +16,13 @@ def register(app: typer.Typer) -> None:
 
 def train_command(
     family: str = typer.Option("vit", help="Model family: vit, gpt or encoder."),
-    data: str = typer.Option("digits", help="Dataset: digits, fashion-mnist, shakespeare, bible, wordnet, fortunes, synthetic."),
+    data: str = typer.Option("digits", help="Dataset: digits, fashion-mnist, shakespeare, bible, wordnet, fortunes, "
+                             "synthetic, or a public one (mnist, cifar10, cifar100, imagefolder, enwik8, wikitext103, "
+                             "lm1b, ag_news, imdb, dbpedia; see docs/paper-setting.md)."),
+    root: Optional[Path] = typer.Option(None, help="Folder of a public dataset (default $SYMALIGN_DATA/<name>)."),
+    download: bool = typer.Option(False, help="Download a missing public dataset (where a download URL exists)."),
+    tokenizer: Optional[Path] = typer.Option(None, help="Hugging Face tokenizer folder for text data (default: bytes)."),
+    image_size: Optional[int] = typer.Option(None, "--image-size", help="Resize image-folder images to this size."),
     pe: str = typer.Option("rope", help="Positional encoding: none, sinusoidal, learned, rope, alibi."),
     d_model: int = typer.Option(64, "--d-model", help="Residual width D."),
     layers: int = typer.Option(2, help="Number of Transformer blocks."),
@@ -66,6 +72,14 @@ def train_command(
         data_options["subset"] = subset
     if seq_len is not None:
         data_options["seq_len"] = seq_len
+    if root is not None:
+        data_options["root"] = str(root)
+    if download:
+        data_options["download"] = True
+    if tokenizer is not None:
+        data_options["tokenizer"] = str(tokenizer)
+    if image_size is not None:
+        data_options["image_size"] = image_size
     tc = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, weight_decay=weight_decay,
                      grad_clip=grad_clip, eval_every=eval_every, eval_items=eval_items, context=context, seed=seed)
     meta = train(model, data, tc, out, data_options=data_options, resume=resume, device=device, threads=threads,

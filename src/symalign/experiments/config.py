@@ -5,7 +5,9 @@ A config names a model family, a dataset and the protocol::
     name = "vit-digits-rope"
     data = "digits"
     [data_options]            # optional, passed to symalign.data.load_dataset
-    [model]                   # symalign.models.ModelConfig fields (family, pe, d_model, ...)
+    [model]                   # symalign.models.ModelConfig fields (family, pe, d_model, ...), or
+                              # family = "hf:gpt2" | "hf:llama" | ... and that transformers config's
+                              # fields (symalign.models.hf)
     [train]                   # symalign.train.TrainConfig fields (steps, batch_size, lr, ...)
     [protocol]
     scopes = ["all-attention"]            # first-attention | all-attention | first-block | full
@@ -16,8 +18,12 @@ A config names a model family, a dataset and the protocol::
     eval_items = 2000                     # held-out examples (LM: windows) per curve point
     variants = ["full"]                   # stage-2 variants: none | orthogonal | full
     stage1_ablation = false               # also run with stage 1 off
+    device = "cpu"                        # where the curves are evaluated: cpu | cuda | auto
 
-Unknown keys anywhere raise :class:`ConfigError` naming the key.
+Unknown keys anywhere raise :class:`ConfigError` naming the key; ``[data_options]`` takes
+the keyword arguments of :func:`symalign.data.load_dataset`. For ``hf:`` families the
+scopes are checked against the family (``first-block``/``full`` need whole-model
+alignment, see :func:`symalign.models.hf.whole_model_refusal`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from symalign.errors import ConfigError
+from symalign.models.hf import is_hf_family
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -47,6 +54,7 @@ class Protocol:
     eval_items: int | None = 2000
     variants: list[str] = field(default_factory=lambda: ["full"])
     stage1_ablation: bool = False
+    device: str = "cpu"
 
     def __post_init__(self):
         if not self.scopes:
@@ -63,6 +71,10 @@ class Protocol:
             raise ConfigError(f"protocol.seeds must be two different seeds (models A and B), got {self.seeds}")
         if self.points < 2:
             raise ConfigError(f"protocol.points must be >= 2, got {self.points}")
+        from symalign.train import DEVICES
+
+        if self.device not in DEVICES:
+            raise ConfigError(f"protocol.device={self.device!r}; use one of {', '.join(DEVICES)}")
 
 
 @dataclass
@@ -75,7 +87,12 @@ class ExperimentConfig:
     protocol: Protocol = field(default_factory=Protocol)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The config as a dict; ``protocol.device`` only when it is not the default ``"cpu"`` (so the
+        configs recorded before that setting existed, e.g. in a sweep store, compare equal)."""
+        d = asdict(self)
+        if d["protocol"].get("device") == "cpu":
+            del d["protocol"]["device"]
+        return d
 
 
 def _check_keys(section: str, d: dict, allowed) -> None:
@@ -98,16 +115,33 @@ def parse_config(d: dict, source: str = "config") -> ExperimentConfig:
             raise ConfigError(f"{source}: missing required key {key!r}")
     canonical_name(d["data"])
     model = dict(d["model"])
-    _check_keys("model", model, (f.name for f in fields(ModelConfig)))
+    if not is_hf_family(model.get("family")):
+        _check_keys("model", model, (f.name for f in fields(ModelConfig)))
     train = dict(d.get("train", {}))
     _check_keys("train", train, (f.name for f in fields(TrainConfig)))
     TrainConfig(**train)  # validates values
     proto = dict(d.get("protocol", {}))
     _check_keys("protocol", proto, (f.name for f in fields(Protocol)))
+    protocol = Protocol(**proto)
+    if is_hf_family(model.get("family")):
+        from symalign.models.hf import check_model_section
+
+        check_model_section(model, protocol.scopes)
     data_options = dict(d.get("data_options", {}))
-    _check_keys("data_options", data_options, ("split_seed", "subset", "seq_len", "kind", "n"))
+    _check_keys("data_options", data_options, data_option_keys())
     return ExperimentConfig(name=str(d["name"]), data=d["data"], model=model, train=train,
-                            data_options=data_options, protocol=Protocol(**proto))
+                            data_options=data_options, protocol=protocol)
+
+
+def data_option_keys() -> list[str]:
+    """The ``[data_options]`` keys: the keyword arguments of :func:`symalign.data.load_dataset`."""
+    import inspect
+
+    from symalign.data import load_dataset
+
+    params = inspect.signature(load_dataset).parameters.values()
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name not in ("name", "use_cache")]
 
 
 def read_toml(path: str | Path, what: str = "config") -> dict:

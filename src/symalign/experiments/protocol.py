@@ -20,6 +20,7 @@ files are written atomically.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from pathlib import Path
@@ -71,27 +72,43 @@ def alignment_models(model_a: nn.Module, model_b: nn.Module, scope: str) -> tupl
     For the ``full`` scope the models are first rewritten (LayerNorm -> gainless norm,
     gains folded, writers centred: :mod:`symalign.rewrite`) so that the residual stream
     has its ``O(D)`` symmetry -- the same functions in other coordinates; interpolation
-    then happens in those coordinates, as in seed 002. Other scopes keep the models.
+    then happens in those coordinates, as in seed 002. ``hf:`` models are rewritten by
+    :func:`symalign.match.hfmodel.prepare` (:meth:`~symalign.models.hf.HFModel.rewritten_model`).
+    Other scopes keep the models.
     """
     if scope != "full":
         return model_a, model_b, []
+    from symalign.models.hf import HFModel
+
+    if isinstance(model_a, HFModel):
+        arch_a, notes = model_a.rewritten_model()
+        arch_b, _ = model_b.rewritten_model()
+        return arch_a.eval(), arch_b.eval(), notes
     from symalign.rewrite import plan, rewrite_model
 
     try:
         p = plan(model_a.cfg)
     except SymalignError as exc:  # e.g. post-LN: keep the model's own (permutation) residual symmetry
         return model_a, model_b, [f"no rewrite ({exc}); residual stream matched by permutation"]
-    notes = [] if p.residual else [f"residual stream not aligned: {p.reason}"]
+    if p.residual:
+        notes = []
+    elif p.residual_dims:
+        notes = [f"residual stream aligned by rotations of a {p.residual_dims}-dimensional subspace only: {p.reason}"]
+    else:
+        notes = [f"residual stream not aligned: {p.reason}"]
     return rewrite_model(model_a).eval(), rewrite_model(model_b).eval(), notes
 
 
 def match_scope(spec: SymmetrySpec, sa: dict, sb: dict, stage1: bool, stage2: str):
-    """Attention-only spaces: the two-stage matcher; otherwise whole-model weight matching."""
+    """Attention-only spaces: the two-stage matcher (fused Q|K|V tensors such as GPT-2's
+    ``c_attn`` cut into their segments first); otherwise whole-model weight matching."""
+    from symalign.arch.fused import split_segments
     from symalign.match import match_attention
     from symalign.match.whole import match_whole
 
     if all(s.split(".")[0] in ATTENTION_KINDS for s in spec.spaces):
-        return match_attention(spec, sa, sb, stage1=stage1, stage2=stage2)
+        view_spec, (va, vb) = split_segments(spec, sa, sb)
+        return match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2)
     return match_whole(spec, sa, sb, stage1=stage1, stage2=stage2, max_iter=10)
 
 
@@ -122,6 +139,29 @@ def relative_output_change(model: nn.Module, state: dict[str, Tensor], state_b: 
     return float((y2 - yb).norm() / yb.norm().clamp_min(1e-30))
 
 
+def curve_runner(batches: list, task: str, points: int, device: str = "cpu"
+                 ) -> Callable[[nn.Module, dict, dict], lmc.Curve]:
+    """``run(model, state_a, state_b)``: :func:`symalign.lmc.curve` on ``device`` (``protocol.device``).
+
+    On the CPU the model and states are used as they are; on a GPU a copy of the model, the
+    two states and the batches are moved there (the caller's tensors stay on the CPU, where
+    matching and the function check run).
+    """
+    from symalign.train import resolve_device
+
+    dev = resolve_device(device)
+    if dev.type == "cpu":
+        return lambda model, a, b: lmc.curve(model, a, b, lambda: batches, task, points)
+    on_dev = [(x.to(dev), y.to(dev)) for x, y in batches]
+
+    def run(model: nn.Module, a: dict, b: dict) -> lmc.Curve:
+        m = copy.deepcopy(model).to(dev)
+        return lmc.curve(m, {k: v.to(dev) for k, v in a.items()}, {k: v.to(dev) for k, v in b.items()},
+                         lambda: on_dev, task, points)
+
+    return run
+
+
 def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: str,
                       progress: Callable[[str], None] | None = None) -> dict:
     """Match B to A for every variant and measure naive and aligned curves (one scope)."""
@@ -135,7 +175,7 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
     p = cfg.protocol
     context = int(cfg.train.get("context", 128))
     batches = list(eval_batches(ds, "test", 256, context, p.eval_items))
-    get = lambda: batches  # noqa: E731
+    curve = curve_runner(batches, ds.task, p.points, p.device)
     sa, sb = lmc.full_state(model_a), lmc.full_state(model_b)
     layers = scope_layers(scope, model_a.cfg.n_layers)
     arch_a, arch_b, notes = alignment_models(model_a, model_b, scope)  # same functions as A, B
@@ -143,7 +183,7 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
     full_spec = arch_a.symmetry_spec()
     spec = full_spec.restrict(scope_spaces(full_spec, scope, model_a.cfg.n_layers))
     t0 = time.perf_counter()
-    naive = lmc.curve(model_a, sa, sb, get, ds.task, p.points)
+    naive = curve(model_a, sa, sb)
     out: dict[str, Any] = {
         "scope": scope, "family": model_a.cfg.family, "pe": model_a.cfg.pe, "data": ds.name,
         "endpoints": {"A": {"loss": naive.loss[0], "acc": naive.acc[0]},
@@ -165,7 +205,7 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
         if change > tol:
             raise SymalignError(f"alignment changed model B's function (relative change {change:.2e} > {tol:g}); "
                                 "this is a bug -- please report it with the config")
-        aligned = lmc.curve(arch_a, ra, rb2, get, ds.task, p.points)
+        aligned = curve(arch_a, ra, rb2)
         out["variants"][key] = {
             "curve": aligned.to_dict(), "function_change": change,
             "loss_barrier_ratio_percent": lmc.barrier_ratio(aligned.loss_barrier, naive.loss_barrier),
@@ -185,9 +225,11 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
 def stage1_metrics(spec: SymmetrySpec, state_a: dict, state_b: dict, transform: dict) -> list[dict]:
     """Per layer: the stage-1 objective of the chosen head permutation, of the identity, and
     (``h <= 8``) its rank among all admissible permutations and ``Lhat`` (the paper's metrics)."""
+    from symalign.arch.fused import split_segments
     from symalign.match.heads import best_and_identity, head_cost, lhat, objective, permutation_rank
     from symalign.match.views import find_layers
 
+    spec, (state_a, state_b) = split_segments(spec, state_a, state_b)
     rows = []
     for layer in find_layers(spec, state_a):
         space = layer.heads
@@ -218,11 +260,27 @@ def summary_row(name: str, res: dict) -> dict:
     return row
 
 
+def check_inputs(cfg: ExperimentConfig) -> None:
+    """Everything that can be checked before training: the dataset loads, the model config fits
+    it (:func:`symalign.train.fit_config`: family/task, vocabulary, positions, classes, image
+    shape), and an ``hf:`` family supports every scope asked for."""
+    from symalign.data import load_dataset
+    from symalign.models.hf import check_model_section, is_hf_family
+    from symalign.train import fit_config
+
+    family = cfg.model.get("family", "gpt")
+    if is_hf_family(family):
+        check_model_section(cfg.model, cfg.protocol.scopes)
+    ds = load_dataset(cfg.data, **cfg.data_options)
+    fit_config(cfg.model | {"family": family}, ds, int(cfg.train.get("context", 128)))
+
+
 def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = True,
                    log: Callable[[str], None] | None = None) -> list[dict]:
     """Run (or resume) every scope of ``cfg`` under ``out_dir/cfg.name``; returns the per-scope results."""
     from symalign.experiments.report import plot_curves, write_summary
 
+    check_inputs(cfg)
     root = Path(out_dir) / cfg.name
     root.mkdir(parents=True, exist_ok=True)
     write_json_atomic(root / "config.json", cfg.to_dict())

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from symalign.errors import MatchError, SymalignError
 from symalign.match.heads import assign_heads, head_cost, objective
-from symalign.match.qk import GLSolution, Grams, solve_gl
+from symalign.match.qk import Grams, solve_gl
 from symalign.match.rope import solve_rope
 from symalign.match.views import AttentionLayer, SpaceSides, block_rows, find_layers, side_gram
 from symalign.match.vo import solve_vo
@@ -54,13 +54,13 @@ class LayerMatch:
     vo_after: list[float] = field(default_factory=list)
     qk_cond: list[float] = field(default_factory=list)
     vo_cond: list[float] = field(default_factory=list)
-    qk_iterations: list[int] = field(default_factory=list)
+    qk_iterations: list[int] = field(default_factory=list)  # GL solver: objective evaluations
     vo_iterations: list[int] = field(default_factory=list)
     qk_fallback: list[bool] = field(default_factory=list)
     vo_fallback: list[bool] = field(default_factory=list)
     qk_converged: list[bool] = field(default_factory=list)
     vo_converged: list[bool] = field(default_factory=list)
-    time_s: float = 0.0  # views + stage 1 for this layer (stage 2 is batched over layers)
+    time_s: float = 0.0  # stage 1 + Grams for this layer (stage 2 is batched over layers)
 
 
 @dataclass
@@ -94,6 +94,11 @@ class AttentionMatch:
 # ----------------------------------------------------------------------------
 
 
+def _all_finite(x: Tensor) -> bool:
+    """``isfinite(x).all()``; a finite sum proves it without a full boolean mask."""
+    return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
+
+
 def _validate(spec: SymmetrySpec, layers: list[AttentionLayer], state_a, state_b, spec_b) -> None:
     if spec_b is not None and spec.describe() != spec_b.describe():
         da, db = spec.describe(), spec_b.describe()
@@ -113,7 +118,7 @@ def _validate(spec: SymmetrySpec, layers: list[AttentionLayer], state_a, state_b
                 raise MatchError(f"layer {lay.tag!r}: tensor {t!r} has shape {tuple(xa.shape)} in A but "
                                  f"{tuple(xb.shape)} in B")
             for who, x in (("A", xa), ("B", xb)):
-                if x.is_floating_point() and not bool(torch.isfinite(x).all()):
+                if x.is_floating_point() and not _all_finite(x):
                     raise MatchError(f"layer {lay.tag!r}: tensor {t!r} of model {who} has NaN or Inf entries")
         rope = lay.qk.rope
         if rope is not None and rope.r % 2:
@@ -145,16 +150,78 @@ def _permuted(layer: AttentionLayer, spec: SymmetrySpec, state: Mapping[str, Ten
 
 def _grams(s: SpaceSides, state_a, state_b) -> Grams:
     nb, d = s.group.n_blocks, s.group.inner.n
-    co = side_gram([block_rows(state_a[p.tensor], p, nb, d) for p in s.co],
-                   [block_rows(state_b[p.tensor], p, nb, d) for p in s.co])
-    ct = side_gram([block_rows(state_a[p.tensor], p, nb, d) for p in s.contra],
-                   [block_rows(state_b[p.tensor], p, nb, d) for p in s.contra])
+    def rows(st, parts):  # native-dtype views; side_gram converts once
+        return [block_rows(st[p.tensor], p, nb, d, dtype=st[p.tensor].dtype) for p in parts]
+
+    co = side_gram(rows(state_a, s.co), rows(state_b, s.co))
+    ct = side_gram(rows(state_a, s.contra), rows(state_b, s.contra))
     return Grams(*co, *ct)
 
 
 def _identity_distance(g: Grams) -> Tensor:
     eye = torch.eye(g.d, dtype=torch.float64).expand(g.n, g.d, g.d)
     return g.objective(eye, eye)
+
+
+def _direct_distance(s: SpaceSides, state_a, state_b) -> Tensor:
+    """``||X_A - X_B||^2 + ||Y_A - Y_B||^2`` per block, directly from the tensors.
+
+    The difference is taken in the tensors' common dtype and its squares are summed in
+    float64 (relative error ``<= 3 u`` of that dtype; exact to float64 for float64 weights).
+    """
+    nb = s.group.n_blocks
+    out = torch.zeros(nb, dtype=torch.float64)
+    for p in s.co + s.contra:
+        xa, xb = state_a[p.tensor], state_b[p.tensor]
+        dt = torch.promote_types(xa.dtype, xb.dtype)
+        sq = torch.sub(xa.to(dt), xb.to(dt)).pow_(2)
+        other = [i for i in range(sq.dim()) if i != p.axis]
+        per_index = sq.sum(other, dtype=torch.float64) if other else sq.double()
+        out += per_index.reshape(nb, -1).sum(1)
+    return out
+
+
+def stage1_precision(layers: list[AttentionLayer], *states: Mapping[str, Tensor]) -> torch.dtype:
+    """The weights' own precision for the stage-1 products: float64 if any attention tensor
+    is float64, else float32 (half precision is computed in float32)."""
+    names = {t for lay in layers for t in lay.tensors}
+    f64 = any(st[t].dtype == torch.float64 for st in states for t in names)
+    return torch.float64 if f64 else torch.float32
+
+
+@dataclass
+class _Batch:
+    """Blocks of several layers solved together in stage 2; ``grams`` is allocated up front
+    (before any per-layer temporary, so the retained Grams do not pin freed heap memory)
+    and filled layer by layer."""
+
+    grams: Grams
+    members: dict[int, slice]  # layer index -> its blocks
+
+    def put(self, li: int, g: Grams) -> None:
+        for dst, src in zip(self.grams.fields(), g.fields()):
+            dst[self.members[li]] = src
+
+
+def _batch_key(lay: AttentionLayer, kind: str) -> tuple[str, Any]:
+    """Stage-2 batch of a layer's Q-K or V-O blocks: GL by width, RoPE by group, V-O by width."""
+    if kind == "qk" and lay.qk.rope is not None:
+        return ("qk", lay.qk.rope)
+    return (kind, lay.head_dim)
+
+
+def _plan_batches(layers: list[AttentionLayer]) -> dict[tuple[str, Any], _Batch]:
+    """Stage-2 batches in solve order (Q-K over GL, Q-K under RoPE, V-O), Grams preallocated."""
+    members: dict[tuple[str, Any], dict[int, slice]] = {}
+    for kind in ("qk-gl", "qk-rope", "vo"):
+        for li, lay in enumerate(layers):
+            if kind[:2] == "qk" and (lay.qk.rope is not None) != (kind == "qk-rope"):
+                continue
+            m = members.setdefault(_batch_key(lay, kind[:2]), {})
+            lo = max((s.stop for s in m.values()), default=0)
+            m[li] = slice(lo, lo + lay.n_kv)
+    return {key: _Batch(Grams.empty(max(s.stop for s in m.values()), layers[next(iter(m))].head_dim), m)
+            for key, m in members.items()}
 
 
 # ----------------------------------------------------------------------------
@@ -164,20 +231,26 @@ def _identity_distance(g: Grams) -> Tensor:
 
 def match_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor], *,
                     stage1: bool = True, stage2: str = "full", spec_b: SymmetrySpec | None = None,
-                    max_iter: int = 100, xtol: float = 1e-11, max_cond: float = 1e6,
-                    rope_grid: int = 65, t_cap: float = 20.0) -> AttentionMatch:
+                    max_iter: int = 500, xtol: float = 1e-14, ftol: float = 1e-9, max_cond: float = 1e6,
+                    rope_grid: int = 65, t_cap: float = 20.0,
+                    stage1_dtype: torch.dtype | None = None) -> AttentionMatch:
     r"""Align B's attention layers to A's through the declared exact symmetries.
 
     Args:
         spec: the symmetry spec of both models (``heads.*``/``qk.*``/``vo.*`` spaces).
-        state_a, state_b: state dicts (any float dtype; computations are float64).
+        state_a, state_b: state dicts (any float dtype; stage 2 and all distances are float64).
         stage1: match heads (off: identity permutation).
         stage2: ``"none"``, ``"orthogonal"`` (Procrustes; ``|c| = 1`` planes under RoPE)
             or ``"full"`` (refined over ``GL``; global per-plane optimum over ``H``).
         spec_b: B's own spec, if it may differ (compared via ``describe()``).
-        max_iter, xtol: GL refinement limits; max_cond: conditioning guard (blocks whose
-            ``cond(U)`` exceeds it fall back to the orthogonal solution, with a warning).
+        max_iter, xtol, ftol: GL refinement limits (L-BFGS evaluations per block, relative
+            step, scipy-style relative decrease; :func:`symalign.match.qk.solve_gl`);
+            max_cond: conditioning guard (blocks whose ``cond(U)`` exceeds it fall back to
+            the orthogonal solution, with a warning).
         rope_grid, t_cap: RoPE plane solver grid size and ``|log r|`` cap.
+        stage1_dtype: precision of stage 1's Gram products; default the weights' own
+            (:func:`stage1_precision`; float32 weights give float32 products, with the
+            error bound of :mod:`symalign.match.heads`; the cost itself is float64).
 
     Returns:
         :class:`AttentionMatch`; ``result.apply(state_b)`` is B', with
@@ -193,13 +266,12 @@ def match_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: 
     except SymalignError as e:
         raise MatchError(str(e)) from e
     _validate(spec, layers, state_a, state_b, spec_b)
+    s1dtype = stage1_precision(layers, state_a, state_b) if stage1_dtype is None else stage1_dtype
     t0 = time.perf_counter()
     transform: Transform = {}
     diags: list[LayerMatch] = []
-    qk_gl: list[tuple[int, Grams]] = []
-    qk_rope: list[tuple[int, Grams]] = []
-    vo_all: list[tuple[int, Grams]] = []
-    t_stage1 = 0.0
+    batches = _plan_batches(layers)
+    t_stage1 = t_grams = 0.0
     for li, lay in enumerate(layers):
         tl = time.perf_counter()
         rope = lay.qk.rope
@@ -209,7 +281,7 @@ def match_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: 
             hg = lay.heads_group
             if stage1:
                 ts = time.perf_counter()
-                cost = head_cost(lay, state_a, state_b)
+                cost = head_cost(lay, state_a, state_b, dtype=s1dtype)
                 pi = assign_heads(cost, hg)
                 diag.stage1_cost = objective(cost, pi)
                 diag.stage1_cost_identity = float(cost.diagonal().sum())
@@ -218,64 +290,44 @@ def match_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: 
                 pi = hg.identity()
             transform[lay.heads] = pi
             diag.permutation = [int(i) for i in pi]
-        g_qk0, g_vo0 = _grams(lay.qk, state_a, state_b), _grams(lay.vo, state_a, state_b)
-        diag.qk_before = _identity_distance(g_qk0).tolist()
-        diag.vo_before = _identity_distance(g_vo0).tolist()
-        if pi is not None and not torch.equal(pi, torch.arange(pi.numel())):
-            pb = _permuted(lay, spec, state_b, pi)
-            g_qk, g_vo = _grams(lay.qk, state_a, pb), _grams(lay.vo, state_a, pb)
-            del pb
-        else:
-            g_qk, g_vo = g_qk0, g_vo0
-        diag.qk_stage1 = _identity_distance(g_qk).tolist()
-        diag.vo_stage1 = _identity_distance(g_vo).tolist()
-        (qk_rope if rope is not None else qk_gl).append((li, g_qk))
-        vo_all.append((li, g_vo))
+        tg = time.perf_counter()
+        diag.qk_before = _direct_distance(lay.qk, state_a, state_b).tolist()
+        diag.vo_before = _direct_distance(lay.vo, state_a, state_b).tolist()
+        sb = _permuted(lay, spec, state_b, pi) if pi is not None and not torch.equal(
+            pi, torch.arange(pi.numel())) else state_b
+        for kind, side in (("qk", lay.qk), ("vo", lay.vo)):
+            g = _grams(side, state_a, sb)
+            batches[_batch_key(lay, kind)].put(li, g)
+            setattr(diag, f"{kind}_stage1", _identity_distance(g).tolist())
+        del sb
+        t_grams += time.perf_counter() - tg
         diag.time_s = time.perf_counter() - tl
         diags.append(diag)
 
     ts2 = time.perf_counter()
-    kw = dict(max_iter=max_iter, xtol=xtol, max_cond=max_cond)
-
-    def scatter(items: list[tuple[int, Grams]], sol: GLSolution, kind: str) -> None:
-        off = 0
-        for li, g in items:
-            sl = slice(off, off + g.n)
-            off += g.n
+    kw = dict(max_iter=max_iter, xtol=xtol, ftol=ftol, max_cond=max_cond)
+    for (kind, what), batch in batches.items():
+        if kind == "vo":
+            sol = solve_vo(batch.grams, stage2, **kw)
+        elif isinstance(what, int):
+            sol = solve_gl(batch.grams, stage2, label="Q-K", **kw)
+        else:  # RoPE layers sharing a group (same width, pairing and rotary dims)
+            sol = solve_rope(batch.grams, what, stage2, label="Q-K (RoPE)", grid=rope_grid, t_cap=t_cap, **kw)
+        for li, sl in batch.members.items():
             lay, dg = layers[li], diags[li]
-            space = lay.qk.name if kind == "qk" else lay.vo.name
-            transform[space] = sol.u[sl].clone()
+            transform[lay.qk.name if kind == "qk" else lay.vo.name] = sol.u[sl].clone()
             setattr(dg, f"{kind}_after", sol.objective[sl].tolist())
             setattr(dg, f"{kind}_cond", sol.cond[sl].tolist())
             setattr(dg, f"{kind}_iterations", [int(i) for i in sol.iterations[sl]])
             setattr(dg, f"{kind}_fallback", [bool(b) for b in sol.fallback[sl]])
             setattr(dg, f"{kind}_converged", [bool(b) for b in sol.converged[sl]])
-
-    gl_by_width: dict[int, list[tuple[int, Grams]]] = {}
-    for li, g in qk_gl:
-        gl_by_width.setdefault(g.d, []).append((li, g))
-    for items in gl_by_width.values():
-        scatter(items, solve_gl(Grams.cat([g for _, g in items]), stage2, label="Q-K", **kw), "qk")
-    # RoPE layers: batch those sharing a group (same width/pairing/rotary dims)
-    by_group: dict[Any, list[tuple[int, Grams]]] = {}
-    for li, g in qk_rope:
-        by_group.setdefault(layers[li].qk.rope, []).append((li, g))
-    for grp, items in by_group.items():
-        sol = solve_rope(Grams.cat([g for _, g in items]), grp, stage2, label="Q-K (RoPE)", grid=rope_grid,
-                         t_cap=t_cap, **kw)
-        scatter(items, sol, "qk")
-    # V-O: batch blocks of equal width
-    by_width: dict[int, list[tuple[int, Grams]]] = {}
-    for li, g in vo_all:
-        by_width.setdefault(g.d, []).append((li, g))
-    for items in by_width.values():
-        scatter(items, solve_vo(Grams.cat([g for _, g in items]), stage2, **kw), "vo")
     t_stage2 = time.perf_counter() - ts2
     totals = {
         "distance_before": sum(sum(d.qk_before) + sum(d.vo_before) for d in diags),
         "distance_stage1": sum(sum(d.qk_stage1) + sum(d.vo_stage1) for d in diags),
         "distance_after": sum(sum(d.qk_after) + sum(d.vo_after) for d in diags),
         "time_stage1_s": t_stage1,
+        "time_grams_s": t_grams,
         "time_stage2_s": t_stage2,
         "time_total_s": time.perf_counter() - t0,
     }

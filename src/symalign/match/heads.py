@@ -18,6 +18,24 @@ per-head ``GL``/``H`` actions, so the cost ``C_ij = ||Mbar_i^A - Mbar_j^B||^2 +
 all pairs of heads at once by one matrix product per side
 (``(h d, R) @ (R, h d)``). Layers are processed one at a time to bound memory.
 
+Precision. Those products (``2 (h d)^2 R`` flops per side, the bulk of stage 1)
+run in a chosen ``dtype``; the elementwise reductions and the cost are float64.
+:func:`match_attention <symalign.match.api.match_attention>` uses the weights' own
+precision (float32 for float32 weights, about twice the float64 GEMM rate). With
+unit roundoff ``u`` (``2^-24`` for float32) and ``gamma_R = R u / (1 - R u)``, every
+computed Gram entry ``x^T y`` has ``|error| <= gamma_R ||x|| ||y||``, so by
+Cauchy-Schwarz each of the cost's sums of products ``sum_ab (X^T X')_ab (Y^T Y')_ab``
+errs by at most ``delta ||X|| ||Y|| ||X'|| ||Y'||`` and
+
+    |C~_ij - C_ij| <= delta (a_i + b_j)^2,  delta ~ 2 gamma_R + u  (:func:`rounding_delta`),
+    a_i = sum over the side pairs of ||X_i^A||_F ||Y_i^A||_F  (b_j likewise for B),
+
+hence the chosen permutation is optimal up to
+``C(pi~) - C(pi*) <= 2 delta max_pi sum_i (a_i + b_pi(i))^2 <= 4 delta (sum_i a_i^2 +
+sum_j b_j^2)`` (:func:`cost_error_bound`). ``delta ~ 5e-4`` at ``R = 4097`` in float32 is
+the worst case; rounding errors of BLAS dot products are typically ``~ sqrt(R) u``.
+Only near-ties can flip; planted (and any well-separated) assignments are exact.
+
 GQA: only permutations in ``S_{h_kv} wr S_g`` are symmetries. The objective
 ``sum_i C[i, pi(i)]`` splits over K/V groups, so its exact minimum over the wreath
 product is: ``Cg[k, l] = min_tau sum_a C[(k, a), (l, tau(a))]`` (a ``g x g``
@@ -36,18 +54,21 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from symalign.groups import HeadPermutation
-from symalign.match.views import AttentionLayer, Part, SpaceSides, head_rows
+from symalign.match.views import AttentionLayer, Part, head_rows
 
 
 def _side_heads(state: Mapping[str, Tensor], parts: tuple[Part, ...], n_heads: int, d: int,
-                centre: bool = False, drop_bias: bool = False) -> list[tuple[Tensor, int]]:
+                centre: bool = False, drop_bias: bool = False,
+                dtype: torch.dtype = torch.float64) -> list[tuple[Tensor, int]]:
     out = []
     for p in parts:
         if drop_bias and p.homogeneous:
             continue
-        x, units = head_rows(state[p.tensor], p, d)
-        if centre and not p.homogeneous:
-            x = x - x.mean(dim=1, keepdim=True)
+        if centre and not p.homogeneous:  # centred in float64, then rounded once to dtype
+            x, units = head_rows(state[p.tensor], p, d)
+            x = (x - x.mean(dim=1, keepdim=True)).to(dtype)
+        else:
+            x, units = head_rows(state[p.tensor], p, d, dtype=dtype)
         out.append((x, units))
     return out
 
@@ -59,7 +80,7 @@ def _expand(units: int, n_heads: int) -> Tensor:
 
 def _cross(a_side, b_side, n_heads: int, d: int) -> Tensor:
     """``G[i, a, j, b] = (X_i^A)^T X_j^B`` summed over parts, ``(h, d, h, d)``."""
-    total = torch.zeros(n_heads, d, n_heads, d, dtype=torch.float64)
+    total = torch.zeros(n_heads, d, n_heads, d, dtype=a_side[0][0].dtype)
     for (xa, units), (xb, _) in zip(a_side, b_side):
         r = xa.shape[1]
         g = xa.permute(0, 2, 1).reshape(units * d, r) @ xb.permute(1, 0, 2).reshape(r, units * d)
@@ -73,7 +94,7 @@ def _cross(a_side, b_side, n_heads: int, d: int) -> Tensor:
 
 def _self(side, n_heads: int, d: int) -> Tensor:
     """``X_i^T X_i`` summed over parts, ``(h, d, d)``."""
-    total = torch.zeros(n_heads, d, d, dtype=torch.float64)
+    total = torch.zeros(n_heads, d, d, dtype=side[0][0].dtype)
     for x, units in side:
         g = torch.einsum("ira,irb->iab", x, x)
         total += g[_expand(units, n_heads)] if units != n_heads else g
@@ -82,32 +103,88 @@ def _self(side, n_heads: int, d: int) -> Tensor:
 
 def _pair_cost(co_a, co_b, ct_a, ct_b, n_heads: int, d: int) -> Tensor:
     """``||X_i^A Y_i^A^T - X_j^B Y_j^B^T||^2`` for all pairs ``(i, j)``."""
-    na = (_self(co_a, n_heads, d) * _self(ct_a, n_heads, d)).sum((-1, -2))
-    nb = (_self(co_b, n_heads, d) * _self(ct_b, n_heads, d)).sum((-1, -2))
+    f64 = torch.float64  # products in the inputs' dtype, sums of products in float64
+    na = (_self(co_a, n_heads, d) * _self(ct_a, n_heads, d)).sum((-1, -2), dtype=f64)
+    nb = (_self(co_b, n_heads, d) * _self(ct_b, n_heads, d)).sum((-1, -2), dtype=f64)
     gx = _cross(co_a, co_b, n_heads, d)
     gy = _cross(ct_a, ct_b, n_heads, d)
-    inner = torch.einsum("iajb,iajb->ij", gx, gy)
+    inner = (gx * gy).sum((1, 3), dtype=f64) if gx.dtype != f64 else torch.einsum("iajb,iajb->ij", gx, gy)
     return na[:, None] + nb[None, :] - 2 * inner
 
 
-def head_cost(layer: AttentionLayer, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor]) -> Tensor:
-    """Stage-1 cost matrix ``C[i, j]`` (head ``i`` of A vs head ``j`` of B), ``(h, h)`` float64."""
+def _layer_sides(layer: AttentionLayer, state: Mapping[str, Tensor], dtype: torch.dtype):
+    """``[(X side, Y side)]`` of the Q-K and V-O invariants (see the module docstring)."""
     h, d = layer.n_heads, layer.head_dim
-    rope = layer.qk.rope is not None
-    qk, vo = layer.qk, layer.vo
+    drop = layer.qk.rope is None  # the key bias only matters under RoPE
+    return [(_side_heads(state, layer.qk.co, h, d, dtype=dtype),
+             _side_heads(state, layer.qk.contra, h, d, centre=True, drop_bias=drop, dtype=dtype)),
+            (_side_heads(state, layer.vo.co, h, d, dtype=dtype),
+             _side_heads(state, layer.vo.contra, h, d, dtype=dtype))]
 
-    def sides(s: SpaceSides, st, centre: bool, drop: bool):
-        return (_side_heads(st, s.co, h, d),
-                _side_heads(st, s.contra, h, d, centre=centre, drop_bias=drop))
 
-    qa, ka = sides(qk, state_a, True, not rope)
-    qb, kb = sides(qk, state_b, True, not rope)
-    cost = _pair_cost(qa, qb, ka, kb, h, d)
-    del qa, ka, qb, kb
-    va, oa = sides(vo, state_a, False, False)
-    vb, ob = sides(vo, state_b, False, False)
-    cost += _pair_cost(va, vb, oa, ob, h, d)
+def head_cost(layer: AttentionLayer, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor],
+              dtype: torch.dtype = torch.float64) -> Tensor:
+    """Stage-1 cost matrix ``C[i, j]`` (head ``i`` of A vs head ``j`` of B), ``(h, h)`` float64.
+
+    ``dtype``: precision of the Gram products (see the module docstring for the error
+    bound, :func:`cost_error_bound`).
+    """
+    h, d = layer.n_heads, layer.head_dim
+    cost = torch.zeros(h, h, dtype=torch.float64)
+    for (xa, ya), (xb, yb) in zip(_layer_sides(layer, state_a, dtype), _layer_sides(layer, state_b, dtype)):
+        cost += _pair_cost(xa, xb, ya, yb, h, d)
     return cost.clamp_min(0.0)
+
+
+def rounding_delta(rows: int, dtype: torch.dtype, d: int) -> float:
+    """Relative error bound ``delta`` of one product term ``(X^T X')_ab (Y^T Y')_ab`` of the cost.
+
+    ``delta = (1 + gamma_{rows+2})^2 (1 + u) (1 + gamma64_{d^2}) - 1``: each Gram entry is an
+    inner product of ``rows`` terms of inputs rounded once to ``dtype`` (unit roundoff
+    ``u``), the product of two entries is rounded once, and ``d^2`` products are summed
+    in float64.
+    """
+    def gamma(n: int, uu: float) -> float:
+        return math.inf if n * uu >= 1 else n * uu / (1 - n * uu)
+
+    u = torch.finfo(dtype).eps / 2
+    u64 = torch.finfo(torch.float64).eps / 2
+    return (1 + gamma(rows + 2, u)) ** 2 * (1 + u) * (1 + gamma(d * d, u64)) - 1
+
+
+def head_scales(layer: AttentionLayer, state: Mapping[str, Tensor]) -> Tensor:
+    """``a_i = sum over the side pairs of ||X_i||_F ||Y_i||_F`` per query head, ``(h,)`` float64.
+
+    With :func:`rounding_delta` ``delta``, ``|C~_ij - C_ij| <= delta (a_i^A + a_j^B)^2`` for the
+    cost ``C~`` computed with rounded products (module docstring).
+    """
+    h = layer.n_heads
+    a = torch.zeros(h, dtype=torch.float64)
+    for x_side, y_side in _layer_sides(layer, state, torch.float64):
+        nx = sum(_per_head(x.pow(2).sum((1, 2)), units, h) for x, units in x_side)
+        ny = sum(_per_head(y.pow(2).sum((1, 2)), units, h) for y, units in y_side)
+        a += (nx * ny).sqrt()
+    return a
+
+
+def gram_rows(layer: AttentionLayer, state: Mapping[str, Tensor]) -> int:
+    """The largest number of rows ``R`` entering one stage-1 Gram product."""
+    return max(sum(x.shape[1] for x, _ in side) for pair in _layer_sides(layer, state, torch.float64)
+               for side in pair)
+
+
+def cost_error_bound(layer: AttentionLayer, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor],
+                     dtype: torch.dtype) -> float:
+    """Bound on ``C(pi~) - C(pi*)`` when ``pi~`` is optimal for the cost computed with ``dtype``
+    products: ``4 delta (sum_i a_i^2 + sum_j b_j^2)`` (module docstring, :func:`head_scales`)."""
+    a, b = head_scales(layer, state_a), head_scales(layer, state_b)
+    delta = rounding_delta(max(gram_rows(layer, state_a), gram_rows(layer, state_b)), dtype, layer.head_dim)
+    return 4 * delta * float((a * a).sum() + (b * b).sum())
+
+
+def _per_head(v: Tensor, units: int, n_heads: int) -> Tensor:
+    """Per-unit values -> per-head (a K/V unit is shared by its ``g`` query heads)."""
+    return v[_expand(units, n_heads)] if units != n_heads else v
 
 
 def assign_heads(cost: Tensor, group: HeadPermutation) -> Tensor:

@@ -225,7 +225,7 @@ def solve_rope(g: Grams, group: RotaryPlanes, mode: str = "full", *, max_cond: f
     if r < d:
         cols = torch.arange(r, d)
         sol = solve_gl(g.columns(cols), mode, max_cond=max_cond, label=label + " unrotated",
-                       **{k: v for k, v in kw.items() if k in ("max_iter", "xtol")})
+                       **{k: v for k, v in kw.items() if k in ("max_iter", "xtol", "ftol")})
         rest, iters, conv, fallback, f_rest = sol.u, sol.iterations, sol.converged, sol.fallback, sol.objective
     # conditioning guard on the planes: fall back to |c| = 1 for ill-conditioned blocks
     u = group.from_planes(t.exp() * phi.cos(), t.exp() * phi.sin(), rest)

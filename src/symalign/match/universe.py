@@ -7,6 +7,10 @@ by whole-model weight matching (warm-started from its previous transform),
 the final average. Each ``theta_k'`` computes ``theta_k``'s function exactly
 (``T_k`` is a symmetry); the merged model is a new model. The spread
 ``sum_k ||theta_k' - U||^2`` is recorded per round.
+
+The Dirichlet-sampled learned refinement starting from this result is
+:func:`symalign.match.learned_many.learn_many`. :func:`save_merged` writes a merge as
+a checkpoint (each file atomically).
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ class UniverseMatch:
                 "time_s": self.time_s}
 
 
-def _mean(states: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+def mean_state(states: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """The uniform average of state dicts (floating tensors, summed in float64, cast back; others from the first)."""
     out = {}
     for k, v in states[0].items():
         if v.is_floating_point():
@@ -49,15 +54,20 @@ def _mean(states: list[dict[str, Tensor]]) -> dict[str, Tensor]:
     return out
 
 
-def match_universe(models: Sequence[nn.Module], *, rounds: int = 3, **kw) -> UniverseMatch:
-    """Universe matching of ``models`` (>= 2, same config); ``kw`` go to :func:`match_whole`."""
-    t0 = time.perf_counter()
+def check_models(models: Sequence[nn.Module]) -> None:
+    """At least two models with compatible configs (:class:`MatchError` otherwise)."""
     if len(models) < 2:
         raise MatchError("universe matching needs at least two models")
     cfgs = [getattr(m, "cfg", None) for m in models]
     if all(c is not None for c in cfgs):
         for c in cfgs[1:]:
             check_configs(cfgs[0], c)
+
+
+def match_universe(models: Sequence[nn.Module], *, rounds: int = 3, **kw) -> UniverseMatch:
+    """Universe matching of ``models`` (>= 2, same config); ``kw`` go to :func:`match_whole`."""
+    t0 = time.perf_counter()
+    check_models(models)
     spec = models[0].symmetry_spec()
     states = [{k: v.detach() for k, v in m.state_dict().items()} for m in models]
     ref = states[0]
@@ -69,23 +79,27 @@ def match_universe(models: Sequence[nn.Module], *, rounds: int = 3, **kw) -> Uni
             res = match_whole(spec, ref, st, init=transforms[k], **kw)
             transforms[k] = res.transform
             aligned.append(res.apply(st))
-        ref = _mean(aligned)
+        ref = mean_state(aligned)
         spread.append(sum(distance(spec, ref, a) for a in aligned))
     return UniverseMatch([t for t in transforms if t is not None], ref, spread, spec, time.perf_counter() - t0)
 
 
 def save_merged(path: str | Path, model: nn.Module, state: dict[str, Tensor], info: dict | None = None) -> Path:
-    """Write a merged rewritten model: ``model.safetensors`` + ``config.json`` (config, rewrite plan, info)."""
+    """Write a merged rewritten model: ``model.safetensors`` + ``config.json`` (config, rewrite plan, info).
+
+    Each file is written atomically, the weights first: a folder with ``config.json`` is complete.
+    """
     from safetensors.torch import save_file
 
+    from symalign.atomic import atomic_path, write_json
     from symalign.rewrite import plan
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg  # type: ignore[attr-defined]
-    save_file({k: v.detach().contiguous() for k, v in state.items()}, str(path / "model.safetensors"))
-    meta = {"model": cfg.to_dict(), "rewrite": plan(cfg).to_dict(), "info": info or {}}
-    (path / "config.json").write_text(json.dumps(meta, indent=2))
+    with atomic_path(path / "model.safetensors") as tmp:
+        save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp))
+    write_json(path / "config.json", {"model": cfg.to_dict(), "rewrite": plan(cfg).to_dict(), "info": info or {}})
     return path
 
 

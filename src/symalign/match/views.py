@@ -179,14 +179,31 @@ def head_rows(x: Tensor, part: Part, d: int, dtype=torch.float64) -> tuple[Tenso
 
 
 def side_gram(a_parts: list[Tensor], b_parts: list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-block Gram matrices of one side, summed over parts (rows and query heads).
+    """Per-block Gram matrices of one side, summed over parts (rows and query heads), float64.
 
-    Inputs are ``(n_blocks, repeat, rows, d)`` views of A and B. Returns
-    ``(bb, ab, aa_diag)`` with ``bb = X_B^T X_B`` and ``ab = X_A^T X_B`` of shape
-    ``(n_blocks, d, d)`` and ``aa_diag = diag(X_A^T X_A)`` of shape ``(n_blocks, d)``,
-    where ``X`` stacks all rows of the block (the canonical per-block matrix).
+    Inputs are ``(n_blocks, repeat, rows, d)`` views of A and B (any dtype; see
+    :func:`block_rows`). Returns ``(bb, ab, aa_diag)`` with ``bb = X_B^T X_B`` and
+    ``ab = X_A^T X_B`` of shape ``(n_blocks, d, d)`` and ``aa_diag = diag(X_A^T X_A)`` of
+    shape ``(n_blocks, d)``, where ``X`` stacks all rows of the block (the canonical
+    per-block matrix). Each side is first copied once into a float64 ``(n_blocks, d, R)``
+    array (``X^T``), then two batched products.
     """
-    bb = sum(torch.einsum("kxra,kxrb->kab", b, b) for b in b_parts)
-    ab = sum(torch.einsum("kxra,kxrb->kab", a, b) for a, b in zip(a_parts, b_parts))
-    aa = sum(torch.einsum("kxra,kxra->ka", a, a) for a in a_parts)
-    return bb, ab, aa  # type: ignore[return-value]
+    xa, xb = stacked_rows(a_parts), stacked_rows(b_parts)
+    bb = xb @ xb.mT
+    ab = xa @ xb.mT
+    aa = torch.linalg.vecdot(xa, xa)
+    return bb, ab, aa
+
+
+def stacked_rows(parts: list[Tensor], dtype=torch.float64) -> Tensor:
+    """``X^T`` ``(n_blocks, d, R)`` of a block's rows stacked over parts and repeats, in ``dtype``
+    (one strided copy per part, no intermediate)."""
+    nb, d = parts[0].shape[0], parts[0].shape[-1]
+    total = sum(p.shape[1] * p.shape[2] for p in parts)
+    out = torch.empty(nb, d, total, dtype=dtype)
+    off = 0
+    for p in parts:
+        rep, rows = p.shape[1], p.shape[2]
+        out[:, :, off:off + rep * rows].view(nb, d, rep, rows).copy_(p.permute(0, 3, 1, 2))
+        off += rep * rows
+    return out

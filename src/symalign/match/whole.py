@@ -15,7 +15,9 @@ distance summed over every tensor the spec labels, by block-coordinate descent:
 0. initialise the residual space from the tensors no other space acts on
    (embeddings, positions, CLS token, head, output biases): those are comparable
    before anything else is aligned;
-1. each unit permutation space (``ff.*``) by a linear assignment given the others;
+1. each unit permutation space (``ff.*``) by a linear assignment given the others
+   (ReLU units, :class:`~symalign.groups.PositiveMonomial`: assignment and positive
+   per-unit scales alternately, :func:`symalign.match.ff.match_monomial`);
 2. the attention spaces by :func:`match_attention` on ``B`` with the residual and FF
    elements applied (actions on different axes commute);
 3. each residual-stream space (orthogonal: Procrustes; a permuted stream: linear
@@ -38,10 +40,10 @@ import torch
 from torch import Tensor
 
 from symalign.errors import MatchError, SymalignError
-from symalign.groups import HeadPermutation, Orthogonal, PerHead, Permutation
+from symalign.groups import HeadPermutation, Orthogonal, PerHead, Permutation, PositiveMonomial
 from symalign.match.api import match_attention
-from symalign.match.ff import assign
-from symalign.match.residual import cross, procrustes
+from symalign.match.ff import assign, match_monomial
+from symalign.match.residual import FixingOrthogonal, cross, procrustes
 from symalign.spec import SymmetrySpec, Transform, apply
 
 
@@ -140,6 +142,12 @@ def _solve_space(spec: SymmetrySpec, space: str, state_a, state_b, only_free: bo
     return _project(spec, space, m)
 
 
+def restricted_note(name: str, group: FixingOrthogonal) -> str:
+    """Diagnostics line for a residual space restricted to rotations fixing a subspace."""
+    return (f"{name}: {group.describe()}: rotations act on a {group.k}-dimensional subspace only "
+            f"({group.n - group.k} of {group.n} dimensions fixed; fixed vectors move by <= {group.error:.1e} relative)")
+
+
 def attention_step(spec: SymmetrySpec, names: list[str], state_a, state_b, stage1: bool = True,
                    stage2: str = "full"):
     """:func:`match_attention` on the attention sub-spec (fused segments split into virtual tensors)."""
@@ -209,7 +217,8 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
     validate_states(spec, state_a, state_b)
     part = partition(spec)
     transform: Transform = dict(init) if init is not None else {}
-    notes: list[str] = []
+    notes: list[str] = [restricted_note(name, spec.spaces[name]) for name in part.orthogonal
+                        if isinstance(spec.spaces[name], FixingOrthogonal)]
     stream = part.orthogonal + [p for p in part.permutations if not p.startswith("ff.")]
     free_m: dict[str, Tensor] = {}
     for name in stream:  # the free tensors' cross term is the same in every sweep: computed once
@@ -232,7 +241,9 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
         if units:
             cur = apply_subset(spec, _without(transform, units), state_b, units)
             for name in units:
-                el = _solve_space(spec, name, state_a, cur)
+                g = spec.spaces[name]
+                el = (match_monomial(_pairs(spec, name), state_a, cur, g.n) if isinstance(g, PositiveMonomial)
+                      else _solve_space(spec, name, state_a, cur))  # ReLU: permutation + positive scales
                 if el is not None:
                     transform[name] = el
         # 2. attention

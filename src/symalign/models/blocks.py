@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from symalign.groups import Permutation
+from symalign.groups import Permutation, PositiveMonomial
 from symalign.models.config import ModelConfig
 from symalign.nn.attention import MultiHeadAttention, attention_spec
 from symalign.nn.positional import sinusoidal_table
@@ -112,13 +112,19 @@ def has_residual_symmetry(cfg: ModelConfig) -> bool:
     return cfg.pe != "sinusoidal"
 
 
+def ff_group(cfg: ModelConfig) -> Permutation:
+    """The group of the FF hidden units: ``S_{d_ff}``, or for ReLU the positive monomials
+    ``S_{d_ff} x R_{>0}^{d_ff}`` (``relu(s z) = s relu(z)`` for ``s > 0``; GELU has no such scaling)."""
+    return PositiveMonomial(cfg.d_ff) if cfg.activation == "relu" else Permutation(cfg.d_ff)
+
+
 def blocks_spec(cfg: ModelConfig, prefix: str = "blocks.", residual: bool = True) -> SymmetrySpec:
     r"""Symmetries of the stacked blocks ``{prefix}{i}.``.
 
     Per layer ``i``: the attention spaces ``heads.i``, ``qk.i``, ``vo.i``
     (:func:`symalign.nn.attention.attention_spec`) and the FF hidden units
-    ``ff.i`` = ``S_{d_ff}`` on ``fc_in.weight`` axis 0 (+ bias) and
-    ``fc_out.weight`` axis 1. With ``residual``, the space ``residual``
+    ``ff.i`` = ``S_{d_ff}`` (ReLU: ``S_{d_ff} x R_{>0}^{d_ff}``, see :func:`ff_group`) on
+    ``fc_in.weight`` axis 0 (+ bias) and ``fc_out.weight`` axis 1. With ``residual``, the space ``residual``
     (``S_D``, declared by the caller) also acts on every tensor that reads or
     writes the stream: norm gains/biases, Q/K/V and ``fc_in`` inputs (axis 1),
     ``o_proj``/``fc_out`` outputs (axis 0, + bias).
@@ -131,7 +137,7 @@ def blocks_spec(cfg: ModelConfig, prefix: str = "blocks.", residual: bool = True
         p = f"{prefix}{i}."
         spec = spec.merge(attention_spec(acfg, prefix=p + "attn.", tag=str(i)))
         ff = f"ff.{i}"
-        spec.add_space(ff, Permutation(cfg.d_ff))
+        spec.add_space(ff, ff_group(cfg))
         spec.act_on(p + "mlp.fc_in.weight", ff, 0)
         if cfg.bias:
             spec.act_on(p + "mlp.fc_in.bias", ff, 0)
