@@ -106,3 +106,24 @@ def test_block_and_full_scopes_use_whole_model_matching(tmp_path):
         assert v["function_change"] <= 1e-4
         assert v["curve"]["loss"][-1] == pytest.approx(r["naive"]["loss"][-1], rel=1e-4)
         assert v["curve"]["loss"][0] == pytest.approx(r["naive"]["loss"][0], rel=1e-4)
+
+
+def test_full_scope_runs_seed002_methods(tmp_path):
+    """protocol.methods on the full scope: weight / activation / learned matching each give a curve on
+    the same test batches; learned matching is never worse than weight matching on its selection
+    batches, and every aligned B' computes B's function."""
+    cfg = {**TINY, "name": "tiny-methods", "model": {**TINY["model"], "n_layers": 1},
+           "protocol": {**TINY["protocol"], "scopes": ["model"], "variants": ["full"], "stage1_ablation": False,
+                        "methods": ["weight", "activation", "learned"], "learned_steps": 4,
+                        "method_batch_size": 16}}
+    (res,) = run_experiment(parse_config(cfg), tmp_path, progress=False)
+    assert res["scope"] == "full" and set(res["methods"]) == {"weight", "activation", "learned"}
+    naive = res["naive"]["loss"]
+    for m in res["methods"].values():
+        assert m["function_change"] <= 1e-4
+        assert m["curve"]["loss"][0] == pytest.approx(naive[0], rel=1e-4)
+        assert m["curve"]["loss"][-1] == pytest.approx(naive[-1], rel=1e-4)
+    assert res["methods"]["weight"]["curve"]["loss_barrier"] == pytest.approx(
+        res["variants"]["full"]["curve"]["loss_barrier"], rel=1e-6, abs=1e-9)
+    summary = (tmp_path / "summary.csv").read_text()
+    assert "learned-matching_loss_barrier" in summary

@@ -32,6 +32,9 @@ BASE = {"name": "x", "data": "digits", "model": {"family": "vit", "pe": "rope"}}
     ({"protocol": {"seeds": [1, 1]}}, "two different seeds"),
     ({"data": "cifar-1000"}, "unknown dataset"),
     ({"train": {"steps": 0}}, "steps must be a positive integer"),
+    ({"protocol": {"scopes": ["full"], "methods": ["weight", "magic"]}}, "unknown method 'magic'"),
+    ({"protocol": {"scopes": ["all-attention"], "methods": ["learned"]}}, "applies to the 'full' scope"),
+    ({"protocol": {"scopes": ["full"], "methods": ["learned"], "learned_steps": -1}}, "learned_steps must be"),
 ])
 def test_bad_configs_name_the_key(patch, msg):
     with pytest.raises(SymalignError, match=msg):
@@ -45,3 +48,11 @@ def test_missing_and_invalid_files(tmp_path):
     bad.write_text("name = [unclosed")
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_config(bad)
+
+
+def test_model_scope_is_full_and_methods_default_off():
+    cfg = parse_config({**BASE, "protocol": {"scopes": ["model"], "methods": ["weight", "learned"]}})
+    assert cfg.protocol.scopes == ["full"] and cfg.protocol.methods == ["weight", "learned"]
+    assert "methods" in cfg.to_dict()["protocol"]
+    plain = parse_config(BASE).to_dict()["protocol"]  # defaults are left out (sweep stores compare equal)
+    assert not {"methods", "learned_steps", "method_batch_size"} & set(plain)

@@ -10,7 +10,7 @@ A config names a model family, a dataset and the protocol::
                               # fields (symalign.models.hf)
     [train]                   # symalign.train.TrainConfig fields (steps, batch_size, lr, ...)
     [protocol]
-    scopes = ["all-attention"]            # first-attention | all-attention | first-block | full
+    scopes = ["all-attention"]            # first-attention | all-attention | first-block | full (alias model)
     seeds = [1, 2]                        # the seeds of models A and B
     base_seed = 0                         # the shared base model (scopes other than full)
     freeze = true                         # train only the re-initialised scope
@@ -18,6 +18,9 @@ A config names a model family, a dataset and the protocol::
     eval_items = 2000                     # held-out examples (LM: windows) per curve point
     variants = ["full"]                   # stage-2 variants: none | orthogonal | full
     stage1_ablation = false               # also run with stage 1 off
+    methods = []                          # full scope: seed 002's methods weight | activation | learned
+    learned_steps = 3000                  # learned matching: optimisation steps (a fresh training batch each)
+    method_batch_size = 128               # training-split batch size for activation / learned matching
     device = "cpu"                        # where the curves are evaluated: cpu | cuda | auto
 
 Unknown keys anywhere raise :class:`ConfigError` naming the key; ``[data_options]`` takes
@@ -41,7 +44,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 SCOPES = ("first-attention", "all-attention", "first-block", "full")
+SCOPE_ALIASES = {"model": "full"}  # seed 002's name for whole-model alignment of two independent trainings
 VARIANTS = ("none", "orthogonal", "full")
+METHODS = ("weight", "activation", "learned")
 
 
 @dataclass
@@ -55,10 +60,23 @@ class Protocol:
     variants: list[str] = field(default_factory=lambda: ["full"])
     stage1_ablation: bool = False
     device: str = "cpu"
+    methods: list[str] = field(default_factory=list)
+    learned_steps: int = 3000
+    method_batch_size: int = 128
 
     def __post_init__(self):
         if not self.scopes:
             raise ConfigError("protocol.scopes is empty; list at least one of " + ", ".join(SCOPES))
+        self.scopes = [SCOPE_ALIASES.get(s, s) for s in self.scopes]
+        for m in self.methods:
+            if m not in METHODS:
+                raise ConfigError(f"protocol.methods: unknown method {m!r}; use any of {', '.join(METHODS)}")
+        if self.methods and "full" not in self.scopes:
+            raise ConfigError("protocol.methods (weight/activation/learned matching of two independent trainings) "
+                              "applies to the 'full' scope (alias 'model'); add it to protocol.scopes")
+        if self.learned_steps < 0 or self.method_batch_size < 1:
+            raise ConfigError(f"protocol.learned_steps must be >= 0 and protocol.method_batch_size >= 1, got "
+                              f"{self.learned_steps} and {self.method_batch_size}")
         for s in self.scopes:
             if s not in SCOPES:
                 raise ConfigError(f"protocol.scopes: unknown scope {s!r}; use one of {', '.join(SCOPES)}")
@@ -87,11 +105,14 @@ class ExperimentConfig:
     protocol: Protocol = field(default_factory=Protocol)
 
     def to_dict(self) -> dict:
-        """The config as a dict; ``protocol.device`` only when it is not the default ``"cpu"`` (so the
-        configs recorded before that setting existed, e.g. in a sweep store, compare equal)."""
+        """The config as a dict; ``protocol.device`` and the ``methods`` settings only when they are not
+        their defaults (so configs recorded before those settings existed, e.g. in a sweep store, compare
+        equal)."""
         d = asdict(self)
-        if d["protocol"].get("device") == "cpu":
-            del d["protocol"]["device"]
+        defaults = {"device": "cpu", "methods": [], "learned_steps": 3000, "method_batch_size": 128}
+        for k, v in defaults.items():
+            if d["protocol"].get(k) == v:
+                del d["protocol"][k]
         return d
 
 
@@ -127,6 +148,10 @@ def parse_config(d: dict, source: str = "config") -> ExperimentConfig:
         from symalign.models.hf import check_model_section
 
         check_model_section(model, protocol.scopes)
+        if protocol.methods:
+            raise ConfigError("protocol.methods (activation / learned matching) is available for the built-in "
+                              "families (vit, gpt, encoder); for hf: families remove it (the 'full' scope still "
+                              "runs whole-model weight matching)")
     data_options = dict(d.get("data_options", {}))
     _check_keys("data_options", data_options, data_option_keys())
     return ExperimentConfig(name=str(d["name"]), data=d["data"], model=model, train=train,

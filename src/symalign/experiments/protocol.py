@@ -213,6 +213,9 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
             "match": m.to_dict(),
         }
         del rb2
+    if scope == "full" and p.methods:
+        out["methods"] = seed002_methods(cfg, ds, arch_a, arch_b, batches, naive, progress,
+                                         checkpoint=Path(dir_a).parent / "learned-matching.pt")
     # stage-1 metrics of the chosen head permutations, on B with the other spaces (residual, FF) aligned
     attn_spaces = [x for x in spec.spaces if x.split(".")[0] in ATTENTION_KINDS]
     other = [x for x in spec.spaces if x not in attn_spaces]
@@ -220,6 +223,29 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
     out["stage1"] = stage1_metrics(spec.restrict(attn_spaces), ra, rb_ctx, first_match.transform)
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def seed002_methods(cfg: ExperimentConfig, ds, arch_a: nn.Module, arch_b: nn.Module, batches: list,
+                    naive: lmc.Curve, progress: Callable[[str], None] | None = None,
+                    checkpoint: Path | None = None) -> dict[str, dict]:
+    """Seed 002's table for the ``full`` scope: weight / activation / learned matching of the two
+    (rewritten) models (:func:`symalign.experiments.methods.align_methods`), each with its curve on
+    the same test batches as the variants. Activation statistics and learned matching use the
+    **training** split (a fresh batch per learned step, :class:`~symalign.experiments.methods.TrainStream`);
+    learned matching picks between its result and weight matching on validation batches, and
+    checkpoints to ``checkpoint`` (resumed from it when the run is interrupted)."""
+    from symalign.data import eval_batches
+    from symalign.experiments.methods import TrainStream, align_methods
+
+    p = cfg.protocol
+    context = int(cfg.train.get("context", 128))
+    stream = TrainStream(ds, p.method_batch_size, seed=cfg.protocol.seeds[0], context=context)
+    val = list(eval_batches(ds, "val", 256, context, p.eval_items))
+    res = align_methods(arch_a, arch_b, batches, ds.task, methods=p.methods, points=p.points,
+                        learned_steps=p.learned_steps, seed=p.seeds[0], train_batches=stream, val_batches=val,
+                        naive=naive, progress=progress,
+                        learned_checkpoint=None if checkpoint is None else str(checkpoint))
+    return {k: {kk: vv for kk, vv in v.items() if kk != "state"} for k, v in res.items()}
 
 
 def stage1_metrics(spec: SymmetrySpec, state_a: dict, state_b: dict, transform: dict) -> list[dict]:
@@ -257,6 +283,9 @@ def summary_row(name: str, res: dict) -> dict:
         row[f"{key}_loss_barrier"] = v["curve"]["loss_barrier"]
         row[f"{key}_acc_barrier"] = v["curve"]["acc_barrier"]
         row[f"{key}_ratio_percent"] = v["loss_barrier_ratio_percent"]
+    for key, v in res.get("methods", {}).items():
+        row[f"{key}-matching_loss_barrier"] = v["curve"]["loss_barrier"]
+        row[f"{key}-matching_ratio_percent"] = v["loss_barrier_ratio_percent"]
     return row
 
 
