@@ -19,7 +19,7 @@ A config names a model family, a dataset and the protocol::
     variants = ["full"]                   # stage-2 variants: none | orthogonal | full
     stage1_ablation = false               # also run with stage 1 off
     methods = []                          # full scope: seed 002's methods weight | activation | learned
-    learned_steps = 3000                  # learned matching: optimisation steps (a fresh training batch each)
+    learned_steps = 6000                  # learned matching: optimisation steps (a fresh training batch each)
     method_batch_size = 128               # training-split batch size for activation / learned matching
     device = "cpu"                        # where the curves are evaluated: cpu | cuda | auto
 
@@ -61,7 +61,7 @@ class Protocol:
     stage1_ablation: bool = False
     device: str = "cpu"
     methods: list[str] = field(default_factory=list)
-    learned_steps: int = 3000
+    learned_steps: int = 6000
     method_batch_size: int = 128
 
     def __post_init__(self):
@@ -109,7 +109,7 @@ class ExperimentConfig:
         their defaults (so configs recorded before those settings existed, e.g. in a sweep store, compare
         equal)."""
         d = asdict(self)
-        defaults = {"device": "cpu", "methods": [], "learned_steps": 3000, "method_batch_size": 128}
+        defaults = {"device": "cpu", "methods": [], "learned_steps": 6000, "method_batch_size": 128}
         for k, v in defaults.items():
             if d["protocol"].get(k) == v:
                 del d["protocol"][k]

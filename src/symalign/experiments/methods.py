@@ -12,12 +12,12 @@ method over every space of the whole-model spec and measures the LMC curve
 * ``"learned"``: :func:`symalign.match.learned.learn_matching` on the **training**
   batches, initialised from the weight-matching result (computed even when
   ``"weight"`` is not asked for), with its default recipe: a fresh training batch
-  every step (pass a :class:`TrainStream`), 3000 Adam steps at ``lr = 1e-2`` with cosine
+  every step (pass a :class:`TrainStream`), 6000 Adam steps at ``lr = 1e-2`` with cosine
   decay, ``lambda ~ U(0.2, 0.8)``; the choice between the learned and the
   weight-matching transform is made on ``val_batches`` (the validation split) when given.
   On the F-MNIST ViT pairs (sinusoidal / RoPE) this took the learned test barrier from
   0.073 / 0.090 nats (40 cycled batches, 200 steps at a constant rate, ``lambda ~
-  U(0.4, 0.6)``) to 0.024 / 0.023 (``docs/whole-model.md`` section 6).
+  U(0.4, 0.6)``) to 0.015 / 0.013 (3000 steps: 0.024 / 0.023; ``docs/whole-model.md`` section 6).
 
 The evaluation batches (the test split of the curve) are never used to align or to select. Every
 entry has the shape of a ``variants`` entry of
@@ -83,7 +83,7 @@ def _function_change(arch_a: nn.Module, state: dict, arch_b: nn.Module, state_b:
 
 def align_methods(arch_a: nn.Module, arch_b: nn.Module, batches: Callable[[], Iterable[Batch]] | Sequence[Batch],
                   task: str = "classification", methods: Sequence[str] = METHODS, points: int = 25,
-                  learned_steps: int = 3000, seed: int = 0, *,
+                  learned_steps: int = 6000, seed: int = 0, *,
                   train_batches: Sequence[Batch] | Callable[[int], Batch] | None = None,
                   val_batches: Sequence[Batch] | None = None,
                   naive: lmc.Curve | dict | None = None, stage2: str = "full", max_iter: int = 10,
