@@ -36,3 +36,14 @@ def write_text(path: str | Path, text: str) -> None:
 def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> None:
     """JSON (floats and numpy scalars via ``float``), written atomically."""
     write_text(path, json.dumps(obj, indent=indent, default=float) + "\n")
+
+
+def file_digest(path: str | Path, algorithm: str = "sha256") -> str:
+    """Hex digest of a file's bytes (read in 1 MiB blocks), e.g. ``"sha256"`` or ``"md5"``."""
+    import hashlib
+
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -15,7 +15,6 @@ sharing the embedding) are stored once and listed under ``aliases``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from symalign.atomic import write_text
+from symalign.atomic import file_digest, write_text
 from symalign.errors import CheckpointError, SymalignError
 
 FORMAT = "symalign.checkpoint"
@@ -36,11 +35,7 @@ MODEL_FILE, CONFIG_FILE, OPTIM_FILE, LATEST = "model.safetensors", "config.json"
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_digest(path, "sha256")
 
 
 def dedupe_state(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:

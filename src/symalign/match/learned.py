@@ -468,6 +468,35 @@ class _Bar:
             self.bar.stop()
 
 
+def optimise(objective: Callable[[int], Tensor], opt: torch.optim.Optimizer, *, start: int, steps: int, lr: float,
+             schedule: str, warmup: int, losses: list[float], save: Callable[[int], None], save_every: int,
+             bar: "_Bar", what: str) -> None:
+    """Adam steps ``start..steps-1`` on ``objective(step)`` (a scalar loss tensor), shared by
+    :func:`learn_matching` and :func:`~symalign.match.learned_many.learn_many`.
+
+    The learning rate of step ``s`` is ``lr * lr_factor(s, steps, schedule, warmup)``; each
+    loss is appended to ``losses``; ``save(step)`` runs every ``save_every`` steps and at the
+    end (a resumable checkpoint). A non-finite loss raises :class:`MatchError` naming ``what``.
+    """
+    try:
+        for step in range(start, steps):
+            for group in opt.param_groups:
+                group["lr"] = lr * lr_factor(step, steps, schedule, warmup)
+            value = objective(step)
+            if not math.isfinite(float(value.detach())):
+                raise MatchError(f"{what} diverged (non-finite loss); lower the learning rate")
+            opt.zero_grad()
+            value.backward()
+            opt.step()
+            losses.append(float(value.detach()))
+            bar.step(losses[-1])
+            if (step + 1) % save_every == 0:
+                save(step + 1)
+    finally:
+        bar.close()
+    save(max(steps, start))
+
+
 def learn_matching(model_a: nn.Module, model_b: nn.Module, batches: BatchSource, *,
                    steps: int = 6000, lr: float = 1e-2, lam: tuple[float, float] = LAM,
                    schedule: str = "cosine", warmup: int = 0, betas: tuple[float, float] = (0.9, 0.999),
@@ -527,28 +556,16 @@ def learn_matching(model_a: nn.Module, model_b: nn.Module, batches: BatchSource,
                                    "optim": opt.state_dict(), "losses": losses, "recipe": recipe})
 
     keys = floating(sa)
-    bar = _Bar(progress, "learned matching", steps, start)
-    try:
-        for step in range(start, steps):
-            for group in opt.param_groups:
-                group["lr"] = lr * lr_factor(step, steps, schedule, warmup)
-            sbz = lat.soft_apply(sb)
-            t = lam_at(seed, step, lam)
-            theta = {k: (1 - t) * sa[k] + t * sbz[k] if k in keys else sa[k] for k in sa}
-            x, y = batch_of(step)
-            value = loss_fn(functional_call(model_a, theta, (x,)), y)
-            if not math.isfinite(float(value.detach())):
-                raise MatchError("learned matching diverged (non-finite loss); lower the learning rate")
-            opt.zero_grad()
-            value.backward()
-            opt.step()
-            losses.append(float(value.detach()))
-            bar.step(losses[-1])
-            if (step + 1) % save_every == 0:
-                save(step + 1)
-    finally:
-        bar.close()
-    save(max(steps, start))
+    def objective(step: int) -> Tensor:  # L((1 - t) theta_A + t T(Z) . theta_B), t ~ U(lam)
+        sbz = lat.soft_apply(sb)
+        t = lam_at(seed, step, lam)
+        theta = {k: (1 - t) * sa[k] + t * sbz[k] if k in keys else sa[k] for k in sa}
+        x, y = batch_of(step)
+        return loss_fn(functional_call(model_a, theta, (x,)), y)
+
+    optimise(objective, opt, start=start, steps=steps, lr=lr, schedule=schedule, warmup=warmup, losses=losses,
+             save=save, save_every=save_every, bar=_Bar(progress, "learned matching", steps, start),
+             what="learned matching")
     transform, fallbacks = lat.project(max_cond)
     if select_batches is not None:
         judge = _check_data(select_batches, "the selection of learned matching")

@@ -45,8 +45,8 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from symalign.errors import MatchError
-from symalign.match.learned import Batch, BatchSource, Latents, LossFn, _Bar, _check_data, batch_source, \
-    check_recipe, compare_recipe, floating, lr_factor, mean_loss, recipe_of, save_checkpoint, default_loss
+from symalign.match.learned import Batch, BatchSource, Latents, LossFn, _Bar, _check_data, batch_source, optimise, \
+    check_recipe, compare_recipe, floating, mean_loss, recipe_of, save_checkpoint, default_loss
 from symalign.match.universe import UniverseMatch, check_models, mean_state, match_universe
 from symalign.spec import SymmetrySpec, Transform, apply
 
@@ -139,28 +139,16 @@ def learn_many(models: Sequence[nn.Module], batches: BatchSource, *, steps: int 
 
     keys = set(floating(ref))
     model = models[0]
-    bar = _Bar(progress, "learned merge", steps, first)
-    try:
-        for step in range(first, steps):
-            for group in opt.param_groups:
-                group["lr"] = lr * lr_factor(step, steps, schedule, warmup)
-            w = np.random.default_rng([seed, step]).dirichlet(np.full(m_count, float(alpha)))
-            aligned = [ref] + [lat.soft_apply(st) for lat, st in zip(lats, states[1:])]
-            theta = {k: (sum(float(wk) * a[k] for wk, a in zip(w, aligned)) if k in keys else ref[k]) for k in ref}
-            x, y = batch_of(step)
-            value = loss_fn(functional_call(model, theta, (x,)), y)
-            if not math.isfinite(float(value.detach())):
-                raise MatchError("learned many-model matching diverged (non-finite loss); lower the learning rate")
-            opt.zero_grad()
-            value.backward()
-            opt.step()
-            losses.append(float(value.detach()))
-            bar.step(losses[-1])
-            if (step + 1) % save_every == 0:
-                save(step + 1)
-    finally:
-        bar.close()
-    save(max(steps, first))
+    def objective(step: int) -> Tensor:  # L(sum_k w_k T_k(Z_k) . theta_k), w ~ Dirichlet(alpha 1_M)
+        w = np.random.default_rng([seed, step]).dirichlet(np.full(m_count, float(alpha)))
+        aligned = [ref] + [lat.soft_apply(st) for lat, st in zip(lats, states[1:])]
+        theta = {k: (sum(float(wk) * a[k] for wk, a in zip(w, aligned)) if k in keys else ref[k]) for k in ref}
+        x, y = batch_of(step)
+        return loss_fn(functional_call(model, theta, (x,)), y)
+
+    optimise(objective, opt, start=first, steps=steps, lr=lr, schedule=schedule, warmup=warmup, losses=losses,
+             save=save, save_every=save_every, bar=_Bar(progress, "learned merge", steps, first),
+             what="learned many-model matching")
     transforms = [dict(start[0])]
     fallbacks: list[str] = []
     for k, lat in enumerate(lats, start=2):

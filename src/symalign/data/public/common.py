@@ -9,7 +9,6 @@ Location: ``root`` if given, else ``$SYMALIGN_DATA/<name>``, else
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tarfile
@@ -20,7 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from symalign.atomic import atomic_path
+from symalign.atomic import atomic_path, file_digest
 from symalign.errors import DatasetError
 
 DOWNLOAD_TIMEOUT_S = 60.0
@@ -70,11 +69,7 @@ def missing_error(title: str, root: Path, layout: str, remotes: Sequence[Remote]
 
 
 def md5_of(path: Path) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return file_digest(path, "md5")
 
 
 def fetch(remote: Remote, root: Path) -> Path:
