@@ -500,3 +500,27 @@ def test_wrong_format_errors_name_the_file(tmp_path):
     with pytest.raises(DatasetError, match="takes no image_size"):
         load_dataset("mnist", root=tmp_path / "m", image_size=32)
     assert cache_dir() == tmp_path / "cache"
+
+
+def test_hf_model_refuses_a_tokenizer_larger_than_its_vocabulary(tmp_path, word_tokenizer):
+    """An hf: family whose vocab_size cannot hold the tokenizer's ids is refused before any
+    training (nothing is written); with vocab_size left out it is filled in from the tokenizer."""
+    pytest.importorskip("transformers")
+    from symalign.errors import ConfigError
+    from symalign.experiments import parse_config, run_experiment
+    from symalign.experiments.protocol import check_inputs
+
+    raw = tmp_path / "wikitext-103-raw"
+    raw.mkdir()
+    for split in ("train", "valid", "test"):
+        (raw / f"wiki.{split}.raw").write_text(" = valkyria chronicles iii = \n\n the lobster robert boulter \n" * 40)
+    cfg = {"name": "tok", "data": "wikitext103",
+           "data_options": {"root": str(tmp_path), "tokenizer": str(word_tokenizer)},
+           "model": {"family": "hf:gpt2", "n_embd": 16, "n_layer": 1, "n_head": 2, "vocab_size": 100},
+           "train": {"steps": 1, "batch_size": 2, "context": 8},
+           "protocol": {"scopes": ["all-attention"], "points": 2, "eval_items": 2}}
+    with pytest.raises(ConfigError, match="vocab"):
+        run_experiment(parse_config(cfg), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+    del cfg["model"]["vocab_size"]
+    check_inputs(parse_config(cfg))  # the tokenizer's vocabulary is filled in
