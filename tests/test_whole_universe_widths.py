@@ -53,7 +53,13 @@ def test_embed_wider_is_exact(family, pe):
     x = inputs(b.cfg)
     wide = embed_wider(b, 16)
     assert wide.cfg.d_model == 16 and wide.cfg.head_dim == 2
+    assert wide.cfg.norm_eps == b.cfg.norm_eps  # the architecture of a width-16 model with B's settings
     assert rel_out(wide(x), b(x)) <= 1e-12
+    from torch.func import functional_call
+
+    from symalign.rewrite import rewritten_model
+    a_arch = rewritten_model(wide.cfg).double()  # a width-16 model's own architecture runs B's state exactly
+    assert rel_out(functional_call(a_arch, wide.state_dict(), (x,)), b(x)) <= 1e-12
 
 
 def test_match_widths_planted():

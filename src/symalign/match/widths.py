@@ -1,20 +1,20 @@
 r"""Different widths: embed a narrower rewritten model exactly into a wider residual stream.
 
 For a rewritten model of width ``D_B`` (gainless RMSNorm, ``eps``) and ``D_A > D_B``
-let ``E`` (``D_A x D_B``) have orthonormal columns (``E^T E = I``). Writers become
-``W <- E W`` (stream ``x -> E x``), so ``|E x|^2 = |x|^2`` but the mean square is over
-``D_A`` entries:
+let ``E`` (``D_A x D_B``) have orthonormal columns (``E^T E = I``) and
+``s = sqrt(D_A / D_B)``. Writers become ``W <- s E W`` (stream ``x -> s E x``), so the
+mean square over the ``D_A`` entries is unchanged, ``|s E x|^2 / D_A = |x|^2 / D_B``,
+and with the **same** ``eps``:
 
-    RMS_A(E x) = E x / sqrt(|x|^2 / D_A + eps')
-               = sqrt(D_A / D_B) E x / sqrt(|x|^2 / D_B + eps)       with eps' = eps D_B / D_A
-               = sqrt(D_A / D_B) E RMS_B(x).
+    RMS_A(s E x) = s E x / sqrt(|x|^2 / D_B + eps) = s E RMS_B(x).
 
-Readers become ``W <- sqrt(D_B / D_A) W E^T``; then every reader sees exactly what it
-saw in B. The embedded model has ``d_model = D_A``, ``norm_eps = eps D_B / D_A`` and
-B's ``head_dim``/``d_ff``. Aligning it to a width-``D_A`` model A with
-:func:`match_whole` then finds ``O in O(D_A)``: the overall residual map ``O E`` is
-rectangular with orthonormal columns (seed 002's heterogeneous-width alignment).
-Requires the residual ``O(D)`` space (not available with a sinusoidal PE).
+Readers become ``W <- W E^T / s``; then every reader sees exactly what it saw in B.
+The embedded model has ``d_model = D_A`` and B's ``norm_eps``, ``head_dim`` and
+``d_ff`` -- the architecture of a width-``D_A`` model A with those settings, so the
+two can be interpolated exactly at both ends. Aligning it to A with
+:func:`match_whole` then finds ``O in O(D_A)``: the overall residual map ``s O E`` is
+a multiple of a matrix with orthonormal columns (seed 002's heterogeneous-width
+alignment). Requires the residual ``O(D)`` space (not available with a sinusoidal PE).
 """
 
 from __future__ import annotations
@@ -47,15 +47,15 @@ def embed_wider(model: nn.Module, d_model: int, embedding: Tensor | None = None)
     if e.shape != (da, db) or float((e.T @ e - torch.eye(db, dtype=torch.float64)).abs().max()) > 1e-10:
         raise MatchError(f"the embedding must be {da} x {db} with orthonormal columns")
     spec = model.symmetry_spec()
-    new_cfg = replace(cfg, d_model=da, head_dim=cfg.head_dim, d_ff=cfg.d_ff, norm_eps=cfg.norm_eps * db / da)
+    new_cfg = replace(cfg, d_model=da, head_dim=cfg.head_dim, d_ff=cfg.d_ff)
     state = {k: v.detach() for k, v in model.state_dict().items()}
     out = dict(state)
-    scale = (db / da) ** 0.5
+    s = (da / db) ** 0.5  # writers * s, readers / s: the stream's mean square is unchanged
     for t, a in spec.tensors_of("residual"):
         x = state[t]
         xd = torch.movedim(x.to(torch.float64), a.axis, 0)
         y = torch.movedim((e @ xd.reshape(db, -1)).reshape(da, *xd.shape[1:]), 0, a.axis)  # db -> da
-        out[t] = (y * (scale if a.variance == "contra" else 1.0)).to(x.dtype)
+        out[t] = (y / s if a.variance == "contra" else y * s).to(x.dtype)
     wide = rewritten_model(new_cfg).to(next(model.parameters()).dtype)
     wide.load_state_dict(out)
     return wide.train(model.training)
