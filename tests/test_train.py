@@ -163,3 +163,18 @@ def test_cli_trains_and_prints_json(monkeypatch, capsys, tmp_path):
         assert e.code in (0, None)
     meta = json.loads(capsys.readouterr().out)
     assert meta["step"] == 3 and "test_accuracy" in meta["metrics"]
+
+
+def test_cli_head_dim_decouples_heads_from_width(monkeypatch, capsys, tmp_path):
+    """--head-dim: a width-24 model with 2 heads of 8 (the width-heterogeneous pairs need it)."""
+    from symalign.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["symalign", "train", "--family", "vit", "--data", "synthetic", "--d-model",
+                                      "24", "--heads", "2", "--head-dim", "8", "--layers", "1", "--steps", "2",
+                                      "--batch-size", "8", "--out", str(tmp_path / "w"), "--json", "--threads", "1"])
+    try:
+        main()
+    except SystemExit as e:
+        assert e.code in (0, None)
+    model = json.loads(capsys.readouterr().out)["model"]
+    assert model["d_model"] == 24 and model["n_heads"] == 2 and model["head_dim"] == 8

@@ -28,6 +28,7 @@ def train_command(
     layers: int = typer.Option(2, help="Number of Transformer blocks."),
     heads: int = typer.Option(4, help="Attention heads (must divide --d-model)."),
     kv_heads: Optional[int] = typer.Option(None, "--kv-heads", help="K/V heads for grouped-query attention."),
+    head_dim: Optional[int] = typer.Option(None, "--head-dim", help="Per-head width (default --d-model / --heads)."),
     d_ff: Optional[int] = typer.Option(None, "--d-ff", help="MLP hidden width (default 4 D)."),
     norm: str = typer.Option("layernorm", help="layernorm or rmsnorm."),
     activation: str = typer.Option("gelu", help="gelu or relu."),
@@ -61,6 +62,7 @@ def train_command(
 
     canonical_name(data)  # unknown dataset -> one-line error before anything heavy
     model = dict(family=family, pe=pe, d_model=d_model, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
+                 head_dim=head_dim,
                  d_ff=d_ff, norm=norm, activation=activation, pooling=pooling, rope_pairing=rope_pairing,
                  rotary_fraction=rotary_fraction)
     if patch_size is not None:
