@@ -59,3 +59,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def check_whole_model_scopes(results: list[dict]) -> None:
+    """The protocol's first-block and full scopes on one model pair: first-block aligns exactly the
+    attention and FF spaces of block 0, full adds the residual stream and every later block, and
+    each aligned B' computes B's function (its curve's endpoints are the naive curve's)."""
+    import pytest
+
+    res = {r["scope"]: r for r in results}
+    assert set(res["first-block"]["spaces_aligned"]) == {"heads.0", "qk.0", "vo.0", "ff.0"}
+    assert "residual" in res["full"]["spaces_aligned"] and "ff.1" in res["full"]["spaces_aligned"]
+    for r in res.values():
+        v = r["variants"]["full"]
+        assert v["function_change"] <= 1e-4
+        assert v["curve"]["loss"][0] == pytest.approx(r["naive"]["loss"][0], rel=1e-4)
+        assert v["curve"]["loss"][-1] == pytest.approx(r["naive"]["loss"][-1], rel=1e-4)

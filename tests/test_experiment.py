@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from _whole_util import check_whole_model_scopes
 from symalign import lmc
 from symalign.errors import SymalignError
 from symalign.experiments import parse_config, run_experiment
@@ -98,14 +99,7 @@ def test_block_and_full_scopes_use_whole_model_matching(tmp_path):
     cfg = {**TINY, "name": "tiny-whole", "model": {**TINY["model"], "pe": "learned"},
            "protocol": {**TINY["protocol"], "scopes": ["first-block", "full"], "variants": ["full"],
                         "stage1_ablation": False}}
-    res = {r["scope"]: r for r in run_experiment(parse_config(cfg), tmp_path, progress=False)}
-    assert set(res["first-block"]["spaces_aligned"]) == {"heads.0", "qk.0", "vo.0", "ff.0"}
-    assert "residual" in res["full"]["spaces_aligned"] and "ff.1" in res["full"]["spaces_aligned"]
-    for r in res.values():
-        v = r["variants"]["full"]
-        assert v["function_change"] <= 1e-4
-        assert v["curve"]["loss"][-1] == pytest.approx(r["naive"]["loss"][-1], rel=1e-4)
-        assert v["curve"]["loss"][0] == pytest.approx(r["naive"]["loss"][0], rel=1e-4)
+    check_whole_model_scopes(run_experiment(parse_config(cfg), tmp_path, progress=False))
 
 
 def test_full_scope_runs_seed002_methods(tmp_path):

@@ -19,6 +19,7 @@ import torch
 pytest.importorskip("transformers")
 
 from hf_tiny import randomize  # noqa: E402
+from _whole_util import check_whole_model_scopes  # noqa: E402
 from _match_util import rel, single_thread  # noqa: E402,F401
 
 from symalign.checkpoint import load_model, save_checkpoint  # noqa: E402
@@ -265,14 +266,7 @@ def test_run_experiment_whole_model_scopes(family, tmp_path, single_thread):
     """first-block and full through run_experiment: Llama (GQA, RMSNorm folded: O(D)) and GPT-2 (LayerNorm
     folded, head untied: O_1(D)); the other families' whole-model specs are covered by the planted tests."""
     cfg = experiment(family, scopes=["first-block", "full"], variants=["full"])
-    res = {r["scope"]: r for r in run_experiment(parse_config(cfg), tmp_path, progress=False)}
-    assert set(res["first-block"]["spaces_aligned"]) == {"heads.0", "qk.0", "vo.0", "ff.0"}
-    assert "residual" in res["full"]["spaces_aligned"] and "ff.1" in res["full"]["spaces_aligned"]
-    for r in res.values():
-        v = r["variants"]["full"]
-        assert v["function_change"] <= 1e-4
-        assert v["curve"]["loss"][0] == pytest.approx(r["naive"]["loss"][0], rel=1e-4)
-        assert v["curve"]["loss"][-1] == pytest.approx(r["naive"]["loss"][-1], rel=1e-4)
+    check_whole_model_scopes(run_experiment(parse_config(cfg), tmp_path, progress=False))
 
 
 # ----------------------------------------------------------------------------
