@@ -121,3 +121,31 @@ def test_full_scope_runs_seed002_methods(tmp_path):
         res["variants"]["full"]["curve"]["loss_barrier"], rel=1e-6, abs=1e-9)
     summary = (tmp_path / "summary.csv").read_text()
     assert "learned-matching_loss_barrier" in summary
+
+
+def _toml(cfg: dict) -> str:
+    def val(v):
+        return json.dumps(v) if not isinstance(v, bool) else str(v).lower()
+    lines = [f"{k} = {val(v)}" for k, v in cfg.items() if not isinstance(v, dict)]
+    for sec, body in cfg.items():
+        if isinstance(body, dict):
+            lines += [f"[{sec}]"] + [f"{k} = {val(v)}" for k, v in body.items()]
+    return "\n".join(lines) + "\n"
+
+
+def test_cli_seeds_override_trains_another_pair(tmp_path, monkeypatch, capsys):
+    """``--seeds 3 --seeds 4`` trains and aligns the pair (3, 4); a repeated seed is refused (exit 2)."""
+    from _cli_util import run_symalign
+
+    cfg = tmp_path / "tiny.toml"
+    small = {**TINY, "protocol": {**TINY["protocol"], "variants": ["full"], "stage1_ablation": False}}
+    cfg.write_text(_toml(small))
+    code, out, err = run_symalign(monkeypatch, capsys, "experiment", cfg, "--out", tmp_path / "p2", "--seeds", 3,
+                                  "--seeds", 4, "--json", "--quiet")
+    assert code == 0, err
+    run = tmp_path / "p2" / "tiny" / "first-attention"
+    assert (run / "seed3").is_dir() and (run / "seed4").is_dir() and not (run / "seed1").exists()
+    assert json.loads(out)[0]["scope"] == "first-attention"
+    code, _, err = run_symalign(monkeypatch, capsys, "experiment", cfg, "--out", tmp_path / "p3", "--seeds", 5,
+                                "--seeds", 5)
+    assert code == 2 and "protocol.seeds" in err and not (tmp_path / "p3").exists()

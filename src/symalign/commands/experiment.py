@@ -19,6 +19,9 @@ def experiment_command(
     threads: Optional[int] = typer.Option(None, help="torch.set_num_threads for training and evaluation."),
     scope: list[str] = typer.Option([], "--scope", help="Run only these scopes (repeatable); default: the "
                                                        "config's protocol.scopes."),
+    seeds: list[int] = typer.Option([], "--seeds", help="The seeds of models A and B, overriding protocol.seeds "
+                                                       "(give it twice: --seeds 3 --seeds 4); use another --out "
+                                                       "for a second seed pair, since results.json is per scope."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary rows as JSON."),
     quiet: bool = typer.Option(False, help="No progress output."),
 ) -> None:
@@ -34,10 +37,11 @@ def experiment_command(
     from symalign.experiments.protocol import summary_row
 
     cfg = load_config(config)  # every key validated before any training
-    if scope:
+    if scope or seeds:
         from symalign.experiments.config import Protocol
 
-        cfg.protocol = Protocol(**{**vars(cfg.protocol), "scopes": list(scope)})  # validated again
+        over = {**({"scopes": list(scope)} if scope else {}), **({"seeds": list(seeds)} if seeds else {})}
+        cfg.protocol = Protocol(**{**vars(cfg.protocol), **over})  # validated again
     if threads:
         torch.set_num_threads(threads)
     console = Console(stderr=True)
