@@ -146,6 +146,32 @@ def test_cli_seeds_override_trains_another_pair(tmp_path, monkeypatch, capsys):
     run = tmp_path / "p2" / "tiny" / "first-attention"
     assert (run / "seed3").is_dir() and (run / "seed4").is_dir() and not (run / "seed1").exists()
     assert json.loads(out)[0]["scope"] == "first-attention"
+    assert json.loads((run / "results.json").read_text())["seeds"] == [3, 4]
     code, _, err = run_symalign(monkeypatch, capsys, "experiment", cfg, "--out", tmp_path / "p3", "--seeds", 5,
                                 "--seeds", 5)
     assert code == 2 and "protocol.seeds" in err and not (tmp_path / "p3").exists()
+    # the finished pair (3, 4) is not passed off as another pair's result
+    code, _, err = run_symalign(monkeypatch, capsys, "experiment", cfg, "--out", tmp_path / "p2", "--quiet")
+    assert code == 2 and "seed pair [3, 4], not [1, 2]" in err and "--out" in err
+    assert not (run / "seed1").exists()
+
+
+def test_report_pairs_table_mean_and_std(tmp_path):
+    """Two or more seed pairs of one experiment and scope give a row with the ratio per pair, the mean and
+    the sample standard deviation; a scope with one pair gives none."""
+    from symalign.experiments.report import pairs_table
+
+    def res(seeds, ratio, scope="all-attention"):
+        return {"experiment": "e", "scope": scope, "seeds": seeds,
+                "variants": {"full": {"loss_barrier_ratio_percent": ratio}}}
+
+    legacy = tmp_path / "e" / "all-attention"
+    for s in (1, 2):
+        (legacy / f"seed{s}").mkdir(parents=True)
+    old = {"experiment": "e", "scope": "all-attention", "_path": str(legacy),
+           "variants": {"full": {"loss_barrier_ratio_percent": 10.0}}}  # no "seeds": from the folders
+    rows = pairs_table([old, res([3, 4], 20.0), res([5, 6], 30.0), res([1, 2], 5.0, "first-attention")])
+    assert len(rows) == 1
+    (row,) = rows
+    assert row["seed pairs"] == "1-2, 3-4, 5-6" and row["full % per pair"] == "10.0, 20.0, 30.0"
+    assert row["mean full %"] == pytest.approx(20.0) and row["std"] == pytest.approx(10.0)

@@ -32,7 +32,7 @@ from torch.func import functional_call
 
 from symalign import lmc
 from symalign.atomic import write_json as write_json_atomic
-from symalign.errors import SymalignError
+from symalign.errors import ConfigError, SymalignError
 from symalign.experiments.config import ExperimentConfig
 from symalign.spec import SymmetrySpec, apply
 
@@ -304,6 +304,16 @@ def check_inputs(cfg: ExperimentConfig) -> None:
     fit_config(cfg.model | {"family": family}, ds, int(cfg.train.get("context", 128)))
 
 
+def check_same_pair(done: dict, seeds: list[int], scope_dir: Path) -> None:
+    """A finished scope may only be reused for the seed pair it was run with (older results
+    without ``"seeds"``: the pair whose checkpoints lie beside them)."""
+    have = done.get("seeds")
+    same = list(have) == list(seeds) if have is not None else all((scope_dir / f"seed{s}").is_dir() for s in seeds)
+    if not same:
+        raise ConfigError(f"{scope_dir / 'results.json'} holds the seed pair {have or 'of another run'}, not {seeds}; "
+                          "give a second seed pair its own runs directory (--out)")
+
+
 def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = True,
                    log: Callable[[str], None] | None = None) -> list[dict]:
     """Run (or resume) every scope of ``cfg`` under ``out_dir/cfg.name``; returns the per-scope results."""
@@ -320,8 +330,10 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = 
     for scope in p.scopes:
         res_path = root / scope / "results.json"
         if res_path.exists():
+            done = json.loads(res_path.read_text())
+            check_same_pair(done, p.seeds, root / scope)
             say(f"{scope}: results exist, skipping")
-            results.append(json.loads(res_path.read_text()))
+            results.append(done)
             continue
         dirs = []
         for seed in p.seeds:
@@ -336,6 +348,7 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = 
             dirs.append(_train(cfg, seed, root / scope / f"seed{seed}", init, progress))
         res = align_and_measure(cfg, dirs[0], dirs[1], scope, progress=say)
         res["experiment"] = cfg.name
+        res["seeds"] = list(p.seeds)
         plot_curves(res, root / scope / "curves.png")
         write_json_atomic(res_path, res)
         results.append(res)

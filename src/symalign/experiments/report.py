@@ -142,6 +142,41 @@ def stage1_table(results: list[dict]) -> list[dict]:
     return rows
 
 
+def _pair_of(r: dict) -> tuple[int, ...] | None:
+    """The seed pair of a result: recorded (``"seeds"``), else the ``seed<N>`` checkpoint folders beside it."""
+    if r.get("seeds"):
+        return tuple(int(x) for x in r["seeds"])
+    if "_path" not in r:
+        return None
+    found = sorted(int(d.name[4:]) for d in Path(r["_path"]).glob("seed*") if d.name[4:].isdigit())
+    return tuple(found) if len(found) == 2 else None
+
+
+def pairs_table(results: list[dict], variant: str = "full") -> list[dict]:
+    """Experiments x scopes measured on two or more seed pairs (e.g. ``symalign experiment --seeds 3
+    --seeds 4`` into another runs directory): the ``variant``'s barrier ratio per pair, its mean and
+    sample standard deviation (``n - 1``)."""
+    groups: dict[tuple[str, str], dict[tuple[int, ...], float]] = {}
+    for r in results:
+        pair = _pair_of(r)
+        if pair is None or variant not in r["variants"]:
+            continue
+        key = (r.get("experiment", ""), r["scope"])
+        groups.setdefault(key, {})[pair] = r["variants"][variant]["loss_barrier_ratio_percent"]
+    rows = []
+    for (exp, scope), by_pair in sorted(groups.items()):
+        if len(by_pair) < 2:
+            continue
+        vals = [by_pair[k] for k in sorted(by_pair)]
+        mean = sum(vals) / len(vals)
+        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+        rows.append({"experiment": exp, "scope": scope,
+                     "seed pairs": ", ".join("-".join(map(str, k)) for k in sorted(by_pair)),
+                     f"{variant} % per pair": ", ".join(f"{v:.1f}" for v in vals),
+                     f"mean {variant} %": mean, "std": std})
+    return rows
+
+
 def write_report(runs_dir: str | Path, out: str | Path | None = None) -> Path:
     """One Markdown report with the tables across runs and the plots; returns its path."""
     runs_dir = Path(runs_dir)
@@ -156,6 +191,9 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None) -> Path:
              "Barriers are `max_t [L(t) - ((1-t) L_A + t L_B)]` on held-out data (accuracy: sign flipped); "
              "the ratio is aligned / naive in percent.\n", "## Barrier ratios (aligned / naive, %)\n",
              markdown_table(compact_rows(results)), "## All barriers\n", markdown_table(rows)]
+    pairs = pairs_table(results)
+    if pairs:
+        parts += ["## Seed pairs: the barrier ratio across pairs (full stage 2)\n", markdown_table(pairs)]
     s1 = stage1_table(results)
     if s1:
         parts += ["## Stage 1: rank of the chosen head permutation\n", markdown_table(s1)]
