@@ -182,3 +182,19 @@ def test_bad_pairs_and_paths(tmp_path, capsys, monkeypatch):
     code, _, err = run_cli([da / "sub", db, "-o", tmp_path / "OUT"], capsys, monkeypatch)
     assert code == 2 and "not a directory" in err
     assert _nothing_written(tmp_path, "OUT")
+
+
+@pytest.mark.parametrize("scope", ["attention", "model"])
+def test_output_that_changes_b_is_refused_and_old_out_kept(scope, tmp_path, capsys, monkeypatch):
+    """The check before writing: if OUT would not compute B's function (here: the check is told
+    it differs by 0.5), nothing is written and an existing OUT survives a --force run."""
+    _, _, da, db = save_pair(tmp_path, "gpt2")
+    out = tmp_path / "OUT"
+    code, _, err = run_cli([da, db, "-o", out, "--scope", scope], capsys, monkeypatch)
+    assert code == 0, err
+    before = (out / "model.safetensors").read_bytes()
+    monkeypatch.setattr("symalign.arch.check.functional_difference", lambda *a, **k: 0.5)
+    code, _, err = run_cli([da, db, "-o", out, "--scope", scope, "--force"], capsys, monkeypatch)
+    assert code != 0 and "refusing to write" in err and "5.00e-01" in err, err
+    assert (out / "model.safetensors").read_bytes() == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".OUT.")]

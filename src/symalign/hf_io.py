@@ -216,8 +216,10 @@ def write_checkpoint(out: str | os.PathLike, state: Mapping[str, Tensor], like: 
     return commit(stage_checkpoint(out, state, like), out)
 
 
-def stage_checkpoint(out: str | os.PathLike, state: Mapping[str, Tensor], like: str | os.PathLike) -> Path:
-    """A complete checkpoint in a temporary sibling directory of ``out`` (removed on failure)."""
+def stage_checkpoint(out: str | os.PathLike, state: Mapping[str, Tensor], like: str | os.PathLike,
+                     config_edits: Mapping[str, Any] | None = None) -> Path:
+    """A complete checkpoint in a temporary sibling directory of ``out`` (removed on failure):
+    ``like``'s non-weight files, ``config_edits`` merged into its ``config.json``, and ``state``."""
     from safetensors.torch import save_file
 
     out = Path(out).resolve()
@@ -232,12 +234,43 @@ def stage_checkpoint(out: str | os.PathLike, state: Mapping[str, Tensor], like: 
                 shutil.copytree(entry, tmp / entry.name, ignore=lambda d, names: [n for n in names if _is_weight_file(n)])
             else:
                 shutil.copy2(entry, tmp / entry.name)
+        if config_edits:
+            cfg_file = tmp / "config.json"
+            cfg_file.write_text(json.dumps({**json.loads(cfg_file.read_text()), **config_edits}, indent=2))
         tensors = {k: v.detach().contiguous() for k, v in state.items()}
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return tmp
+
+
+def verify_and_commit(tmp: str | os.PathLike, out: str | os.PathLike, b: Checkpoint, b_dir: str | os.PathLike,
+                      culprit: str, floor: float = 0.0) -> dict[str, Any]:
+    """Commit the staged ``tmp`` as ``out`` only if it computes checkpoint B's function.
+
+    The check: ``rel = ||f_tmp(x) - f_B(x)|| / ||f_B(x)||`` on a random batch
+    (:func:`symalign.arch.check.functional_difference`, in float64 when the model is small
+    enough, else float32) must be at most ``tol = max(tolerance of B's dtype, of the check's
+    dtype, the adapter's precision floor, floor)``. Otherwise ``tmp`` is removed and a
+    :class:`~symalign.errors.SymalignError` names ``rel``, ``tol`` and ``culprit`` (what has
+    a bug). Returns ``{"relative_output_change", "tolerance", "dtype"}``.
+    """
+    from symalign.arch.check import TOLERANCE, check_dtype, functional_difference
+    from symalign.errors import SymalignError
+
+    try:
+        dtype = check_dtype(sum(t.numel() for t in b.state.values()))
+        rel = functional_difference(b.adapter, b.config, b_dir, tmp, dtype)
+        tol = max(TOLERANCE.get(b.dtype, 1e-4), TOLERANCE[dtype], b.adapter.precision_floor, floor)
+        if not rel <= tol:
+            raise SymalignError(f"refusing to write {out}: the aligned model's output differs from B's by "
+                                f"{rel:.2e} (relative, > {tol:g}); this is a bug in {culprit}, please report it")
+        commit(tmp, out)
+    except BaseException:
+        discard(tmp)
+        raise
+    return {"relative_output_change": rel, "tolerance": tol, "dtype": str(dtype).replace("torch.", "")}
 
 
 def discard(tmp: str | os.PathLike) -> None:

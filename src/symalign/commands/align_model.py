@@ -11,29 +11,21 @@ otherwise), write OUT atomically (GPT-2: with ``tie_word_embeddings = false``).
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from pathlib import Path
 from typing import Any
 
-from symalign.errors import ConfigError, SymalignError
+from symalign.errors import ConfigError
 
 # HF Llama-style RMSNorm computes in float32 whatever the weights' dtype: a rotated
 # stream changes its rounding, so a float64 check resolves only ~1e-7.
 RMSNORM_FLOOR = 1e-6
 
 
-def _rel_distance(spec, a, b) -> float:
-    num = sum(float((a[t].double() - b[t].double()).pow(2).sum()) for t in spec.tensors)
-    den = sum(float(a[t].double().pow(2).sum()) for t in spec.tensors)
-    return math.sqrt(num / den) if den else math.sqrt(num)
-
-
 def run_align_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
                     force: bool = False, max_iter: int = 20) -> dict[str, Any]:
     from symalign import hf_io
-    from symalign.arch.check import TOLERANCE, check_dtype, functional_difference
+    from symalign.commands.align import relative_distance
     from symalign.match.hfmodel import LLAMA_LIKE, prepare
     from symalign.match.whole import match_whole
     from symalign.spec import apply
@@ -48,31 +40,15 @@ def run_align_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full
     pa = prepare(a.config, a.state, b.adapter.spec(a.config, a.state.keys()))
     pb = prepare(b.config, b.state, b.adapter.spec(b.config, b.state.keys()))
     spec = pb.spec
-    before = _rel_distance(spec, pa.state, pb.state)
+    before = relative_distance(pa.state, pb.state, spec.tensors)
     result = match_whole(spec, pa.state, pb.state, spec_b=pa.spec, stage1=stage1, stage2=stage2, max_iter=max_iter)
     out_state = apply(spec, result.transform, pb.state)
-    after = _rel_distance(spec, pa.state, out_state)
+    after = relative_distance(pa.state, out_state, spec.tensors)
     t_match = time.perf_counter()
-    tmp = hf_io.stage_checkpoint(out_path, out_state, b_dir)
-    try:
-        if pb.untied:
-            cfg_file = Path(tmp) / "config.json"
-            cfg = json.loads(cfg_file.read_text())
-            cfg["tie_word_embeddings"] = False
-            cfg_file.write_text(json.dumps(cfg, indent=2))
-        n_params = sum(t.numel() for t in b.state.values())
-        dtype = check_dtype(n_params)
-        rel = functional_difference(b.adapter, b.config, b_dir, tmp, dtype)
-        floor = RMSNORM_FLOOR if b.config.model_type in LLAMA_LIKE else 0.0
-        tol = max(TOLERANCE.get(b.dtype, 1e-4), TOLERANCE[dtype], b.adapter.precision_floor, floor)
-        if not rel <= tol:
-            raise SymalignError(f"refusing to write {out_dir}: the aligned model's output differs from B's by "
-                                f"{rel:.2e} (relative, > {tol:g}); this is a bug in whole-model alignment, "
-                                "please report it")
-        hf_io.commit(tmp, out_path)
-    except BaseException:
-        hf_io.discard(tmp)
-        raise
+    floor = RMSNORM_FLOOR if b.config.model_type in LLAMA_LIKE else 0.0
+    tmp = hf_io.stage_checkpoint(out_path, out_state, b_dir, {"tie_word_embeddings": False} if pb.untied else None)
+    del out_state
+    verify = hf_io.verify_and_commit(tmp, out_path, b, b_dir, "whole-model alignment", floor)
     t_end = time.perf_counter()
     return {
         "a": str(a_dir), "b": str(b_dir), "out": str(out_path),
@@ -80,7 +56,7 @@ def run_align_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full
         "stage1": stage1, "stage2": stage2, "dtype": str(b.dtype).replace("torch.", ""),
         "group": {"dim": spec.dim, "spaces": spec.describe()},
         "distance": {"before": {"total": before}, "after": {"total": after}},
-        "verify": {"relative_output_change": rel, "tolerance": tol, "dtype": str(dtype).replace("torch.", "")},
+        "verify": verify,
         "notes": pb.notes, "untied_head": pb.untied,
         "match": result.to_dict(),
         "timing_s": {"match": t_match - t0, "total": t_end - t0},
