@@ -86,7 +86,11 @@ def test_bad_inputs():
     with pytest.raises(MatchError, match="NaN"):
         match_whole(a.symmetry_spec(), a.state_dict(), sb)
     sb = {k: v for k, v in a.state_dict().items() if not k.startswith("blocks.1.")}
-    with pytest.raises(MatchError, match="no tensor"):
+    with pytest.raises(MatchError, match="model B has no tensor 'blocks.1.*depth or structure"):
+        match_whole(a.symmetry_spec(), a.state_dict(), sb)
+    sb = dict(a.state_dict())
+    sb["blocks.0.mlp.fc_in.weight"] = sb["blocks.0.mlp.fc_in.weight"][:-1]
+    with pytest.raises(MatchError, match=r"'blocks.0.mlp.fc_in.weight' has shape .* in A but .* in B; .*equal widths"):
         match_whole(a.symmetry_spec(), a.state_dict(), sb)
 
 

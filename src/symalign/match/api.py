@@ -23,6 +23,7 @@ from torch import Tensor
 
 from symalign.errors import MatchError, SymalignError
 from symalign.match.heads import assign_heads, head_cost, objective
+from symalign.match.inputs import check_pair, check_spec_fits
 from symalign.match.qk import Grams, solve_gl
 from symalign.match.rope import solve_rope
 from symalign.match.views import AttentionLayer, SpaceSides, block_rows, find_layers, side_gram
@@ -94,11 +95,6 @@ class AttentionMatch:
 # ----------------------------------------------------------------------------
 
 
-def _all_finite(x: Tensor) -> bool:
-    """``isfinite(x).all()``; a finite sum proves it without a full boolean mask."""
-    return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
-
-
 def _validate(spec: SymmetrySpec, layers: list[AttentionLayer], state_a, state_b, spec_b) -> None:
     if spec_b is not None and spec.describe() != spec_b.describe():
         da, db = spec.describe(), spec_b.describe()
@@ -109,25 +105,11 @@ def _validate(spec: SymmetrySpec, layers: list[AttentionLayer], state_a, state_b
     if not layers:
         raise MatchError("the spec declares no attention layer (no 'qk.*'/'vo.*' spaces)")
     for lay in layers:
-        for t in lay.tensors:
-            for who, st in (("A", state_a), ("B", state_b)):
-                if t not in st:
-                    raise MatchError(f"layer {lay.tag!r}: model {who} has no tensor {t!r}")
-            xa, xb = state_a[t], state_b[t]
-            if xa.shape != xb.shape:
-                raise MatchError(f"layer {lay.tag!r}: tensor {t!r} has shape {tuple(xa.shape)} in A but "
-                                 f"{tuple(xb.shape)} in B")
-            for who, x in (("A", xa), ("B", xb)):
-                if x.is_floating_point() and not _all_finite(x):
-                    raise MatchError(f"layer {lay.tag!r}: tensor {t!r} of model {who} has NaN or Inf entries")
+        check_pair(lay.tensors, state_a, state_b, context=f"layer {lay.tag!r}: ")
         rope = lay.qk.rope
         if rope is not None and rope.r % 2:
             raise MatchError(f"layer {lay.tag!r}: odd rotated width {rope.r}")
-    try:
-        spec.check(state_a)
-        spec.check(state_b)
-    except SymalignError as e:
-        raise MatchError(f"the spec does not fit the state dicts: {e}") from e
+    check_spec_fits(spec, state_a, state_b)
 
 
 # ----------------------------------------------------------------------------

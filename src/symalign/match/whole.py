@@ -36,13 +36,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import torch
 from torch import Tensor
 
-from symalign.errors import MatchError, SymalignError
+from symalign.errors import MatchError
 from symalign.groups import HeadPermutation, Orthogonal, PerHead, Permutation, PositiveMonomial
 from symalign.match.api import match_attention
 from symalign.match.ff import assign, match_monomial
+from symalign.match.inputs import check_pair, check_spec_fits
 from symalign.match.residual import FixingOrthogonal, cross, procrustes
 from symalign.spec import SymmetrySpec, Transform, apply
 
@@ -74,23 +74,10 @@ def partition(spec: SymmetrySpec) -> Partition:
 
 
 def validate_states(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor]) -> None:
-    """Every labelled tensor exists in both states with equal shapes and finite entries."""
-    for t in spec.tensors:
-        for who, st in (("A", state_a), ("B", state_b)):
-            if t not in st:
-                raise MatchError(f"model {who} has no tensor {t!r} (the models differ in depth or structure)")
-        xa, xb = state_a[t], state_b[t]
-        if xa.shape != xb.shape:
-            raise MatchError(f"tensor {t!r} has shape {tuple(xa.shape)} in A but {tuple(xb.shape)} in B; "
-                             "whole-model matching needs equal widths (FF width, heads, model width)")
-        for who, x in (("A", xa), ("B", xb)):
-            if x.is_floating_point() and not bool(torch.isfinite(x).all()):
-                raise MatchError(f"tensor {t!r} of model {who} has NaN or Inf entries")
-    try:
-        spec.check(state_a)
-        spec.check(state_b)
-    except SymalignError as e:
-        raise MatchError(f"the spec does not fit the state dicts: {e}") from e
+    """Every labelled tensor exists in both states with equal shapes and finite entries, and the spec fits."""
+    check_pair(spec.tensors, state_a, state_b, missing_hint=" (the models differ in depth or structure)",
+               shape_hint="; whole-model matching needs equal widths (FF width, heads, model width)")
+    check_spec_fits(spec, state_a, state_b)
 
 
 def distance(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor]) -> float:
