@@ -109,9 +109,10 @@ def test_full_scope_runs_seed002_methods(tmp_path):
     cfg = {**TINY, "name": "tiny-methods", "model": {**TINY["model"], "n_layers": 1},
            "protocol": {**TINY["protocol"], "scopes": ["model"], "variants": ["full"], "stage1_ablation": False,
                         "methods": ["weight", "activation", "learned"], "learned_steps": 4,
-                        "method_batch_size": 16}}
+                        "method_batch_size": 16, "learned_lambda": [0.4, 0.6]}}
     (res,) = run_experiment(parse_config(cfg), tmp_path, progress=False)
     assert res["scope"] == "full" and set(res["methods"]) == {"weight", "activation", "learned"}
+    assert "U(0.4, 0.6)" in res["methods"]["learned"]["match"]["notes"][0]  # protocol.learned_lambda is used
     naive = res["naive"]["loss"]
     for m in res["methods"].values():
         assert m["function_change"] <= 1e-4

@@ -35,6 +35,9 @@ BASE = {"name": "x", "data": "digits", "model": {"family": "vit", "pe": "rope"}}
     ({"protocol": {"scopes": ["full"], "methods": ["weight", "magic"]}}, "unknown method 'magic'"),
     ({"protocol": {"scopes": ["all-attention"], "methods": ["learned"]}}, "applies to the 'full' scope"),
     ({"protocol": {"scopes": ["full"], "methods": ["learned"], "learned_steps": -1}}, "learned_steps must be"),
+    ({"protocol": {"learned_lambda": [0.6, 0.4]}}, r"learned_lambda must be \[lo, hi\]"),
+    ({"protocol": {"learned_lambda": [0.4]}}, "learned_lambda must be"),
+    ({"protocol": {"learned_lambda": [-0.1, 0.5]}}, "learned_lambda must be"),
 ])
 def test_bad_configs_name_the_key(patch, msg):
     with pytest.raises(SymalignError, match=msg):
@@ -55,4 +58,4 @@ def test_model_scope_is_full_and_methods_default_off():
     assert cfg.protocol.scopes == ["full"] and cfg.protocol.methods == ["weight", "learned"]
     assert "methods" in cfg.to_dict()["protocol"]
     plain = parse_config(BASE).to_dict()["protocol"]  # defaults are left out (sweep stores compare equal)
-    assert not {"methods", "learned_steps", "method_batch_size"} & set(plain)
+    assert not {"methods", "learned_steps", "method_batch_size", "learned_lambda"} & set(plain)

@@ -21,6 +21,7 @@ A config names a model family, a dataset and the protocol::
     methods = []                          # full scope: seed 002's methods weight | activation | learned
     learned_steps = 6000                  # learned matching: optimisation steps (a fresh training batch each)
     method_batch_size = 128               # training-split batch size for activation / learned matching
+    learned_lambda = [0.2, 0.8]           # learned matching: lambda ~ U(lo, hi) (seed 002: [0.4, 0.6])
     device = "cpu"                        # where the curves are evaluated: cpu | cuda | auto
 
 Unknown keys anywhere raise :class:`ConfigError` naming the key; ``[data_options]`` takes
@@ -63,6 +64,7 @@ class Protocol:
     methods: list[str] = field(default_factory=list)
     learned_steps: int = 6000
     method_batch_size: int = 128
+    learned_lambda: list[float] = field(default_factory=lambda: [0.2, 0.8])
 
     def __post_init__(self):
         if not self.scopes:
@@ -77,6 +79,12 @@ class Protocol:
         if self.learned_steps < 0 or self.method_batch_size < 1:
             raise ConfigError(f"protocol.learned_steps must be >= 0 and protocol.method_batch_size >= 1, got "
                               f"{self.learned_steps} and {self.method_batch_size}")
+        lam = self.learned_lambda
+        if not (isinstance(lam, (list, tuple)) and len(lam) == 2
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in lam) and 0 <= lam[0] < lam[1] <= 1):
+            raise ConfigError(f"protocol.learned_lambda must be [lo, hi] with 0 <= lo < hi <= 1 (the range of "
+                              f"lambda ~ U(lo, hi) in learned matching), got {lam!r}")
+        self.learned_lambda = [float(x) for x in lam]
         for s in self.scopes:
             if s not in SCOPES:
                 raise ConfigError(f"protocol.scopes: unknown scope {s!r}; use one of {', '.join(SCOPES)}")
@@ -109,7 +117,8 @@ class ExperimentConfig:
         their defaults (so configs recorded before those settings existed, e.g. in a sweep store, compare
         equal)."""
         d = asdict(self)
-        defaults = {"device": "cpu", "methods": [], "learned_steps": 6000, "method_batch_size": 128}
+        defaults = {"device": "cpu", "methods": [], "learned_steps": 6000, "method_batch_size": 128,
+                    "learned_lambda": [0.2, 0.8]}
         for k, v in defaults.items():
             if d["protocol"].get(k) == v:
                 del d["protocol"][k]

@@ -243,7 +243,7 @@ def seed002_methods(cfg: ExperimentConfig, ds, arch_a: nn.Module, arch_b: nn.Mod
     val = list(eval_batches(ds, "val", 256, context, p.eval_items))
     res = align_methods(arch_a, arch_b, batches, ds.task, methods=p.methods, points=p.points,
                         learned_steps=p.learned_steps, seed=p.seeds[0], train_batches=stream, val_batches=val,
-                        naive=naive, progress=progress,
+                        naive=naive, progress=progress, learned_options={"lam": tuple(p.learned_lambda)},
                         learned_checkpoint=None if checkpoint is None else str(checkpoint))
     return {k: {kk: vv for kk, vv in v.items() if kk != "state"} for k, v in res.items()}
 
