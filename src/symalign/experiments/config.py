@@ -48,6 +48,8 @@ SCOPES = ("first-attention", "all-attention", "first-block", "full")
 SCOPE_ALIASES = {"model": "full"}  # seed 002's name for whole-model alignment of two independent trainings
 VARIANTS = ("none", "orthogonal", "full")
 METHODS = ("weight", "activation", "learned")
+# protocol settings added after configs were first recorded: left out of to_dict() at their defaults
+OPTIONAL_PROTOCOL_KEYS = ("device", "methods", "learned_steps", "method_batch_size", "learned_lambda")
 
 
 @dataclass
@@ -117,10 +119,9 @@ class ExperimentConfig:
         their defaults (so configs recorded before those settings existed, e.g. in a sweep store, compare
         equal)."""
         d = asdict(self)
-        defaults = {"device": "cpu", "methods": [], "learned_steps": 6000, "method_batch_size": 128,
-                    "learned_lambda": [0.2, 0.8]}
-        for k, v in defaults.items():
-            if d["protocol"].get(k) == v:
+        defaults = asdict(Protocol())
+        for k in OPTIONAL_PROTOCOL_KEYS:
+            if d["protocol"].get(k) == defaults[k]:
                 del d["protocol"][k]
         return d
 

@@ -10,6 +10,7 @@ import io
 import json
 import math
 import os
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -168,12 +169,10 @@ def pairs_table(results: list[dict], variant: str = "full") -> list[dict]:
         if len(by_pair) < 2:
             continue
         vals = [by_pair[k] for k in sorted(by_pair)]
-        mean = sum(vals) / len(vals)
-        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
         rows.append({"experiment": exp, "scope": scope,
                      "seed pairs": ", ".join("-".join(map(str, k)) for k in sorted(by_pair)),
                      f"{variant} % per pair": ", ".join(f"{v:.1f}" for v in vals),
-                     f"mean {variant} %": mean, "std": std})
+                     f"mean {variant} %": statistics.mean(vals), "std": statistics.stdev(vals)})
     return rows
 
 
