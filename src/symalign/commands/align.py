@@ -10,16 +10,13 @@ write OUT atomically with B's config and tokenizer files.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable
 
 import typer
-from torch import Tensor
 
 from symalign.errors import ConfigError
-from symalign.spec import SymmetrySpec
 
 SCOPES = ("attention", "model")
 STAGE2 = ("none", "orthogonal", "full")
@@ -34,31 +31,12 @@ def load_matcher() -> Callable[..., Any]:
     return match_attention
 
 
-def relative_distance(a: Mapping[str, Tensor], b: Mapping[str, Tensor], names: Iterable[str]) -> float:
-    """``sqrt(sum_t ||A_t - B_t||^2 / sum_t ||A_t||^2)`` over the tensors ``names`` (absolute if A is 0)."""
-    names = list(names)
-    num = sum(float((a[t].double() - b[t].double()).pow(2).sum()) for t in names)
-    den = sum(float(a[t].double().pow(2).sum()) for t in names)
-    return math.sqrt(num / den) if den else math.sqrt(num)
-
-
-def attention_distance(spec: SymmetrySpec, a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> dict[str, Any]:
-    """:func:`relative_distance` over the attention tensors the spec labels, in total and per layer."""
-    layers = sorted({int(s.split(".")[1]) for s in spec.spaces if s.startswith(("heads.", "qk."))})
-    per_layer, every = [], set()
-    for i in layers:
-        names = {t for space in (f"heads.{i}", f"qk.{i}", f"vo.{i}") if space in spec.spaces
-                 for t, _ in spec.tensors_of(space)}
-        per_layer.append(relative_distance(a, b, names))
-        every |= names
-    return {"total": relative_distance(a, b, every), "per_layer": per_layer}
-
-
 def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention", stage2: str = "full",
               stage1: bool = True, force: bool = False) -> dict[str, Any]:
     """Align B to A and write OUT; returns the diagnostics (see the module docstring)."""
     from symalign import hf_io
     from symalign.arch.fused import split_segments
+    from symalign.match.distance import attention_distance
     from symalign.spec import apply
 
     t0 = time.perf_counter()

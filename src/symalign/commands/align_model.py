@@ -25,7 +25,7 @@ RMSNORM_FLOOR = 1e-6
 def run_align_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
                     force: bool = False, max_iter: int = 20) -> dict[str, Any]:
     from symalign import hf_io
-    from symalign.commands.align import relative_distance
+    from symalign.match.distance import relative_distance
     from symalign.match.hfmodel import LLAMA_LIKE, prepare
     from symalign.match.whole import match_whole
     from symalign.spec import apply

@@ -33,7 +33,8 @@ from symalign.groups import Orthogonal, Permutation
 from symalign.match.ff import assign, correlation
 from symalign.match.heads import assign_heads
 from symalign.match.residual import procrustes
-from symalign.match.whole import WholeMatch, attention_step, model_states, distance, partition, validate_states
+from symalign.match.distance import distance
+from symalign.match.whole import WholeMatch, attention_step, model_states, partition, validate_states
 from symalign.spec import Transform, apply
 
 

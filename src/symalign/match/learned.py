@@ -93,7 +93,8 @@ from symalign.match.ff import assign
 from symalign.match.heads import assign_heads
 from symalign.match.qk import condition
 from symalign.match.residual import FixingOrthogonal, polar
-from symalign.match.whole import WholeMatch, align_whole, distance
+from symalign.match.distance import distance
+from symalign.match.whole import WholeMatch, align_whole
 from symalign.spec import AxisAction, SymmetrySpec, Transform, apply
 
 Batch = tuple[Tensor, Tensor]

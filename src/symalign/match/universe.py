@@ -24,7 +24,8 @@ from typing import Any, Sequence
 from torch import Tensor, nn
 
 from symalign.errors import MatchError
-from symalign.match.whole import check_configs, distance, match_whole
+from symalign.match.distance import distance
+from symalign.match.whole import check_configs, match_whole
 from symalign.spec import SymmetrySpec, Transform
 
 

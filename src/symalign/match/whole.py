@@ -41,6 +41,7 @@ from torch import Tensor
 from symalign.errors import MatchError
 from symalign.groups import HeadPermutation, Orthogonal, PerHead, Permutation, PositiveMonomial
 from symalign.match.api import match_attention
+from symalign.match.distance import distance
 from symalign.match.ff import assign, match_monomial
 from symalign.match.inputs import check_pair, check_spec_fits
 from symalign.match.residual import FixingOrthogonal, cross, procrustes
@@ -78,11 +79,6 @@ def validate_states(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: 
     check_pair(spec.tensors, state_a, state_b, missing_hint=" (the models differ in depth or structure)",
                shape_hint="; whole-model matching needs equal widths (FF width, heads, model width)")
     check_spec_fits(spec, state_a, state_b)
-
-
-def distance(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor]) -> float:
-    """``sum_t ||A_t - B_t||^2`` over the tensors the spec labels."""
-    return float(sum(float((state_a[t].double() - state_b[t].double()).pow(2).sum()) for t in spec.tensors))
 
 
 def _without(transform: Mapping[str, Tensor], names) -> Transform:
