@@ -16,7 +16,7 @@ A config names a model family, a dataset and the protocol::
     freeze = true                         # train only the re-initialised scope
     points = 25                           # interpolation grid
     eval_items = 2000                     # held-out examples (LM: windows) per curve point
-    variants = ["full"]                   # stage-2 variants: none | orthogonal | full
+    variants = ["full"]                   # stage-2 variants: none | orthogonal | full | learned
     stage1_ablation = false               # also run with stage 1 off
     methods = []                          # full scope: seed 002's methods weight | activation | learned
     learned_steps = 6000                  # learned matching: optimisation steps (a fresh training batch each)
@@ -46,7 +46,7 @@ else:  # pragma: no cover
 
 SCOPES = ("first-attention", "all-attention", "first-block", "full")
 SCOPE_ALIASES = {"model": "full"}  # seed 002's name for whole-model alignment of two independent trainings
-VARIANTS = ("none", "orthogonal", "full")
+VARIANTS = ("none", "orthogonal", "full", "learned")  # learned: "full", then refined on data
 METHODS = ("weight", "activation", "learned")
 # protocol settings added after configs were first recorded: left out of to_dict() at their defaults
 OPTIONAL_PROTOCOL_KEYS = ("device", "methods", "learned_steps", "method_batch_size", "learned_lambda")

@@ -9,6 +9,8 @@ For a config (family, dataset, positional encoding) and each scope:
 3. align B to A with the two-stage matcher on the attention layers of the scope
    (every stage-2 variant asked for, and stage 1 off as an ablation), check that
    the aligned B' computes B's function, and
+   (variant ``learned``) refine the ``full`` result on training data by learned matching
+   restricted to the scope's spaces (:func:`learned_variant`), and
 4. record the naive (A -> B) and aligned (A -> B') LMC curves, barriers, barrier
    ratios and the stage-1 metrics (rank of the chosen head permutation among all
    ``h!``, ``Lhat``).
@@ -193,11 +195,18 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
     }
     variants = [(True, v) for v in p.variants] + ([(False, "full")] if p.stage1_ablation else [])
     first_match = None
+    done: dict[tuple[bool, str], Any] = {}
     for stage1, stage2 in variants:
         key = stage2 if stage1 else f"{stage2}-no-stage1"
         if progress:
             progress(f"{scope}: aligning ({key})")
-        m = match_scope(spec, ra, rb, stage1, stage2)
+        if stage2 == "learned":
+            start = done.get((True, "full")) or match_scope(spec, ra, rb, True, "full")
+            m = learned_variant(cfg, ds, spec, arch_a, arch_b, start, progress is not None,
+                                checkpoint=Path(dir_a).parent / "learned-stage2.pt")
+        else:
+            m = match_scope(spec, ra, rb, stage1, stage2)
+        done[(stage1, stage2)] = m
         first_match = first_match or m
         rb2 = {**rb, **apply(spec, m.transform, rb)}
         change = relative_output_change(arch_a, rb2, sb, batches[0][0], model_b)
@@ -223,6 +232,35 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
     out["stage1"] = stage1_metrics(spec.restrict(attn_spaces), ra, rb_ctx, first_match.transform)
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def learned_variant(cfg: ExperimentConfig, ds, spec: SymmetrySpec, arch_a: nn.Module, arch_b: nn.Module,
+                    start, progress: bool = False, checkpoint: Path | None = None):
+    """Stage-2 variant ``learned``: the ``full`` two-stage result ``start`` refined by learned matching
+    (:func:`symalign.match.learned.learn_matching`) over the scope's spaces only.
+
+    Same group, same exactness (every projected element is a symmetry); the objective is the
+    training loss of the interpolated model ``L((1 - lambda) theta_A + lambda T . theta_B)``,
+    ``lambda ~ U(protocol.learned_lambda)``, one fresh training batch of
+    ``protocol.method_batch_size`` per step for ``protocol.learned_steps`` steps; the result is
+    kept only if its objective on the validation split is at most ``start``'s (else ``start``).
+    Resumable from ``checkpoint``. Returns a :class:`~symalign.match.learned.LearnedMatch`.
+    """
+    from symalign.data import eval_batches
+    from symalign.experiments.methods import TrainStream
+    from symalign.match.distance import distance
+    from symalign.match.learned import learn_matching
+    from symalign.match.whole import WholeMatch
+
+    p = cfg.protocol
+    context = int(cfg.train.get("context", 128))
+    sa, sb = lmc.full_state(arch_a), lmc.full_state(arch_b)
+    init = WholeMatch(dict(start.transform), spec, [distance(spec, sa, sb), distance(spec, sa, apply(spec, start.transform, sb))],
+                      True, "weight", getattr(start, "attention", start), 0.0, [])
+    stream = TrainStream(ds, p.method_batch_size, seed=p.seeds[0], context=context)
+    val = list(eval_batches(ds, "val", 256, context, p.eval_items))
+    return learn_matching(arch_a, arch_b, stream, steps=p.learned_steps, lam=tuple(p.learned_lambda), init=init,
+                          select_batches=val, checkpoint=checkpoint, progress=progress, seed=p.seeds[0])
 
 
 def seed002_methods(cfg: ExperimentConfig, ds, arch_a: nn.Module, arch_b: nn.Module, batches: list,
