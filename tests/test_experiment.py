@@ -176,6 +176,24 @@ def test_cli_seeds_override_trains_another_pair(tmp_path, monkeypatch, capsys):
     assert not (run / "seed1").exists()
 
 
+def test_cli_variant_and_learned_steps_override(tmp_path, monkeypatch, capsys):
+    """``--variant`` replaces protocol.variants (validated: an unknown one exits 2 before any training);
+    ``--learned-steps`` sets the learned variant's steps."""
+    from _cli_util import run_symalign
+
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(_toml({**TINY, "protocol": {**TINY["protocol"], "stage1_ablation": False,
+                                               "method_batch_size": 16}}))
+    code, _, err = run_symalign(monkeypatch, capsys, "experiment", cfg, "--out", tmp_path / "bad", "--variant", "best")
+    assert code == 2 and "protocol.variants" in err and "learned" in err and not (tmp_path / "bad").exists()
+    code, out, err = run_symalign(monkeypatch, capsys, "experiment", cfg, "--out", tmp_path / "ok", "--variant", "full",
+                                  "--variant", "learned", "--learned-steps", 2, "--json", "--quiet")
+    assert code == 0, err
+    res = json.loads((tmp_path / "ok" / "tiny" / "first-attention" / "results.json").read_text())
+    assert list(res["variants"]) == ["full", "learned"] and res["variants"]["learned"]["match"]["steps"] == 2
+    assert "learned_ratio_percent" in json.loads(out)[0]
+
+
 def test_report_pairs_table_mean_and_std(tmp_path):
     """Two or more seed pairs of one experiment and scope give a row with the ratio per pair, the mean and
     the sample standard deviation; a scope with one pair gives none."""

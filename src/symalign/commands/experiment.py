@@ -22,6 +22,10 @@ def experiment_command(
     seeds: list[int] = typer.Option([], "--seeds", help="The seeds of models A and B, overriding protocol.seeds "
                                                        "(give it twice: --seeds 3 --seeds 4); use another --out "
                                                        "for a second seed pair, since results.json is per scope."),
+    variant: list[str] = typer.Option([], "--variant", help="Stage-2 variants, overriding protocol.variants "
+                                                         "(repeatable): none | orthogonal | full | learned."),
+    learned_steps: Optional[int] = typer.Option(None, "--learned-steps", min=1,
+                                                help="Learned-matching steps, overriding protocol.learned_steps."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary rows as JSON."),
     quiet: bool = typer.Option(False, help="No progress output."),
 ) -> None:
@@ -37,10 +41,12 @@ def experiment_command(
     from symalign.experiments.protocol import summary_row
 
     cfg = load_config(config)  # every key validated before any training
-    if scope or seeds:
+    over = {**({"scopes": list(scope)} if scope else {}), **({"seeds": list(seeds)} if seeds else {}),
+            **({"variants": list(variant)} if variant else {}),
+            **({"learned_steps": learned_steps} if learned_steps is not None else {})}
+    if over:
         from symalign.experiments.config import Protocol
 
-        over = {**({"scopes": list(scope)} if scope else {}), **({"seeds": list(seeds)} if seeds else {})}
         cfg.protocol = Protocol(**{**vars(cfg.protocol), **over})  # validated again
     if threads:
         torch.set_num_threads(threads)

@@ -165,8 +165,9 @@ def curve_runner(batches: list, task: str, points: int, device: str = "cpu"
 
 
 def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: str,
-                      progress: Callable[[str], None] | None = None) -> dict:
-    """Match B to A for every variant and measure naive and aligned curves (one scope)."""
+                      progress: Callable[[str], None] | None = None, bars: bool = False) -> dict:
+    """Match B to A for every variant and measure naive and aligned curves (one scope);
+    ``progress`` receives status lines, ``bars`` shows the learned variant's progress bar."""
     from symalign.checkpoint import load_model
     from symalign.data import eval_batches, load_dataset
     model_a, _ = load_model(dir_a)
@@ -202,7 +203,7 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
             progress(f"{scope}: aligning ({key})")
         if stage2 == "learned":
             start = done.get((True, "full")) or match_scope(spec, ra, rb, True, "full")
-            m = learned_variant(cfg, ds, spec, arch_a, arch_b, start, progress is not None,
+            m = learned_variant(cfg, ds, spec, arch_a, arch_b, start, bars,
                                 checkpoint=Path(dir_a).parent / "learned-stage2.pt")
         else:
             m = match_scope(spec, ra, rb, stage1, stage2)
@@ -384,7 +385,7 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = 
                 init = {"base": str(base), "scope": scope, "seed": seed, "freeze": p.freeze}
             say(f"{scope}: training seed {seed}")
             dirs.append(_train(cfg, seed, root / scope / f"seed{seed}", init, progress))
-        res = align_and_measure(cfg, dirs[0], dirs[1], scope, progress=say)
+        res = align_and_measure(cfg, dirs[0], dirs[1], scope, progress=say, bars=progress)
         res["experiment"] = cfg.name
         res["seeds"] = list(p.seeds)
         plot_curves(res, root / scope / "curves.png")

@@ -454,9 +454,10 @@ class _Bar:
         self.bar = None
         self.label = label
         if on:
+            from rich.console import Console
             from rich.progress import Progress
 
-            self.bar = Progress(transient=False)
+            self.bar = Progress(console=Console(stderr=True), transient=False)  # stdout stays for results
             self.bar.start()
             self.task = self.bar.add_task(label, total=total, completed=done)
 
