@@ -43,3 +43,20 @@ def test_needs_data():
         match_activations(a, a, None)
     with pytest.raises(MatchError, match="needs data"):
         match_activations(a, a, [])
+
+
+def test_pair_stats_in_chunks_equal_the_whole_sample():
+    """PairStats accumulated over chunks gives the Pearson correlation and cross product of the
+    concatenated sample (what activation matching used to compute from every stored activation)."""
+    from symalign.match.activations import PairStats
+    from symalign.match.ff import correlation
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(300, 7, generator=g, dtype=torch.float64) * 3 + 5  # large means: cancellation check
+    b = a[:, [2, 0, 1, 3, 6, 5, 4]] + 0.1 * torch.randn(300, 7, generator=g, dtype=torch.float64)
+    st = PairStats()
+    for lo in range(0, 300, 64):
+        st.add(a[lo:lo + 64], b[lo:lo + 64].float())  # any dtype in, float64 sums
+    assert st.n == 300
+    assert torch.allclose(st.cross, a.T @ b.float().double(), rtol=1e-12, atol=1e-9)
+    assert torch.allclose(st.correlation(), correlation(a, b.float()), rtol=0, atol=1e-10)
