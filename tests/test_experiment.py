@@ -143,6 +143,19 @@ def test_learned_variant_refines_full_stage2_on_attention_scopes(tmp_path):
     assert "learned_ratio_percent" in (tmp_path / "summary.csv").read_text()
 
 
+def test_learned_variant_on_a_gpt_with_tied_embeddings(tmp_path):
+    """The built-in GPT ties its head to the token embedding; learned matching evaluates the
+    interpolated model with each tied parameter once (functional_call refuses two values)."""
+    cfg = {"name": "tiny-gpt-learned", "data": "synthetic", "data_options": {"kind": "lm"},
+           "model": {"family": "gpt", "pe": "rope", "d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 32},
+           "train": {"steps": 20, "batch_size": 8, "context": 16, "lr": 3e-3, "eval_every": 0},
+           "protocol": {"scopes": ["first-attention"], "seeds": [1, 2], "points": 3, "eval_items": 8,
+                        "variants": ["full", "learned"], "learned_steps": 3, "method_batch_size": 4}}
+    (res,) = run_experiment(parse_config(cfg), tmp_path, progress=False)
+    assert res["variants"]["learned"]["function_change"] <= 1e-4
+    assert res["variants"]["learned"]["match"]["steps"] == 3
+
+
 def _toml(cfg: dict) -> str:
     def val(v):
         return json.dumps(v) if not isinstance(v, bool) else str(v).lower()

@@ -345,6 +345,39 @@ def default_loss(logits: Tensor, y: Tensor) -> Tensor:
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
+def functional_state(model: nn.Module, spec: SymmetrySpec) -> dict[str, Tensor]:
+    """The model's ``state_dict`` (detached) with each tied parameter once, as ``functional_call``
+    needs it (it refuses two values for tied names, e.g. a head tied to the token embedding): of
+    the names sharing one parameter, the one the spec labels is kept (else the first)."""
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    labelled = set(spec.tensors)
+    names_of: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    for names in names_of.values():
+        if len(names) > 1:
+            keep = next((n for n in names if n in labelled), names[0])
+            for n in names:
+                if n != keep:
+                    state.pop(n, None)
+    return state
+
+
+def restore_ties(model: nn.Module, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """``state`` with the tied names :func:`functional_state` dropped filled in again (same tensor),
+    so that it loads with ``model.load_state_dict``."""
+    out = dict(state)
+    names_of: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    for names in names_of.values():
+        present = next((n for n in names if n in out), None)
+        if present is not None:
+            for n in names:
+                out.setdefault(n, out[present])
+    return out
+
+
 def floating(state: Mapping[str, Tensor]) -> list[str]:
     return [k for k, v in state.items() if v.is_floating_point()]
 
@@ -538,8 +571,7 @@ def learn_matching(model_a: nn.Module, model_b: nn.Module, batches: BatchSource,
         init = align_whole(model_a, model_b)
     spec = init.spec if init is not None else model_a.symmetry_spec()
     start_transform = saved["init"] if saved is not None else init.transform  # type: ignore[union-attr]
-    sa = {k: v.detach() for k, v in model_a.state_dict().items()}
-    sb = {k: v.detach() for k, v in model_b.state_dict().items()}
+    sa, sb = functional_state(model_a, spec), functional_state(model_b, spec)
     lat = Latents(spec, start_transform, spaces)
     opt = torch.optim.Adam(lat.parameters(), lr=lr, betas=tuple(betas))
     recipe = recipe_of(schedule, warmup, steps, lr=float(lr), lam=[float(lam[0]), float(lam[1])],

@@ -46,7 +46,8 @@ from torch.func import functional_call
 
 from symalign.errors import MatchError
 from symalign.match.learned import Batch, BatchSource, Latents, LossFn, _Bar, _check_data, batch_source, optimise, \
-    check_recipe, compare_recipe, floating, mean_loss, recipe_of, save_checkpoint, default_loss
+    check_recipe, compare_recipe, floating, functional_state, mean_loss, restore_ties, recipe_of, save_checkpoint, \
+    default_loss
 from symalign.match.universe import UniverseMatch, check_models, mean_state, match_universe
 from symalign.spec import SymmetrySpec, Transform, apply
 
@@ -117,7 +118,7 @@ def learn_many(models: Sequence[nn.Module], batches: BatchSource, *, steps: int 
         init = match_universe(models, rounds=rounds, **match_kw)
     spec = models[0].symmetry_spec()
     start: list[Transform] = saved["init"] if saved is not None else list(init.transforms)  # type: ignore[union-attr]
-    states = [{k: v.detach() for k, v in m.state_dict().items()} for m in models]
+    states = [functional_state(m, spec) for m in models]
     ref = apply(spec, start[0], states[0])  # model 1: the reference, kept fixed
     lats = [Latents(spec, start[k], spaces) for k in range(1, m_count)]
     opt = torch.optim.Adam([p for lat in lats for p in lat.parameters()], lr=lr)
@@ -168,6 +169,6 @@ def learn_many(models: Sequence[nn.Module], batches: BatchSource, *, steps: int 
         transforms, merged, loss_new, selected = [dict(t) for t in start], merged_init, loss_init, "universe"
         notes.append("the learned merge's loss on the selection batches is above the universe merge's: "
                      "kept the universe transforms")
-    return ManyLearned(transforms, merged, spec, losses, first, loss_init, loss_new, selected, fallbacks,
+    return ManyLearned(transforms, restore_ties(model, merged), spec, losses, first, loss_init, loss_new, selected, fallbacks,
                        notes + fallbacks, time.perf_counter() - t0)
 
