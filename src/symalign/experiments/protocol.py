@@ -256,8 +256,8 @@ def learned_variant(cfg: ExperimentConfig, ds, spec: SymmetrySpec, arch_a: nn.Mo
     p = cfg.protocol
     context = int(cfg.train.get("context", 128))
     sa, sb = lmc.full_state(arch_a), lmc.full_state(arch_b)
-    init = WholeMatch(dict(start.transform), spec, [distance(spec, sa, sb), distance(spec, sa, apply(spec, start.transform, sb))],
-                      True, "weight", getattr(start, "attention", start), 0.0, [])
+    distances = [distance(spec, sa, sb), distance(spec, sa, apply(spec, start.transform, sb))]
+    init = WholeMatch(dict(start.transform), spec, distances, True, "weight", getattr(start, "attention", start))
     stream = TrainStream(ds, p.method_batch_size, seed=p.seeds[0], context=context)
     val = list(eval_batches(ds, "val", 256, context, p.eval_items))
     return learn_matching(arch_a, arch_b, stream, steps=p.learned_steps, lam=tuple(p.learned_lambda), init=init,

@@ -345,21 +345,25 @@ def default_loss(logits: Tensor, y: Tensor) -> Tensor:
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
+def tied_names(model: nn.Module) -> list[list[str]]:
+    """The groups of parameter names that share one parameter (e.g. ``[tok_emb.weight, head.weight]``)."""
+    names_of: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    return [names for names in names_of.values() if len(names) > 1]
+
+
 def functional_state(model: nn.Module, spec: SymmetrySpec) -> dict[str, Tensor]:
     """The model's ``state_dict`` (detached) with each tied parameter once, as ``functional_call``
     needs it (it refuses two values for tied names, e.g. a head tied to the token embedding): of
     the names sharing one parameter, the one the spec labels is kept (else the first)."""
     state = {k: v.detach() for k, v in model.state_dict().items()}
     labelled = set(spec.tensors)
-    names_of: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names_of.setdefault(id(p), []).append(name)
-    for names in names_of.values():
-        if len(names) > 1:
-            keep = next((n for n in names if n in labelled), names[0])
-            for n in names:
-                if n != keep:
-                    state.pop(n, None)
+    for names in tied_names(model):
+        keep = next((n for n in names if n in labelled), names[0])
+        for n in names:
+            if n != keep:
+                state.pop(n, None)
     return state
 
 
@@ -367,10 +371,7 @@ def restore_ties(model: nn.Module, state: Mapping[str, Tensor]) -> dict[str, Ten
     """``state`` with the tied names :func:`functional_state` dropped filled in again (same tensor),
     so that it loads with ``model.load_state_dict``."""
     out = dict(state)
-    names_of: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names_of.setdefault(id(p), []).append(name)
-    for names in names_of.values():
+    for names in tied_names(model):
         present = next((n for n in names if n in out), None)
         if present is not None:
             for n in names:

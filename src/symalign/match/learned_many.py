@@ -169,6 +169,6 @@ def learn_many(models: Sequence[nn.Module], batches: BatchSource, *, steps: int 
         transforms, merged, loss_new, selected = [dict(t) for t in start], merged_init, loss_init, "universe"
         notes.append("the learned merge's loss on the selection batches is above the universe merge's: "
                      "kept the universe transforms")
-    return ManyLearned(transforms, restore_ties(model, merged), spec, losses, first, loss_init, loss_new, selected, fallbacks,
-                       notes + fallbacks, time.perf_counter() - t0)
+    return ManyLearned(transforms, restore_ties(model, merged), spec, losses, first, loss_init, loss_new, selected,
+                       fallbacks, notes + fallbacks, time.perf_counter() - t0)
 
