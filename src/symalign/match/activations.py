@@ -70,7 +70,7 @@ class PairStats:
         self.n += a.shape[0]
 
     def correlation(self, eps: float = 1e-12) -> Tensor:
-        """Pearson ``corr[i, j]`` of column ``i`` of A and ``j`` of B (as :func:`symalign.match.ff.correlation`):
+        """Pearson ``corr[i, j]`` of column ``i`` of A and ``j`` of B:
         ``(S_ab - n mu_a mu_b^T) / (sigma_a sigma_b^T)``, ``sigma = sqrt(S_aa - n mu^2)``."""
         mu_a, mu_b = self.sum_a / self.n, self.sum_b / self.n
         cov = self.cross - self.n * torch.outer(mu_a, mu_b)

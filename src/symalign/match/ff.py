@@ -30,17 +30,6 @@ def assign(c: Tensor) -> Tensor:
     return torch.as_tensor(col, dtype=torch.int64)
 
 
-def correlation(xa: Tensor, xb: Tensor, eps: float = 1e-12) -> Tensor:
-    """Pearson correlation ``corr[i, j]`` between column ``i`` of ``xa`` and ``j`` of ``xb`` (``(N, n)`` each)."""
-    xa = xa.to(torch.float64)
-    xb = xb.to(torch.float64)
-    xa = xa - xa.mean(0)
-    xb = xb - xb.mean(0)
-    sa = xa.norm(dim=0).clamp_min(eps)
-    sb = xb.norm(dim=0).clamp_min(eps)
-    return (xa.T @ xb) / (sa[:, None] * sb[None, :])
-
-
 # ----------------------------------------------------------------------------
 # ReLU units: permutation and positive per-unit scaling
 # ----------------------------------------------------------------------------
