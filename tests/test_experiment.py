@@ -226,3 +226,44 @@ def test_report_pairs_table_mean_and_std(tmp_path):
     (row,) = rows
     assert row["seed pairs"] == "1-2, 3-4, 5-6" and row["full % per pair"] == "10.0, 20.0, 30.0"
     assert row["mean full %"] == pytest.approx(20.0) and row["std"] == pytest.approx(10.0)
+
+
+def test_eval_split_train_measures_the_curve_on_the_training_split(tiny_run, tmp_path, monkeypatch, capsys):
+    """``--eval-split train``: the curve's endpoints are each model's own loss on the training split
+    (checked by hand with cross-entropy), not the test split's; a later run in the same directory
+    with another split is refused (exit 2) and leaves the results alone."""
+    import shutil
+
+    import torch.nn.functional as F
+    from _cli_util import run_symalign
+
+    from symalign.checkpoint import load_model
+    from symalign.data import eval_batches, load_dataset
+
+    src, (res_test,) = tiny_run
+    out = tmp_path / "train-split"
+    shutil.copytree(src / "tiny" / "base", out / "tiny" / "base")
+    for s in (1, 2):  # the trained pair, reused: no training in this test
+        shutil.copytree(src / "tiny" / "first-attention" / f"seed{s}", out / "tiny" / "first-attention" / f"seed{s}")
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(_toml(TINY))
+    code, _, err = run_symalign(monkeypatch, capsys, "experiment", cfg, "--out", out, "--eval-split", "train", "--quiet")
+    assert code == 0, err
+    path = out / "tiny" / "first-attention" / "results.json"
+    res = json.loads(path.read_text())
+    assert res["eval_split"] == "train" and res_test["eval_split"] == "test"
+    ds = load_dataset("digits")
+    batches = list(eval_batches(ds, "train", 256, 128, TINY["protocol"]["eval_items"]))
+    for end, seed in (("A", 1), ("B", 2)):
+        model, _ = load_model(out / "tiny" / "first-attention" / f"seed{seed}")
+        model.eval()
+        with torch.no_grad():
+            nll = sum(F.cross_entropy(model(x).double(), y, reduction="sum").item() for x, y in batches)
+        own = nll / sum(len(y) for _, y in batches)
+        assert res["endpoints"][end]["loss"] == pytest.approx(own, rel=1e-9)
+        assert res["endpoints"][end]["loss"] != pytest.approx(res_test["endpoints"][end]["loss"], rel=1e-6)
+    before = path.read_bytes()
+    code, _, err = run_symalign(monkeypatch, capsys, "experiment", cfg, "--out", out, "--eval-split", "test", "--quiet")
+    assert code == 2 and "measured on the train split" in err and path.read_bytes() == before
+    code, _, err = run_symalign(monkeypatch, capsys, "experiment", cfg, "--out", out, "--eval-split", "holdout")
+    assert code == 2 and "protocol.eval_split" in err

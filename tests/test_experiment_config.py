@@ -38,6 +38,7 @@ BASE = {"name": "x", "data": "digits", "model": {"family": "vit", "pe": "rope"}}
     ({"protocol": {"learned_lambda": [0.6, 0.4]}}, r"learned_lambda must be \[lo, hi\]"),
     ({"protocol": {"learned_lambda": [0.4]}}, "learned_lambda must be"),
     ({"protocol": {"learned_lambda": [-0.1, 0.5]}}, "learned_lambda must be"),
+    ({"protocol": {"eval_split": "holdout"}}, r"protocol.eval_split='holdout'; use one of test, val, train"),
 ])
 def test_bad_configs_name_the_key(patch, msg):
     with pytest.raises(SymalignError, match=msg):
@@ -58,4 +59,4 @@ def test_model_scope_is_full_and_methods_default_off():
     assert cfg.protocol.scopes == ["full"] and cfg.protocol.methods == ["weight", "learned"]
     assert "methods" in cfg.to_dict()["protocol"]
     plain = parse_config(BASE).to_dict()["protocol"]  # defaults are left out (sweep stores compare equal)
-    assert not {"methods", "learned_steps", "method_batch_size", "learned_lambda"} & set(plain)
+    assert not {"methods", "learned_steps", "method_batch_size", "learned_lambda", "eval_split"} & set(plain)

@@ -26,6 +26,10 @@ def experiment_command(
                                                          "(repeatable): none | orthogonal | full | learned."),
     learned_steps: Optional[int] = typer.Option(None, "--learned-steps", min=1,
                                                 help="Learned-matching steps, overriding protocol.learned_steps."),
+    eval_split: Optional[str] = typer.Option(None, "--eval-split",
+                                             help="The split the curves are measured on, overriding "
+                                                  "protocol.eval_split: test | val | train (use another --out "
+                                                  "per split, since results.json is per scope)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary rows as JSON."),
     quiet: bool = typer.Option(False, help="No progress output."),
 ) -> None:
@@ -43,7 +47,8 @@ def experiment_command(
     cfg = load_config(config)  # every key validated before any training
     over = {**({"scopes": list(scope)} if scope else {}), **({"seeds": list(seeds)} if seeds else {}),
             **({"variants": list(variant)} if variant else {}),
-            **({"learned_steps": learned_steps} if learned_steps is not None else {})}
+            **({"learned_steps": learned_steps} if learned_steps is not None else {}),
+            **({"eval_split": eval_split} if eval_split is not None else {})}
     if over:
         from symalign.experiments.config import Protocol
 

@@ -16,6 +16,8 @@ A config names a model family, a dataset and the protocol::
     freeze = true                         # train only the re-initialised scope
     points = 25                           # interpolation grid
     eval_items = 2000                     # held-out examples (LM: windows) per curve point
+    eval_split = "test"                   # the split of the curves: test | val | train (train: the
+                                          # barrier on what the models fit; see docs/results.md)
     variants = ["full"]                   # stage-2 variants: none | orthogonal | full | learned
     stage1_ablation = false               # also run with stage 1 off
     methods = []                          # full scope: seed 002's methods weight | activation | learned
@@ -49,7 +51,8 @@ SCOPE_ALIASES = {"model": "full"}  # seed 002's name for whole-model alignment o
 VARIANTS = ("none", "orthogonal", "full", "learned")  # learned: "full", then refined on data
 METHODS = ("weight", "activation", "learned")
 # protocol settings added after configs were first recorded: left out of to_dict() at their defaults
-OPTIONAL_PROTOCOL_KEYS = ("device", "methods", "learned_steps", "method_batch_size", "learned_lambda")
+OPTIONAL_PROTOCOL_KEYS = ("device", "methods", "learned_steps", "method_batch_size", "learned_lambda", "eval_split")
+EVAL_SPLITS = ("test", "val", "train")
 
 
 @dataclass
@@ -67,6 +70,7 @@ class Protocol:
     learned_steps: int = 6000
     method_batch_size: int = 128
     learned_lambda: list[float] = field(default_factory=lambda: [0.2, 0.8])
+    eval_split: str = "test"
 
     def __post_init__(self):
         if not self.scopes:
@@ -97,6 +101,8 @@ class Protocol:
             raise ConfigError("protocol.variants is empty; use e.g. [\"full\"]")
         if len(self.seeds) != 2 or self.seeds[0] == self.seeds[1]:
             raise ConfigError(f"protocol.seeds must be two different seeds (models A and B), got {self.seeds}")
+        if self.eval_split not in EVAL_SPLITS:
+            raise ConfigError(f"protocol.eval_split={self.eval_split!r}; use one of {', '.join(EVAL_SPLITS)}")
         if self.points < 2:
             raise ConfigError(f"protocol.points must be >= 2, got {self.points}")
         from symalign.train import DEVICES
@@ -115,9 +121,9 @@ class ExperimentConfig:
     protocol: Protocol = field(default_factory=Protocol)
 
     def to_dict(self) -> dict:
-        """The config as a dict; ``protocol.device`` and the ``methods`` settings only when they are not
-        their defaults (so configs recorded before those settings existed, e.g. in a sweep store, compare
-        equal)."""
+        """The config as a dict; the protocol settings added later (``OPTIONAL_PROTOCOL_KEYS``: device,
+        the ``methods`` settings, ``eval_split``) only when they are not their defaults (so configs
+        recorded before those settings existed, e.g. in a sweep store, compare equal)."""
         d = asdict(self)
         defaults = asdict(Protocol())
         for k in OPTIONAL_PROTOCOL_KEYS:

@@ -177,7 +177,7 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
     ds = load_dataset(cfg.data, **cfg.data_options)
     p = cfg.protocol
     context = int(cfg.train.get("context", 128))
-    batches = list(eval_batches(ds, "test", 256, context, p.eval_items))
+    batches = list(eval_batches(ds, p.eval_split, 256, context, p.eval_items))
     curve = curve_runner(batches, ds.task, p.points, p.device)
     sa, sb = lmc.full_state(model_a), lmc.full_state(model_b)
     layers = scope_layers(scope, model_a.cfg.n_layers)
@@ -189,6 +189,7 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
     naive = curve(model_a, sa, sb)
     out: dict[str, Any] = {
         "scope": scope, "family": model_a.cfg.family, "pe": model_a.cfg.pe, "data": ds.name,
+        "eval_split": p.eval_split,
         "endpoints": {"A": {"loss": naive.loss[0], "acc": naive.acc[0]},
                       "B": {"loss": naive.loss[-1], "acc": naive.acc[-1]}},
         "naive": naive.to_dict(), "variants": {}, "layers_aligned": layers,
@@ -316,7 +317,9 @@ def stage1_metrics(spec: SymmetrySpec, state_a: dict, state_b: dict, transform: 
 def summary_row(name: str, res: dict) -> dict:
     """One line of the summary table for a scope's results."""
     row = {"experiment": name, "family": res["family"], "data": res["data"], "pe": res["pe"],
-           "scope": res["scope"], "acc_A": res["endpoints"]["A"]["acc"], "acc_B": res["endpoints"]["B"]["acc"],
+           "scope": res["scope"],
+           **({"eval_split": res["eval_split"]} if res.get("eval_split", "test") != "test" else {}),
+           "acc_A": res["endpoints"]["A"]["acc"], "acc_B": res["endpoints"]["B"]["acc"],
            "naive_loss_barrier": res["naive"]["loss_barrier"], "naive_acc_barrier": res["naive"]["acc_barrier"]}
     for key, v in res["variants"].items():
         row[f"{key}_loss_barrier"] = v["curve"]["loss_barrier"]
@@ -324,6 +327,7 @@ def summary_row(name: str, res: dict) -> dict:
         row[f"{key}_ratio_percent"] = v["loss_barrier_ratio_percent"]
     for key, v in res.get("methods", {}).items():
         row[f"{key}-matching_loss_barrier"] = v["curve"]["loss_barrier"]
+        row[f"{key}-matching_acc_barrier"] = v["curve"]["acc_barrier"]
         row[f"{key}-matching_ratio_percent"] = v["loss_barrier_ratio_percent"]
     return row
 
@@ -343,14 +347,19 @@ def check_inputs(cfg: ExperimentConfig) -> None:
     fit_config(cfg.model | {"family": family}, ds, int(cfg.train.get("context", 128)))
 
 
-def check_same_pair(done: dict, seeds: list[int], scope_dir: Path) -> None:
-    """A finished scope may only be reused for the seed pair it was run with (older results
-    without ``"seeds"``: the pair whose checkpoints lie beside them)."""
+def check_same_pair(done: dict, seeds: list[int], scope_dir: Path, eval_split: str = "test") -> None:
+    """A finished scope may only be reused for the seed pair and the evaluation split it was run
+    with (older results without ``"seeds"``: the pair whose checkpoints lie beside them; without
+    ``"eval_split"``: the test split)."""
     have = done.get("seeds")
     same = list(have) == list(seeds) if have is not None else all((scope_dir / f"seed{s}").is_dir() for s in seeds)
     if not same:
         raise ConfigError(f"{scope_dir / 'results.json'} holds the seed pair {have or 'of another run'}, not {seeds}; "
                           "give a second seed pair its own runs directory (--out)")
+    split = done.get("eval_split", "test")
+    if split != eval_split:
+        raise ConfigError(f"{scope_dir / 'results.json'} was measured on the {split} split, not {eval_split}; "
+                          "give each evaluation split its own runs directory (--out)")
 
 
 def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = True,
@@ -370,7 +379,7 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = 
         res_path = root / scope / "results.json"
         if res_path.exists():
             done = json.loads(res_path.read_text())
-            check_same_pair(done, p.seeds, root / scope)
+            check_same_pair(done, p.seeds, root / scope, p.eval_split)
             say(f"{scope}: results exist, skipping")
             results.append(done)
             continue
