@@ -19,7 +19,10 @@ method over every space of the whole-model spec and measures the LMC curve
   0.073 / 0.090 nats (40 cycled batches, 200 steps at a constant rate, ``lambda ~
   U(0.4, 0.6)``) to 0.015 / 0.013 (3000 steps: 0.024 / 0.023; ``docs/whole-model.md`` section 6).
 
-The evaluation batches (the test split of the curve) are never used to align or to select. Every
+The curve's batches come from ``protocol.eval_split``: the test split (default) is never used to
+align or to select; ``"train"`` measures the curve on the split that the models, activation and
+learned matching fit (the barrier on what the models fit), ``"val"`` on the split that learned
+matching selects on. Every
 entry has the shape of a ``variants`` entry of
 :func:`symalign.experiments.protocol.align_and_measure` (``curve``, ``function_change``,
 ``loss_barrier_ratio_percent``, ``acc_barrier_ratio_percent``, ``match``) plus
