@@ -347,7 +347,7 @@ def check_inputs(cfg: ExperimentConfig) -> None:
     fit_config(cfg.model | {"family": family}, ds, int(cfg.train.get("context", 128)))
 
 
-def check_same_pair(done: dict, seeds: list[int], scope_dir: Path, eval_split: str = "test") -> None:
+def check_reusable(done: dict, seeds: list[int], scope_dir: Path, eval_split: str) -> None:
     """A finished scope may only be reused for the seed pair and the evaluation split it was run
     with (older results without ``"seeds"``: the pair whose checkpoints lie beside them; without
     ``"eval_split"``: the test split)."""
@@ -379,7 +379,7 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = 
         res_path = root / scope / "results.json"
         if res_path.exists():
             done = json.loads(res_path.read_text())
-            check_same_pair(done, p.seeds, root / scope, p.eval_split)
+            check_reusable(done, p.seeds, root / scope, p.eval_split)
             say(f"{scope}: results exist, skipping")
             results.append(done)
             continue
