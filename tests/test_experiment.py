@@ -228,6 +228,31 @@ def test_report_pairs_table_mean_and_std(tmp_path):
     assert row["mean full %"] == pytest.approx(20.0) and row["std"] == pytest.approx(10.0)
 
 
+def test_report_has_a_seed_pairs_table_per_stage2_variant(tmp_path):
+    """`symalign report`: every stage-2 variant measured on two or more pairs gets its own seed-pairs
+    table (here `full` and `learned`), with the ratio per pair; one measured on a single pair gets none."""
+    from symalign.experiments.report import write_report
+
+    def variant(ratio):
+        return {"loss_barrier_ratio_percent": ratio, "curve": {"loss_barrier": ratio / 100, "acc_barrier": 0.0}}
+
+    for pair, full, learned in (((1, 2), 16.0, 3.5), ((3, 4), 11.0, 3.0)):
+        res = {"experiment": "e", "family": "vit", "data": "d", "pe": "rope", "scope": "all-attention",
+               "seeds": list(pair), "endpoints": {"A": {"acc": 0.9}, "B": {"acc": 0.9}},
+               "naive": {"loss_barrier": 1.0, "acc_barrier": 0.3},
+               "variants": {"full": variant(full), "learned": variant(learned)}}
+        if pair == (1, 2):
+            res["variants"]["orthogonal"] = variant(17.0)
+        d = tmp_path / f"p{pair[0]}" / "e" / "all-attention"
+        d.mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps(res))
+    text = write_report(tmp_path).read_text()
+    assert "across pairs (stage 2 `full`)" in text and "across pairs (stage 2 `learned`)" in text
+    assert "stage 2 `orthogonal`" not in text
+    learned = text.split("stage 2 `learned`")[1]
+    assert "3.5, 3.0" in learned and "16.0, 11.0" not in learned
+
+
 def test_eval_split_train_measures_the_curve_on_the_training_split(tiny_run, tmp_path, monkeypatch, capsys):
     """``--eval-split train``: the curve's endpoints are each model's own loss on the training split
     (checked by hand with cross-entropy), not the test split's; a later run in the same directory

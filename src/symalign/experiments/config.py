@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from symalign.errors import ConfigError
+from symalign.match.learned import LAM
 from symalign.models.hf import is_hf_family
 
 if sys.version_info >= (3, 11):
@@ -69,7 +70,7 @@ class Protocol:
     methods: list[str] = field(default_factory=list)
     learned_steps: int = 6000
     method_batch_size: int = 128
-    learned_lambda: list[float] = field(default_factory=lambda: [0.2, 0.8])
+    learned_lambda: list[float] = field(default_factory=lambda: list(LAM))
     eval_split: str = "test"
 
     def __post_init__(self):

@@ -21,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from symalign.atomic import atomic_path  # noqa: E402
 from symalign.atomic import write_text as _write_text_atomic  # noqa: E402
 from symalign.errors import SymalignError  # noqa: E402
+from symalign.experiments.config import VARIANTS as STAGE2_VARIANTS  # noqa: E402
 
 
 def _save_fig_atomic(fig, path: Path) -> None:
@@ -190,9 +191,10 @@ def write_report(runs_dir: str | Path, out: str | Path | None = None) -> Path:
              "Barriers are `max_t [L(t) - ((1-t) L_A + t L_B)]` on held-out data (accuracy: sign flipped); "
              "the ratio is aligned / naive in percent.\n", "## Barrier ratios (aligned / naive, %)\n",
              markdown_table(compact_rows(results)), "## All barriers\n", markdown_table(rows)]
-    pairs = pairs_table(results)
-    if pairs:
-        parts += ["## Seed pairs: the barrier ratio across pairs (full stage 2)\n", markdown_table(pairs)]
+    for variant in STAGE2_VARIANTS:
+        pairs = pairs_table(results, variant)
+        if pairs:
+            parts += [f"## Seed pairs: the barrier ratio across pairs (stage 2 `{variant}`)\n", markdown_table(pairs)]
     s1 = stage1_table(results)
     if s1:
         parts += ["## Stage 1: rank of the chosen head permutation\n", markdown_table(s1)]
