@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -251,6 +252,25 @@ def test_report_has_a_seed_pairs_table_per_stage2_variant(tmp_path):
     assert "stage 2 `orthogonal`" not in text
     learned = text.split("stage 2 `learned`")[1]
     assert "3.5, 3.0" in learned and "16.0, 11.0" not in learned
+
+
+def test_report_follows_linked_run_folders_once(tmp_path):
+    """A runs tree assembled from links to other runs directories is collected; a link cycle neither
+    loops nor counts a result twice."""
+    from symalign.experiments.report import collect
+
+    res = {"experiment": "e", "scope": "first-attention", "naive": {}, "variants": {}}
+    for pair in ("p2", "p3"):
+        d = tmp_path / pair / "e" / "first-attention"
+        d.mkdir(parents=True)
+        (d / "results.json").write_text(json.dumps(res))
+    tree = tmp_path / "all"
+    tree.mkdir()
+    for pair in ("p2", "p3"):
+        (tree / pair).symlink_to(tmp_path / pair, target_is_directory=True)
+    (tmp_path / "p2" / "loop").symlink_to(tree, target_is_directory=True)  # p2/loop -> all -> p2 ...
+    paths = [r["_path"] for r in collect(tree)]
+    assert sorted(Path(p).parts[-3] for p in paths) == ["p2", "p3"]
 
 
 def test_eval_split_train_measures_the_curve_on_the_training_split(tiny_run, tmp_path, monkeypatch, capsys):

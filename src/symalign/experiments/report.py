@@ -57,11 +57,26 @@ def plot_curves(results: dict | list[dict], path: Path, title: str | None = None
     return path
 
 
+def _result_files(root: Path) -> list[Path]:
+    """Every ``results.json`` below ``root``, sorted, following linked folders (a runs tree assembled
+    from links to other runs directories) but entering each real folder once (no link cycles)."""
+    found, seen = [], set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        if "results.json" in filenames:
+            found.append(Path(dirpath) / "results.json")
+    return sorted(found)
+
+
 def collect(runs_dir: Path) -> list[dict]:
-    """Every scope's ``results.json`` under ``runs_dir`` (any depth), sorted by path, then the results of a
+    """Every scope's ``results.json`` under ``runs_dir`` (any depth, linked folders too), sorted by path, then the results of a
     sweep store ``runs_dir/sweep.sqlite`` (if any) that no results.json already gave."""
     out = []
-    for p in sorted(Path(runs_dir).rglob("results.json")):
+    for p in _result_files(Path(runs_dir)):
         try:
             res = json.loads(p.read_text())
         except json.JSONDecodeError as exc:
