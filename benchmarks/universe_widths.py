@@ -82,7 +82,7 @@ def _eval(model: nn.Module, state: dict, batches) -> dict:
 
 
 def universe_experiment(models: list[nn.Module], batches, probe_x: Tensor, *, rounds: int, learned_steps: int,
-                        learned_lr: float, train_stream=None, select_batches=None) -> dict:
+                        learned_lr: float, train_stream=None, select_batches=None, alpha: float = 0.1) -> dict:
     """Section 1 of the module docstring; ``models`` are the trained (not rewritten) models."""
     from symalign.match.universe import match_universe, mean_state
     from symalign.rewrite import rewrite_model
@@ -109,7 +109,7 @@ def universe_experiment(models: list[nn.Module], batches, probe_x: Tensor, *, ro
 
         _log(f"learned-many refinement, {learned_steps} steps ...")
         res = learn_many(rw, train_stream, steps=learned_steps, lr=learned_lr, init=uni,
-                         select_batches=select_batches)
+                         select_batches=select_batches, alpha=alpha)
         d = res.to_dict()
         d.pop("losses")
         out["learned-many"] = {**_eval(arch, res.merged, batches), **d,
@@ -219,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="universe-matching rounds")
     p.add_argument("--learned-steps", type=int, default=0, help="learn_many steps (0: skip)")
     p.add_argument("--learned-lr", type=float, default=1e-2)
+    p.add_argument("--alpha", type=float, default=0.1,
+                   help="Dirichlet concentration of learn_many (seed 002: 0.1; 1 = uniform on the simplex)")
     p.add_argument("--batch-size", type=int, default=128, help="training batch size of learn_many")
     p.add_argument("--select-batches", type=int, default=8, help="validation batches for learn_many's selection")
     p.add_argument("--seed", type=int, default=12345, help="training-stream seed of learn_many")
@@ -258,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         val = list(eval_batches(ds, "val", args.batch_size))[:args.select_batches]
         res["universe"] = {"names": names, **universe_experiment(
             same, batches, probe_x, rounds=args.rounds, learned_steps=args.learned_steps,
-            learned_lr=args.learned_lr, train_stream=stream, select_batches=val)}
+            learned_lr=args.learned_lr, train_stream=stream, select_batches=val,
+            alpha=args.alpha)}
     if wide is not None and narrow is not None:
         res["widths"] = {"wide": args.wide or "tiny-wide", "narrow": args.narrow or "tiny-1",
                          **width_experiment(wide, narrow, batches, probe_x, points=args.points)}

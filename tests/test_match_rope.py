@@ -124,3 +124,21 @@ def test_orthogonal_mode_is_unit_modulus_and_not_better_than_full():
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.mark.parametrize("rotary_fraction", [1.0, 0.5])
+def test_stage2_none_reports_the_identity_objective(rotary_fraction):
+    """With ``stage2="none"`` the transform is the identity, so the reported Q-K distance after
+    stage 2 must equal the one after stage 1 (it used to report the orthogonal optimum)."""
+    from symalign.match import align_models
+    from symalign.nn import AttentionConfig, MultiHeadAttention
+
+    torch.manual_seed(0)
+    cfg = AttentionConfig(d_model=32, n_heads=2, pe="rope", rotary_fraction=rotary_fraction)
+    a, b = MultiHeadAttention(cfg).double(), MultiHeadAttention(cfg).double()
+    res = align_models(a, b, stage2="none")
+    for d in res.layers:
+        assert d.qk_after == pytest.approx(d.qk_stage1, rel=1e-12)
+        assert d.vo_after == pytest.approx(d.vo_stage1, rel=1e-12)
+    orth = align_models(a, b, stage2="orthogonal")
+    assert sum(orth.layers[0].qk_after) < sum(res.layers[0].qk_after)

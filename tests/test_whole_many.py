@@ -39,7 +39,7 @@ def test_three_model_refinement_is_exact_and_not_above_universe(tmp_path, family
     spec = ms[0].symmetry_spec()
     data = _data(ms[0].cfg, 2)
     uni = match_universe(ms, rounds=2, max_iter=3, stage2="orthogonal")
-    res = learn_many(ms, data, steps=10, lr=0.02, init=uni)
+    res = learn_many(ms, data, steps=10, lr=0.02, init=uni, alpha=1.0)  # uniform on the simplex
     assert len(res.transforms) == 3 and len(res.losses) == 10
     x = inputs(ms[0].cfg)
     for m, t in zip(ms, res.transforms):
@@ -102,3 +102,14 @@ def test_bad_input():
         learn_many(ms, data, alpha=0.0)
     with pytest.raises(MatchError, match="schedule"):
         learn_many(ms, data, schedule="step")
+
+
+def test_default_dirichlet_concentration_is_seed_002s():
+    """The default draws ``w ~ Dirichlet(0.1 1_M)`` (seed 002's value), recorded in the notes; the
+    never-above-universe guarantee holds with it."""
+    ms = _models("vit", "rope")
+    data = _data(ms[0].cfg, 2)
+    uni = match_universe(ms, rounds=1, max_iter=3, stage2="orthogonal")
+    res = learn_many(ms, data, steps=4, lr=0.02, init=uni)
+    assert any("alpha=0.1" in n for n in res.notes)
+    assert _uniform_merge_loss(ms, res.transforms, data)[0] <= _uniform_merge_loss(ms, uni.transforms, data)[0]

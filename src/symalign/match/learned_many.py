@@ -78,7 +78,7 @@ class ManyLearned:
 
 
 def learn_many(models: Sequence[nn.Module], batches: BatchSource, *, steps: int = 50, lr: float = 1e-2,
-               schedule: str = "cosine", warmup: int = 0, alpha: float = 1.0, init: UniverseMatch | None = None,
+               schedule: str = "cosine", warmup: int = 0, alpha: float = 0.1, init: UniverseMatch | None = None,
                rounds: int = 3, loss: LossFn | None = None, spaces: Sequence[str] | None = None,
                select_batches: Iterable[Batch] | None = None, select_n: int = 8,
                checkpoint: str | Path | None = None, save_every: int = 10,
@@ -90,7 +90,10 @@ def learn_many(models: Sequence[nn.Module], batches: BatchSource, *, steps: int 
             non-empty iterable (cycled).
         steps, lr, schedule, warmup: Adam steps, peak learning rate, ``"cosine"`` or ``"constant"``,
             warm-up steps (:func:`symalign.match.learned.lr_factor`).
-        alpha: Dirichlet concentration (1: uniform on the simplex).
+        alpha: Dirichlet concentration. The default 0.1 is seed 002's: most draws sit near a
+            vertex or an edge of the simplex, so the objective covers the whole segment between
+            models; ``alpha=1`` is uniform on the simplex (this module's default before
+            2026-12; the universe-widths rows in docs/whole-model.md ran with it).
         select_batches: held-out batches on which the merge is compared with the universe merge
             (default: the training sequence, or the first ``select_n`` batches of a stream).
         init: a universe-matching result (default: ``match_universe(models, rounds=rounds, **match_kw)``).

@@ -86,6 +86,13 @@ class PlaneProblem:
         """``f`` at the best angle for ``t``: ``||zQ_A||^2 + ||zK_A||^2 + g(t)``."""
         return self.a2 + self.b2 + self.g(t)
 
+    def objective_at(self, t: Tensor, phi: Tensor) -> Tensor:
+        """``f(c)`` at ``c = e^{t + i phi}`` (any angle, not only the best one):
+        ``||zQ_A||^2 + ||zK_A||^2 + p r^2 + q r^{-2} - 2 Re(e^{i phi} (r alpha + beta / r))``."""
+        r = t.exp()
+        cross = (torch.polar(torch.ones_like(phi), phi) * (r * self.alpha + self.beta / r)).real
+        return self.a2 + self.b2 + self.p * r ** 2 + self.q / r ** 2 - 2 * cross
+
     def phase(self, t: Tensor) -> Tensor:
         """Best angle ``phi = -arg(r alpha + beta / r)``."""
         r = t.exp()
@@ -240,5 +247,5 @@ def solve_rope(g: Grams, group: RotaryPlanes, mode: str = "full", *, max_cond: f
         u = group.from_planes(t.exp() * phi.cos(), t.exp() * phi.sin(), rest)
         cond = condition(u)
         fallback = fallback | ill
-    f_planes = pp.objective(t).sum(-1)
+    f_planes = pp.objective_at(t, phi).sum(-1)  # at the element returned (the identity for "none")
     return RopeSolution(u, f_planes + f_rest, iters, conv, cond, fallback, t=t, phi=phi)
