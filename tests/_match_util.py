@@ -49,13 +49,3 @@ def rel(a: dict, b: dict, keys=None) -> float:
     return (num / den) ** 0.5
 
 
-import pytest  # noqa: E402
-
-
-@pytest.fixture(autouse=False)
-def single_thread():
-    """Small tensors: one intra-op thread avoids oversubscription on a shared machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)

@@ -49,18 +49,6 @@ def rel_state(a: dict, b: dict) -> float:
     return rel(a, b)
 
 
-import pytest  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread (2 threads on a loaded 2-core machine are ~100x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def check_whole_model_scopes(results: list[dict]) -> None:
     """The protocol's first-block and full scopes on one model pair: first-block aligns exactly the
     attention and FF spaces of block 0, full adds the residual stream and every later block, and

@@ -118,14 +118,17 @@ def test_stage_options_and_force(tmp_path, capsys, monkeypatch):
     a, b, da, db = save_pair(tmp_path, "gpt2")
     out = tmp_path / "OUT"
     code, stdout, err = run_cli([da, db, "-o", out, "--stage2", "none", "--no-stage1"], capsys, monkeypatch)
-    assert code == 0, err and "attention distance" in stdout
+    assert code == 0, err
+    assert "attention distance" in stdout
+    first = (out / "model.safetensors").read_bytes()
     code, _, err = run_cli([da, db, "-o", out], capsys, monkeypatch)
     assert code == 2 and "--force" in err
+    assert (out / "model.safetensors").read_bytes() == first  # the refusal left OUT untouched
     code, stdout, err = run_cli([da, db, "-o", out, "--force", "--json", "--stage2", "orthogonal"], capsys, monkeypatch)
     assert code == 0, err
     assert json.loads(stdout)["stage2"] == "orthogonal"
-    assert _nothing_written(tmp_path, "OUT_") and (out / "model.safetensors").is_file()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".OUT.")]
+    assert (out / "model.safetensors").read_bytes() != first  # replaced by the new alignment
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".OUT.")]  # no temporary folder left
 
 
 def _corrupt(kind: str, da: Path, db: Path, tmp: Path) -> tuple[list, str]:

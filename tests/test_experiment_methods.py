@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _whole_util import model, one_thread  # noqa: F401  (autouse fixture)
+from _whole_util import model
 from test_whole_learned import _Stream, _data
 
 from symalign import lmc

@@ -20,7 +20,7 @@ pytest.importorskip("transformers")
 
 from hf_tiny import randomize  # noqa: E402
 from _whole_util import check_whole_model_scopes  # noqa: E402
-from _match_util import rel, single_thread  # noqa: E402,F401
+from _match_util import rel  # noqa: E402
 
 from symalign.checkpoint import load_model, save_checkpoint  # noqa: E402
 from symalign.data import load_dataset  # noqa: E402
@@ -119,7 +119,7 @@ def test_config_fits_the_data_and_round_trips(family):
 
 
 @pytest.mark.parametrize("family", list(TINY))
-def test_seeded_build_trains_and_checkpoint_round_trips_exactly(family, tmp_path, single_thread):
+def test_seeded_build_trains_and_checkpoint_round_trips_exactly(family, tmp_path):
     cfg = fitted(family)
     a, a2, b = build_model(cfg, 0), build_model(cfg, 0), build_model(cfg, 1)
     sa, sb = a.state_dict(), b.state_dict()
@@ -168,7 +168,7 @@ def test_reinit_touches_exactly_the_scope(family, scope):
 
 
 @pytest.mark.parametrize("family", list(TINY))
-def test_planted_recovery_through_the_adapter(family, single_thread):
+def test_planted_recovery_through_the_adapter(family):
     """B = g . A for a random g of the all-attention group: B computes A's function, and
     matching B to A recovers A (<= 1e-8 relative in float64)."""
     model = build_model(fitted(family), 0)
@@ -191,7 +191,7 @@ def test_planted_recovery_through_the_adapter(family, single_thread):
 
 @pytest.mark.parametrize("scope", ["first-block", "full"])
 @pytest.mark.parametrize("family", list(TINY))
-def test_planted_whole_model_recovery(family, scope, single_thread):
+def test_planted_whole_model_recovery(family, scope):
     """first-block / full through match/hfmodel.py's whole-model spec (full: in its rewritten
     coordinates, where the residual stream has its group: O(D), O_1(D) or S_D)."""
     assert whole_supported(family)
@@ -244,7 +244,7 @@ def _keys(res: dict) -> tuple:
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "bert", "vit", "roformer", "modernbert"])
-def test_run_experiment_writes_the_builtin_results(family, builtin_result, tmp_path, single_thread):
+def test_run_experiment_writes_the_builtin_results(family, builtin_result, tmp_path):
     device = "auto" if family == "vit" else "cpu"  # auto: the GPU when there is one (here: the CPU)
     (res,) = run_experiment(parse_config(experiment(family, device=device)), tmp_path, progress=False)
     on_disk = json.loads((tmp_path / f"hf-{family}" / "all-attention" / "results.json").read_text())
@@ -262,7 +262,7 @@ def test_run_experiment_writes_the_builtin_results(family, builtin_result, tmp_p
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_run_experiment_whole_model_scopes(family, tmp_path, single_thread):
+def test_run_experiment_whole_model_scopes(family, tmp_path):
     """first-block and full through run_experiment: Llama (GQA, RMSNorm folded: O(D)) and GPT-2 (LayerNorm
     folded, head untied: O_1(D)); the other families' whole-model specs are covered by the planted tests."""
     cfg = experiment(family, scopes=["first-block", "full"], variants=["full"])

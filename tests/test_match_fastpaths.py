@@ -8,7 +8,6 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from _match_util import single_thread  # noqa: F401
 
 from _match_util import make_stack, state
 from symalign.match import match_attention

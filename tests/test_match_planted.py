@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 
-from _match_util import single_thread  # noqa: F401
 
 from _match_util import make_stack, rel, state
 from symalign.match import align_models, match_attention
@@ -107,4 +106,3 @@ def test_ablations_order_and_identity_when_off():
     assert d["full"] <= d["orthogonal"] <= d["none"]
 
 
-pytestmark = pytest.mark.usefixtures("single_thread")

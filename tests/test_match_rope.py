@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from _match_util import single_thread  # noqa: F401
 from scipy.optimize import minimize
 
 from symalign.groups import RotaryPlanes
@@ -123,7 +122,6 @@ def test_orthogonal_mode_is_unit_modulus_and_not_better_than_full():
         assert (pp.objective(torch.zeros_like(pp.p))[:, j] <= fs.min(0).values + 1e-9).all()
 
 
-pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.mark.parametrize("rotary_fraction", [1.0, 0.5])

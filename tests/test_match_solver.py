@@ -8,7 +8,6 @@ import warnings
 import pytest
 import torch
 
-from _match_util import single_thread  # noqa: F401
 
 from _match_util import make_stack, state
 from symalign.errors import MatchError
@@ -131,4 +130,3 @@ def test_bad_inputs_raise_match_error_naming_the_layer():
         match_attention(spec_r, ra, rb)
 
 
-pytestmark = pytest.mark.usefixtures("single_thread")

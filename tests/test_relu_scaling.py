@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize_scalar
 
-from _whole_util import inputs, model, one_thread, rel_out, rel_state  # noqa: F401  (one_thread: autouse)
+from _whole_util import inputs, model, rel_out, rel_state
 from symalign.errors import GroupError
 from symalign.groups import Permutation, PositiveMonomial
 from symalign.match.ff import assign, match_monomial, positive_scales, scale_objective

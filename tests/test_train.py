@@ -21,7 +21,6 @@ GPT = dict(family="gpt", d_model=16, n_layers=1, n_heads=2, d_ff=32, pe="learned
 @pytest.fixture(autouse=True)
 def _setup(tmp_path, monkeypatch):
     monkeypatch.setenv("SYMALIGN_CACHE", str(tmp_path / "cache"))
-    torch.set_num_threads(1)
 
 
 def _run(out, steps=6, stop_at=None, resume=False, model=VIT, data="synthetic", lr=3e-3, **opts):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _whole_util import inputs, model, rel_out, rel_state, one_thread  # noqa: F401  (autouse fixture)
+from _whole_util import inputs, model, rel_out, rel_state
 
 from symalign.errors import MatchError
 from symalign.match.activations import match_activations

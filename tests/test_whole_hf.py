@@ -13,7 +13,6 @@ import torch
 
 from hf_tiny import inputs, make_model, output, rel
 from _cli_util import run_symalign
-from _whole_util import one_thread  # noqa: F401  (autouse fixture)
 
 from symalign.arch import get_adapter
 from symalign.match.hfmodel import prepare

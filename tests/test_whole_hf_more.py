@@ -17,7 +17,6 @@ import torch
 
 from hf_tiny import T, config, inputs, randomize, rel
 from _cli_util import run_symalign
-from _whole_util import one_thread  # noqa: F401  (autouse fixture)
 
 from symalign import hf_io
 from symalign.arch import get_adapter

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from _whole_util import inputs, model, rel_out, rel_state, one_thread  # noqa: F401  (autouse fixture)
+from _whole_util import inputs, model, rel_out, rel_state
 
 from symalign.errors import MatchError
 from symalign.groups import PerHead

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from _whole_util import inputs, model, rel_out, one_thread  # noqa: F401  (autouse fixture)
+from _whole_util import inputs, model, rel_out
 from test_whole_learned import _Stream, _data
 
 from symalign.errors import MatchError

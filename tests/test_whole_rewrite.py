@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from _whole_util import FAMILIES, PES, config, inputs, model, rel_out, one_thread  # noqa: F401  (autouse fixture)
+from _whole_util import FAMILIES, PES, config, inputs, model, rel_out
 
 from symalign.errors import ConfigError
 from symalign.groups import Orthogonal

@@ -6,7 +6,7 @@ import pytest
 import scipy.linalg
 import torch
 
-from _whole_util import FAMILIES, config, inputs, model, rel_out, rel_state, one_thread  # noqa: F401  (autouse fixture)
+from _whole_util import FAMILIES, config, inputs, model, rel_out, rel_state
 
 from symalign.groups import random_orthogonal
 from symalign.match.residual import FixingOrthogonal, procrustes, stabiliser

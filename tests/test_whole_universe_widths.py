@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from _whole_util import inputs, model, rel_out, rel_state, one_thread  # noqa: F401  (autouse fixture)
+from _whole_util import inputs, model, rel_out, rel_state
 
 from symalign.errors import MatchError
 from symalign.match.universe import load_merged, match_universe, save_merged
