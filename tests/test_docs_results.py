@@ -1,0 +1,78 @@
+"""Tables in README.md and docs/ are renderings of committed result files (``make results-docs``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from symalign.errors import ConfigError
+from symalign.experiments.docs_tables import blocks, make_table, render_file, stale_blocks
+from symalign.provenance import provenance
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_docs_table_matches_its_result_file():
+    assert not stale_blocks(ROOT), "run `make results-docs` (symalign docs) and commit the docs"
+
+
+def test_every_result_file_records_its_provenance():
+    for path in sorted((ROOT / "results").glob("*.json")):
+        prov = json.loads(path.read_text()).get("provenance") or {}
+        for key in ("commit", "command", "threads", "versions", "machine", "date"):
+            assert prov.get(key) is not None, f"{path.name}: provenance has no {key!r}"
+
+
+def _repo(tmp_path: Path) -> Path:
+    (tmp_path / "results").mkdir()
+    (tmp_path / "docs").mkdir()
+    table = make_table([{"name": "rope", "ratio": 37.21}, {"name": "sin", "ratio": None}],
+                       [("name", "encoding"), ("ratio", "ratio %", ".1f")])
+    res = {"provenance": provenance("symalign demo", threads=1, seed_pairs=1), "tables": {"main": table}}
+    (tmp_path / "results" / "r.json").write_text(json.dumps(res))
+    (tmp_path / "README.md").write_text("# x\n\n<!-- results: results/r.json table=main -->\nold\n<!-- /results -->\n")
+    (tmp_path / "docs" / "a.md").write_text("no tables here\n")
+    return tmp_path
+
+
+def test_render_then_check_and_a_changed_number_fails(tmp_path):
+    root = _repo(tmp_path)
+    assert stale_blocks(root) == ["README.md: results/r.json table=main"]
+    assert render_file(root / "README.md", root) and not render_file(root / "README.md", root)
+    text = (root / "README.md").read_text()
+    assert "| rope | 37.2 |" in text and "| sin | - |" in text and "1 seed pair" in text and "1 thread" in text
+    assert stale_blocks(root) == [] and blocks(root) == [("README.md", "results/r.json", "main")]
+    res = json.loads((root / "results" / "r.json").read_text())
+    res["tables"]["main"]["rows"][0]["ratio"] = 37.31
+    (root / "results" / "r.json").write_text(json.dumps(res))
+    assert stale_blocks(root) == ["README.md: results/r.json table=main"]
+
+
+def test_bad_blocks_are_named(tmp_path):
+    root = _repo(tmp_path)
+    (root / "README.md").write_text("<!-- results: results/none.json table=main -->\n<!-- /results -->\n")
+    with pytest.raises(ConfigError, match="results/none.json"):
+        stale_blocks(root)
+    (root / "README.md").write_text("<!-- results: results/r.json table=other -->\n<!-- /results -->\n")
+    with pytest.raises(ConfigError, match="no table 'other'"):
+        stale_blocks(root)
+    with pytest.raises(ConfigError, match="column key"):
+        make_table([{"a": 1}], [("b", "B")])
+
+
+def test_cli_check_and_write(tmp_path):
+    from typer.testing import CliRunner
+
+    from symalign.cli import app
+
+    root = _repo(tmp_path)
+    r = CliRunner().invoke(app, ["docs", "--root", str(root), "--check"])
+    assert r.exit_code == 1 and "stale: README.md" in r.output
+    r = CliRunner().invoke(app, ["docs", "--root", str(root)])
+    assert r.exit_code == 0 and "changed: README.md" in r.output
+    assert CliRunner().invoke(app, ["docs", "--root", str(root), "--check"]).exit_code == 0
+    shutil.rmtree(root / "results")
+    assert CliRunner().invoke(app, ["docs", "--root", str(root), "--check"]).exit_code != 0
