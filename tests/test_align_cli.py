@@ -82,6 +82,7 @@ def test_planted_recovery(family, tmp_path, capsys, monkeypatch):
         assert set(f.keys()) == set(g.keys())
 
 
+@pytest.mark.slow
 def test_float64_subprocess_exact(tmp_path):
     """One true subprocess run, float64 Llama (GQA + RoPE): OUT == B to 1e-9, == A to 1e-9."""
     a, b, da, db = save_pair(tmp_path, "llama", dtype=torch.float64)
@@ -187,6 +188,7 @@ def test_bad_pairs_and_paths(tmp_path, capsys, monkeypatch):
     assert _nothing_written(tmp_path, "OUT")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scope", ["attention", "model"])
 def test_output_that_changes_b_is_refused_and_old_out_kept(scope, tmp_path, capsys, monkeypatch):
     """The check before writing: if OUT would not compute B's function (here: the check is told

@@ -14,6 +14,8 @@ from symalign.errors import SymalignError
 from symalign.experiments import parse_config, run_experiment
 from symalign.experiments.report import write_report
 
+pytestmark = pytest.mark.slow  # trains models / starts Ray: `pytest -m "not slow"` skips it
+
 TINY = {
     "name": "tiny",
     "data": "digits",

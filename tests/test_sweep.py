@@ -19,6 +19,8 @@ from symalign.errors import ConfigError, SymalignError
 from symalign.experiments.sweep import (STORE_FILE, ResultsStore, load_grid, parse_grid, read_rows, run_sweep,
                                         stored_results)
 
+pytestmark = pytest.mark.slow  # trains models / starts Ray: `pytest -m "not slow"` skips it
+
 ROOT = Path(__file__).parent.parent
 TINY = ROOT / "configs" / "grids" / "tiny.toml"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,6 +36,7 @@ def _rel_change(layer, x, state, new_state) -> float:
     return float((y1 - y0).norm() / y0.norm())
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(pe=st.sampled_from(PES), seed=st.integers(0, 10_000), bias=st.booleans(), kv=st.sampled_from([1, 2, 4]))
 def test_declared_group_is_exact(pe, seed, bias, kv):
