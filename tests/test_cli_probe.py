@@ -85,7 +85,7 @@ def test_probe_api_without_parameters():
 def test_tour_writes_json_atomically(monkeypatch, capsys, tmp_path):
     import importlib
 
-    P = importlib.import_module("symalign.probe")  # the module (symalign.probe is the function)
+    P = importlib.import_module("symalign.probe")
 
     full_tour = P.probe_tour
 
