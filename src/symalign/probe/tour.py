@@ -82,5 +82,7 @@ def probe_tour(d_model: int = 8, n_heads: int = 2, head_dim: int = 4, seq_len: i
                          "predicted": res.predicted, "breakdown": res.breakdown, "parameters": res.parameters,
                          "outputs": res.outputs, "singular_value_gap": res.to_dict()["singular_value_gap"],
                          "group": res.group, "head_permutations_preserved": res.head_permutations_preserved,
-                         "match": res.match, "seconds": round(res.seconds, 3)})
+                         "near_null": res.near_null, "smallest_kept": res.smallest_kept,
+                         "largest_null": res.largest_null, "rope_planes": res.rope_planes,
+                         "slow_planes": res.slow_planes, "match": res.match, "seconds": round(res.seconds, 3)})
     return rows
