@@ -49,6 +49,16 @@ def test_help(monkeypatch, capsys, command):
     (["--pe", "rope", "--pairing", "diagonal"], "pairing"),
     (["--method", "svd"], "method"),
     (["--seq-len", "1"], "seq-len"),
+    (["--head-dim", "0"], "--head-dim must be a positive integer"),                       # was ZeroDivisionError
+    (["--head-dim", "-2"], "--head-dim must be a positive integer"),                      # was a RuntimeError
+    (["--kv-heads", "0"], "--kv-heads must be a positive integer"),                       # was "must divide"
+    (["--pe", "none", "--rotary-fraction", "0.5"], "--rotary-fraction applies only to RoPE"),  # was ignored
+    (["--pe", "alibi", "--pairing", "interleaved"], "--pairing applies only to RoPE"),     # was ignored
+    (["--layer", "1"], "only with --hf"),
+    (["--hf", "llama", "--pe", "rope"], "--pe describes the reference layer"),
+    (["--hf", "no-such-family"], "neither a checkpoint folder nor a transformers model_type"),
+    (["--hf", "llama", "--layer", "7"], "out of range"),
+    (["--hf", "llama", "--layer", "-1"], "--layer must be >= 0"),
 ])
 def test_bad_input_one_line_exit_2(monkeypatch, capsys, args, needle):
     code, out, err = run_main(monkeypatch, capsys, "probe", *args)
@@ -82,10 +92,46 @@ def test_probe_api_without_parameters():
         probe(nn.Identity(), torch.randn(2, 3))
 
 
+@pytest.mark.parametrize("sub", ["", "sub"])
+def test_tour_out_existing_file_is_one_line_before_work(monkeypatch, capsys, tmp_path, sub):
+    """``tour --out FILE`` (or a path under a file) was a traceback after the whole tour; now exit 2 first."""
+    import importlib
+
+    P = importlib.import_module("symalign.probe")
+
+    def no_work(**kw):
+        raise AssertionError("the tour ran before --out was checked")
+
+    monkeypatch.setattr(P, "probe_tour", no_work)
+    target = tmp_path / "a-file"
+    target.write_text("keep me")
+    code, out, err = run_main(monkeypatch, capsys, "tour", "--out", str(target / sub if sub else target))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "existing file" in err and "Traceback" not in err
+    assert target.read_text() == "keep me"
+
+
+def test_probe_hf_json(monkeypatch, capsys):
+    """#19 item 4: ``probe --hf llama --json`` -- the real layer's nullity beside the adapter's declared dimension."""
+    pytest.importorskip("transformers")
+    code, out, _ = run_main(monkeypatch, capsys, "probe", "--hf", "llama", "--json")
+    assert code == 0
+    row = json.loads(out)["probes"][0]
+    assert row["family"] == "Llama" and row["site"] == "attention" and row["layer"] == 0
+    assert row["nullity"] == row["declared"] == row["expected"] == 2 * 4 + 2 * 16 and row["match"] is True
+    assert row["ad"] == "both" and "softmax(dtype=float32)" in row["upcasts"]
+    assert set(row["near_null"]) == {"1e-3", "1e-4"} and len(row["rope_planes"]) == 2
+
+
+def test_probe_hf_table(monkeypatch, capsys):
+    pytest.importorskip("transformers")
+    code, out, _ = run_main(monkeypatch, capsys, "probe", "--hf", "gpt2")
+    assert code == 0 and "declared by the adapter" in out and "key_bias 16" in out and "match" in out
+
+
 def test_tour_writes_json_atomically(monkeypatch, capsys, tmp_path):
     import importlib
 
-    P = importlib.import_module("symalign.probe")  # the module (symalign.probe is the function)
+    P = importlib.import_module("symalign.probe")
 
     full_tour = P.probe_tour
 

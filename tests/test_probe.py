@@ -127,11 +127,109 @@ def test_probe_tour_subset():
     assert [r["head_permutations_preserved"] for r in rows] == [True, False]
 
 
-def test_package_level_probe_is_the_function():
+def test_import_symalign_probe_is_the_module():
+    """``import symalign.probe`` gives the module (#18/#24), whose ``probe`` is the function."""
     import importlib
+    import inspect
 
     import symalign
+    import symalign.probe
 
-    importlib.import_module("symalign.probe")  # importing the submodule must not rebind the name
+    assert inspect.ismodule(symalign.probe) and inspect.ismodule(importlib.import_module("symalign.probe"))
+    assert symalign.probe is importlib.import_module("symalign.probe")
     lin = nn.Linear(2, 2, bias=False)
-    assert symalign.probe(lin, torch.randn(5, 2), method="dense").nullity == 0
+    assert symalign.probe.probe(lin, torch.randn(5, 2), method="dense").nullity == 0
+    for name in symalign.probe.__all__:
+        assert getattr(symalign.probe, name) is not None, name
+
+
+class _Scaled(nn.Module):
+    """``y = x * (w * c)``: singular values proportional to ``c`` (one tensor, so equilibration keeps ratios)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(len(c), dtype=torch.float64))
+        self.register_buffer("c", torch.tensor(c, dtype=torch.float64))
+
+    def forward(self, x):
+        return x * (self.w * self.c)
+
+
+@pytest.mark.parametrize("tiny,nullity", [(1e-13, 1), (1e-6, 0)])
+def test_clean_gap_is_counted(tiny, nullity):
+    res = probe(_Scaled([1.0, 0.5, tiny]), torch.ones(4, 3, dtype=torch.float64), method="dense")
+    assert res.nullity == nullity
+
+
+@pytest.mark.parametrize("tiny", [3e-9, 1e-10, 5e-8])
+def test_no_clean_gap_is_refused(tiny):
+    """A singular value within 100x of the cut (1e-9): refused, naming the value and the gap, no nullity."""
+    from symalign.probe import AmbiguousSpectrumError
+
+    with pytest.raises(AmbiguousSpectrumError, match=r"no clean gap.*1 lie between 1\.0e-11 and 1\.0e-07") as exc:
+        probe(_Scaled([1.0, 0.5, tiny]), torch.ones(4, 3, dtype=torch.float64), method="dense")
+    assert f"({tiny:.1e})" in str(exc.value)
+    assert "anywhere from 0 to 1" in str(exc.value)
+
+
+def test_near_null_counts():
+    res = probe(_Scaled([1.0, 0.5, 5e-4, 5e-5, 1e-14]), torch.randn(6, 5, dtype=torch.float64), method="dense")
+    assert res.nullity == 1 and res.near_null == {"1e-3": 2, "1e-4": 1}
+    assert res.largest_null < 1e-12 and 1e-5 < res.smallest_kept < 1e-4
+
+
+def test_rope_near_null_spectrum_and_slow_planes():
+    """#23 item 5: d_h=16, T=17 RoPE head -- exact nullity 272 as predicted, plus the near-null spectrum."""
+    cfg = AttentionConfig(d_model=16, n_heads=1, head_dim=16, pe="rope")
+    res = probe_attention(cfg, 17, method="dense")
+    assert res.nullity == res.predicted == 16 * 16 + 16
+    d = res.to_dict()
+    planes = d["rope_planes"]
+    assert len(planes) == 8 and all(abs(p["angle"] - 16 * 10000 ** (-2 * p["plane"] / 16)) < 1e-12 for p in planes)
+    assert d["slow_planes"] == sum(p["angle"] < 0.1 for p in planes) == 3
+    assert d["near_null"]["1e-3"] >= d["near_null"]["1e-4"] > 0
+    none = probe_attention(AttentionConfig(d_model=16, n_heads=1, head_dim=16, pe="none"), 17, method="dense")
+    assert none.near_null["1e-3"] == 0 and none.rope_planes is None
+
+
+def _llama_attention():
+    """Hugging Face Llama attention (D=8, 2 heads, d_h=4, RoPE, eager) with its rotary module, built offline."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
+
+    cfg = transformers.LlamaConfig(hidden_size=8, num_attention_heads=2, num_key_value_heads=2, head_dim=4,
+                                   num_hidden_layers=1, intermediate_size=16, vocab_size=16)
+    cfg._attn_implementation = "eager"
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn, self.rot = LlamaAttention(cfg, 0), LlamaRotaryEmbedding(cfg)
+
+        def forward(self, x):
+            pos = torch.arange(x.shape[1])[None].expand(x.shape[0], -1)
+            return self.attn(x, position_embeddings=self.rot(x, pos), attention_mask=None)[0]
+
+    torch.manual_seed(0)
+    return Layer().double(), torch.randn(20, 6, 8, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("ad", ["forward", "reverse", "both"])
+def test_hf_llama_attention_nullity_is_40(ad):
+    """#19 item 5: eager softmax runs in float32; computed in float64 the null space is 32 (V-O) + 8 (H on Q-K)."""
+    layer, x = _llama_attention()
+    res = probe(layer, x, method="dense", ad=ad, check_heads=False)
+    assert res.nullity == 2 * 16 + 2 * 4 == 40
+    assert res.largest_null < 1e-13 and res.singular_value_gap > 1e9
+    assert any("softmax" in u for u in res.upcasts)
+
+
+def test_hf_llama_in_float32_arithmetic_is_refused_not_miscounted(monkeypatch):
+    """Without the float64 upcast the forward-mode spectrum has 8 values at ~1e-9: refused (was: nullity 32)."""
+    from symalign.probe import AmbiguousSpectrumError, Float64Mode
+
+    monkeypatch.setattr(Float64Mode, "__torch_function__",
+                        lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {})))
+    layer, x = _llama_attention()
+    with pytest.raises(AmbiguousSpectrumError, match=r"8 lie between .* anywhere from 32 to 40"):
+        probe(layer, x, method="dense", check_heads=False)

@@ -1,4 +1,9 @@
-"""``symalign probe``: measure the symmetry group of one attention layer and compare with theory."""
+"""``symalign probe``: measure the symmetry group of one attention layer and compare with theory.
+
+Two subjects: the reference layer (``--pe``, ``--d-model``, ...), compared with the
+predicted dimension; or a Hugging Face family's real layer (``--hf``), compared with
+the dimension its adapter declares.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,31 @@ import typer
 from symalign.errors import ConfigError
 from symalign.nn.attention import POSITIONAL_ENCODINGS
 
+REFERENCE_DEFAULTS = {"--pe": "none", "--d-model": 8, "--heads": 2, "--head-dim": None, "--kv-heads": None,
+                      "--rotary-fraction": None, "--pairing": None, "--bias": False, "--causal": False,
+                      "--seq-len": 8, "--batch": None}
+"""The reference-layer options and their defaults (``--hf`` refuses any of them set)."""
+
 
 def build_config(pe: str, d_model: int, heads: int, head_dim: int | None, kv_heads: int | None,
-                 rotary_fraction: float, pairing: str, bias: bool, causal: bool, seq_len: int):
-    """The :class:`AttentionConfig` of a probe (``max_len = seq_len``: no unused learned PE rows)."""
+                 rotary_fraction: float | None, pairing: str | None, bias: bool, causal: bool, seq_len: int):
+    """The :class:`AttentionConfig` of a probe (``max_len = seq_len``: no unused learned PE rows).
+
+    Every option is checked here, before any work: positive sizes, RoPE-only options
+    only with ``--pe rope`` (never silently ignored).
+    """
     from symalign.nn.attention import AttentionConfig
 
+    for flag, value in (("--d-model", d_model), ("--heads", heads), ("--head-dim", head_dim),
+                        ("--kv-heads", kv_heads)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag} must be a positive integer, got {value}")
+    if pe != "rope":
+        for flag, value in (("--rotary-fraction", rotary_fraction), ("--pairing", pairing)):
+            if value is not None:
+                raise ConfigError(f"{flag} applies only to RoPE; add --pe rope or drop {flag} (--pe is {pe!r})")
+    pairing = "half" if pairing is None else pairing
+    rotary_fraction = 1.0 if rotary_fraction is None else rotary_fraction
     if pairing not in ("half", "interleaved"):
         raise ConfigError(f"unknown --pairing {pairing!r}; use half or interleaved")
     if seq_len < 2:
@@ -22,6 +46,23 @@ def build_config(pe: str, d_model: int, heads: int, head_dim: int | None, kv_hea
     return AttentionConfig(d_model=d_model, n_heads=heads, head_dim=head_dim, n_kv_heads=kv_heads, pe=pe,
                            rope_pairing=pairing, rotary_fraction=rotary_fraction, bias=bias, causal=causal,
                            max_len=seq_len)
+
+
+def _spectrum_rows(table, result) -> None:
+    """Near-null spectrum and RoPE planes (dense results)."""
+    if result.near_null is not None:
+        table.add_row("near-null singular values", ", ".join(f"{n} below {k}" for k, n in result.near_null.items())
+                      + " of the largest (approximate symmetries, counted as rank)")
+    if result.largest_null is not None or result.smallest_kept is not None:
+        kept = "-" if result.smallest_kept is None else f"{result.smallest_kept:.1e}"
+        null = "-" if result.largest_null is None else f"{result.largest_null:.1e}"
+        table.add_row("smallest kept / largest null", f"{kept} / {null} (relative)")
+    if result.rope_planes:
+        planes = ", ".join(f"{p['angle']:.3g}{'*' if p['slow'] else ''}" for p in result.rope_planes)
+        table.add_row("RoPE plane rotation over the context (rad)",
+                      f"{planes}  (* slow: < 0.1 rad, {result.slow_planes} of {len(result.rope_planes)})")
+    if result.upcasts:
+        table.add_row("computed in float64", ", ".join(result.upcasts) + " (lower precision inside the module)")
 
 
 def render(result, cfg) -> None:
@@ -45,6 +86,7 @@ def render(result, cfg) -> None:
     table.add_row("tol", tol)
     if result.singular_value_gap is not None:
         table.add_row("singular value gap s_r/s_r+1", f"{result.singular_value_gap:.2e}")
+    _spectrum_rows(table, result)
     table.add_row("declared group", ", ".join(f"{k}: {v}" for k, v in (result.group or {}).items()))
     table.add_row("head permutations preserved", str(result.head_permutations_preserved))
     for w in result.warnings:
@@ -54,16 +96,51 @@ def render(result, cfg) -> None:
     Console().print(table)
 
 
+def render_hf(rows) -> None:
+    """Print Hugging Face probes (attention, block) as one rich table each."""
+    from rich.console import Console
+    from rich.table import Table
+
+    for row in rows:
+        res = row.result
+        table = Table(title=f"symmetry probe: {row.family} ({row.model_type}) layer {row.layer} {row.site} "
+                            f"[{row.module}], float64")
+        table.add_column("quantity")
+        table.add_column("value", overflow="fold")
+        table.add_row("nullity (measured)", str(int(res.nullity)) if res.method == "dense"
+                      else f"{res.nullity:.1f} ± {res.stderr:.1f} ({res.probes} probes)")
+        if row.declared is not None:
+            extra = " + ".join(f"{k} {v}" for k, v in row.undeclared.items())
+            table.add_row("declared by the adapter", f"{row.declared}  ({', '.join(row.group.values())})")
+            table.add_row("exact but undeclared", extra or "none")
+        table.add_row("parameters / outputs", f"{res.parameters} / {res.outputs}")
+        table.add_row("method", res.method + (f", Jacobian by {res.ad} mode" if res.ad else ""))
+        if res.singular_value_gap is not None:
+            table.add_row("singular value gap s_r/s_r+1", f"{res.singular_value_gap:.2e}")
+        _spectrum_rows(table, res)
+        verdict = {True: "[green]match[/green]", False: "[red]mismatch[/red]",
+                   None: "measured only (no block-level group is declared)"}[row.match]
+        table.add_row("verdict", verdict)
+        table.add_row("seconds", f"{res.seconds:.2f}")
+        Console().print(table)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("probe")
     def probe_cmd(
+        hf: str = typer.Option(None, "--hf", metavar="DIR_OR_MODEL_TYPE",
+                               help="probe a Hugging Face family's real attention layer instead: a checkpoint folder "
+                                    "or a model_type (a tiny random config), beside its adapter's declared group"),
+        layer: int = typer.Option(0, "--layer", help="--hf: which layer"),
+        block: bool = typer.Option(False, "--block", help="--hf: also probe the whole block (every parameter)"),
         pe: str = typer.Option("none", "--pe", help=f"positional encoding: {', '.join(POSITIONAL_ENCODINGS)}"),
         d_model: int = typer.Option(8, "--d-model", help="model width D"),
         heads: int = typer.Option(2, "--heads", help="number of query heads h"),
         head_dim: int = typer.Option(None, "--head-dim", help="head width d_h (default D / h)"),
         kv_heads: int = typer.Option(None, "--kv-heads", help="K/V heads for grouped-query attention (default h)"),
-        rotary_fraction: float = typer.Option(1.0, "--rotary-fraction", help="RoPE: rotated fraction of d_h"),
-        pairing: str = typer.Option("half", "--pairing", help="RoPE pairing: half | interleaved"),
+        rotary_fraction: float = typer.Option(None, "--rotary-fraction",
+                                              help="RoPE: rotated fraction of d_h (default 1; --pe rope only)"),
+        pairing: str = typer.Option(None, "--pairing", help="RoPE pairing: half (default) | interleaved"),
         bias: bool = typer.Option(False, "--bias", help="biases on the Q/K/V/O projections"),
         causal: bool = typer.Option(False, "--causal", help="causal mask"),
         seq_len: int = typer.Option(8, "--seq-len", help="sequence length T of the probe inputs"),
@@ -73,17 +150,39 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="seed of the weights, inputs and probes"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
     ) -> None:
-        """Measure the Jacobian nullity of one generic attention layer (its continuous symmetry group)
-        and whether a head swap is a symmetry; compare with the predicted group dimension."""
-        from symalign.probe import probe_attention
-
+        """Measure the Jacobian nullity (the continuous symmetry group) of one generic attention layer in
+        float64 and whether a head swap is a symmetry; compare with the predicted group dimension. With
+        --hf, the real layer of a Hugging Face family against the dimension its adapter declares.
+        Refuses (exit 2) a spectrum without a clean gap rather than print a nullity that depends on the cut."""
         if method not in ("auto", "dense", "matrix-free"):
             raise ConfigError(f"unknown --method {method!r}; use auto, dense or matrix-free")
         if probes < 2:
             raise ConfigError(f"--probes must be at least 2 (for a standard error), got {probes}")
         if batch is not None and batch <= 0:
             raise ConfigError(f"--batch must be positive, got {batch}")
+        if hf is not None:
+            given = {"--pe": pe, "--d-model": d_model, "--heads": heads, "--head-dim": head_dim,
+                     "--kv-heads": kv_heads, "--rotary-fraction": rotary_fraction, "--pairing": pairing,
+                     "--bias": bias, "--causal": causal, "--seq-len": seq_len, "--batch": batch}
+            clash = [flag for flag, value in given.items() if value != REFERENCE_DEFAULTS[flag]]
+            if clash:
+                raise ConfigError(f"{clash[0]} describes the reference layer; with --hf the layer comes from the "
+                                  f"model's config (drop {clash[0]})")
+            if layer < 0:
+                raise ConfigError(f"--layer must be >= 0, got {layer}")
+            from symalign.probe.hf import probe_hf
+
+            rows = probe_hf(hf, layer, block=block, seed=seed, method=method, probes=probes)
+            if as_json:
+                typer.echo(json.dumps({"hf": hf, "probes": [r.to_dict() for r in rows]}))
+            else:
+                render_hf(rows)
+            return
+        if layer != 0 or block:
+            raise ConfigError("--layer and --block apply only with --hf")
         cfg = build_config(pe, d_model, heads, head_dim, kv_heads, rotary_fraction, pairing, bias, causal, seq_len)
+        from symalign.probe import probe_attention
+
         result = probe_attention(cfg, seq_len, batch, seed=seed, method=method, probes=probes)
         if as_json:
             typer.echo(json.dumps({**result.to_dict(), "config": cfg.to_dict()}))

@@ -1,6 +1,6 @@
 """``symalign tour``: a short tour of the symmetry probe over every positional encoding.
 
-The tour itself lives in :func:`symalign.probe.probe_tour`; ``symalign demo`` prints it
+The tour itself lives in :func:`symalign.probe.tour.probe_tour`; ``symalign demo`` prints it
 before its LMC experiment.
 """
 
@@ -12,6 +12,17 @@ from pathlib import Path
 import typer
 
 from symalign.atomic import write_json as write_json_atomic
+from symalign.errors import ConfigError
+
+
+def check_out_folder(out: Path) -> None:
+    """Refuse ``--out`` when it, or a folder on its path, exists as something other than a folder (before any work)."""
+    for path in (out, *out.parents):
+        if path.exists():
+            if not path.is_dir():
+                what = "--out" if path == out else f"{path} (on the path of --out)"
+                raise ConfigError(f"{what} is an existing file, not a folder; pass a folder for symmetry.json")
+            break
 
 
 def render_tour(rows: list[dict]) -> None:
@@ -20,12 +31,15 @@ def render_tour(rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="symmetry probe tour (dense Jacobian, float64)")
-    for col in ("variant", "bias", "params", "nullity", "predicted", "declared group", "head swap", "verdict"):
+    for col in ("variant", "bias", "params", "nullity", "predicted", "declared group", "head swap", "near-null <1e-3",
+                "slow planes", "verdict"):
         table.add_column(col)
     for r in rows:
         group = " x ".join(r["group"].values())
+        slow = "-" if r.get("slow_planes") is None else f"{r['slow_planes']} of {len(r['rope_planes'])}"
         table.add_row(r["variant"], "yes" if r["bias"] else "no", str(r["parameters"]), str(r["nullity"]),
                       str(r["predicted"]), group, str(r["head_permutations_preserved"]),
+                      str((r.get("near_null") or {}).get("1e-3", "-")), slow,
                       "[green]match[/green]" if r["match"] else "[red]mismatch[/red]")
     Console().print(table)
 
@@ -40,6 +54,7 @@ def register(app: typer.Typer) -> None:
         """Probe every positional encoding (none, sinusoidal, learned, RoPE half/interleaved, partial RoPE,
         ALiBi, GQA), with and without biases: measured Jacobian nullity vs predicted group dimension,
         and whether head swaps are symmetries. Writes OUT/symmetry.json."""
+        check_out_folder(out)
         from symalign.probe import probe_tour
 
         rows = probe_tour(seed=seed)

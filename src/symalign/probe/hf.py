@@ -1,0 +1,434 @@
+r"""Probe a Hugging Face family's real attention layer and compare with what its adapter declares.
+
+For ``source`` a local checkpoint folder (its ``config.json``) or a ``model_type``
+(a tiny random config built with transformers' own config class), :func:`probe_hf`
+
+1. builds the base model (``AutoModel``, eager attention, float64) with generic
+   ``O(1)`` random weights (``N(0, 1 / fan_in)`` matrices, ``1 + N(0, 0.2^2)``
+   vectors: the default ``0.02`` init makes attention nearly uniform and the
+   spectrum needlessly ill-conditioned);
+2. asks the family's adapter (:func:`symalign.arch.get_adapter`) for its spec and
+   keeps layer ``I``'s spaces: the declared dimension is the sum of their group
+   dimensions, and the probed parameters are exactly the tensors those spaces act
+   on (Q, K, V, O and the biases labelled with them; the output bias ``b_O`` is on
+   the model axis, no declared group touches it, and it stays fixed);
+3. finds the attention module as the smallest module holding those tensors, runs
+   the model once on a generic batch (the adapter's ``dummy_inputs``) to capture
+   the module's real call (hidden states, position embeddings, masks), and probes
+   ``theta -> output of the output projection`` on that call, in float64 end to
+   end (:mod:`symalign.probe.precision`), with the dense Jacobian formed in forward
+   *and* reverse mode (they must agree; either spectrum without a clean gap is
+   refused);
+4. optionally probes the whole block (the enclosing layer of the model's layer
+   list, every parameter, its output).
+
+Nothing here is per family: the layer, its tensors and its group come from the
+adapter. The measured nullity is compared with the declared dimension plus the
+symmetries no adapter declares because they are not in the orbit of a group acting
+on the weights (derived from the spec, see :func:`undeclared_terms`):
+
+* ``key_bias``: ``q_m^T b_K`` is the same for every key ``n`` and softmax ignores a
+  per-row constant, so the part of ``b_K`` that RoPE does not rotate is free:
+  ``h_kv (d - r)`` (``r = 0`` without RoPE);
+* ``value_bias_kernel``: shifting ``b_V`` by ``delta`` shifts the output by
+  ``sum_i W_O^i delta_{j(i)}`` (attention rows sum to one); with ``b_O`` fixed that is
+  zero only on the kernel of that map, ``max(0, h_kv d - D)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from symalign.errors import ConfigError
+from symalign.groups import GeneralLinear, PerHead, RotaryPlanes
+from symalign.probe.measure import ProbeResult, probe
+from symalign.probe.precision import Float64Mode
+
+TINY = dict(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, intermediate_size=32,
+            vocab_size=64, max_position_embeddings=64, image_size=8, patch_size=4, embedding_size=16)
+"""Overrides of a ``model_type``'s default config (each applied only when the config has the attribute)."""
+
+MAX_PARAMETERS = 200_000
+"""Refuse to probe a layer with more parameters than this (the matrix-free path would take hours on a CPU)."""
+
+OUTPUT_RATIO = 2.0
+"""The batch gives at least this many outputs per probed parameter."""
+
+
+@dataclass
+class HFProbe:
+    """One probed site of a Hugging Face model: measured nullity vs the adapter's declared dimension.
+
+    ``site``: ``"attention"`` or ``"block"``; ``module``: its path in the base model;
+    ``declared``: dimension of the adapter's group on the layer (None for a block,
+    whose feed-forward and residual groups no attention adapter declares);
+    ``undeclared``: the named exact symmetries outside the declared group
+    (:func:`undeclared_terms`); ``expected = declared + sum(undeclared)``.
+    """
+
+    family: str
+    model_type: str
+    layer: int
+    site: str
+    module: str
+    declared: int | None
+    group: dict[str, str]
+    undeclared: dict[str, int]
+    result: ProbeResult
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def expected(self) -> int | None:
+        return None if self.declared is None else self.declared + sum(self.undeclared.values())
+
+    @property
+    def match(self) -> bool | None:
+        if self.expected is None:
+            return None
+        return int(self.result.nullity) == self.expected if self.result.method == "dense" else \
+            abs(self.result.nullity - self.expected) <= 4 * (self.result.stderr or 0.0) + 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        r = self.result.to_dict()
+        for k in ("predicted", "match", "breakdown", "group"):
+            r.pop(k, None)
+        return {"family": self.family, "model_type": self.model_type, "layer": self.layer, "site": self.site,
+                "module": self.module, "declared": self.declared, "undeclared": self.undeclared,
+                "expected": self.expected, "match": self.match, "group": self.group, **r, "config": self.config}
+
+
+# ----------------------------------------------------------------------------
+# Config and model
+# ----------------------------------------------------------------------------
+
+
+def hf_config(source: Any) -> Any:
+    """A transformers config from a config object, a checkpoint folder, or a ``model_type`` (tiny, see :data:`TINY`)."""
+    import transformers
+
+    if not isinstance(source, (str, os.PathLike)):
+        return copy.deepcopy(source)  # the probe trims layers and turns the cache off: never on the caller's object
+    path = os.fspath(source)
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ConfigError(f"{path} has no config.json: not a Hugging Face checkpoint folder")
+        return transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if path not in CONFIG_MAPPING:
+        raise ConfigError(f"{path!r} is neither a checkpoint folder nor a transformers model_type "
+                          f"(e.g. llama, gpt2, bert)")
+    config = CONFIG_MAPPING[path]()
+    for name, value in TINY.items():
+        if hasattr(config, name):
+            setattr(config, name, value)
+    if getattr(config, "head_dim", None) is not None:
+        config.head_dim = TINY["hidden_size"] // TINY["num_attention_heads"]
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    for name in list(vars(config)):  # special tokens of the full vocabulary would not fit the tiny one
+        value = getattr(config, name)
+        if name.endswith("_token_id") and isinstance(value, int) and vocab and value >= vocab:
+            setattr(config, name, min(vocab - 1, 3))
+    return config
+
+
+def generic_model(config: Any, seed: int = 0) -> nn.Module:
+    """The base model (``AutoModel``), eager attention, float64, with generic ``O(1)`` weights (module doc)."""
+    import transformers
+
+    if hasattr(config, "use_cache"):
+        config.use_cache = False
+    torch.manual_seed(seed)
+    model = transformers.AutoModel.from_config(config, attn_implementation="eager").to(torch.float64).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if not p.is_floating_point():
+                continue
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+            p.copy_(noise / math.sqrt(p.shape[-1]) if p.dim() >= 2 else 1.0 + 0.2 * noise)
+    return model
+
+
+# ----------------------------------------------------------------------------
+# What the adapter declares for one layer
+# ----------------------------------------------------------------------------
+
+
+def layer_spec(spec: Any, layer: int):
+    """The sub-spec of layer ``layer``'s attention spaces (by role and layer when the spec records them)."""
+    if hasattr(spec, "select"):
+        names = spec.select(role=("heads", "qk", "vo"), layer=layer)
+    else:
+        names = [n for n in (f"heads.{layer}", f"qk.{layer}", f"vo.{layer}") if n in spec.spaces]
+    return spec.restrict(names)
+
+
+def _parent(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else ""
+
+
+def _common_module(names: list[str]) -> str:
+    parts = [_parent(n).split(".") for n in names]
+    common = []
+    for level in zip(*parts):
+        if len(set(level)) > 1:
+            break
+        common.append(level[0])
+    return ".".join(common)
+
+
+def _space_tensors(spec: Any, space: str, variance: str) -> list[str]:
+    return [t for t, acts in spec.tensors.items() if any(a.space == space and a.variance == variance for a in acts)]
+
+
+def undeclared_terms(spec: Any, state: dict[str, Tensor]) -> dict[str, int]:
+    """Exact symmetries of one attention layer outside its declared group (module doc), from the spec alone.
+
+    ``spec``: the layer's sub-spec (one ``qk`` and one ``vo`` space); ``state``: its tensors.
+    A ``qk`` group other than ``GL(d)`` / ``H(r) (+) GL(d - r)`` per head (e.g. one that
+    a normalisation shapes) gets no ``key_bias`` term.
+    """
+    terms: dict[str, int] = {}
+    for space, group in spec.spaces.items():
+        if not isinstance(group, PerHead):
+            continue
+        inner, blocks = group.inner, group.n_blocks
+        role = spec.role(space) if hasattr(spec, "role") else space.split(".")[0]
+        biases = [t for t in (_space_tensors(spec, space, "contra") + _space_tensors(spec, space, "co"))
+                  if state[t].dim() == 1]
+        if role == "qk":
+            k_bias = [t for t in _space_tensors(spec, space, "contra") if state[t].dim() == 1]
+            if k_bias and isinstance(inner, RotaryPlanes):
+                if inner.n > inner.r:
+                    terms["key_bias"] = blocks * (inner.n - inner.r)
+            elif k_bias and isinstance(inner, GeneralLinear):
+                terms["key_bias"] = blocks * inner.n
+        elif role == "vo" and any(t in _space_tensors(spec, space, "co") for t in biases):
+            out = [t for t in _space_tensors(spec, space, "contra") if state[t].dim() == 2]
+            if out:
+                act = next(a for a in spec.tensors[out[0]] if a.space == space)
+                model_dim = state[out[0]].shape[1 - (act.axis % 2)]
+                kernel = max(0, blocks * inner.n - int(model_dim))
+                if kernel:
+                    terms["value_bias_kernel"] = kernel
+    return terms
+
+
+# ----------------------------------------------------------------------------
+# Capturing the layer's real call
+# ----------------------------------------------------------------------------
+
+
+class _Call(nn.Module):
+    """``theta -> output of module `site` inside one fixed call of `layer``` (the probed function; no inputs)."""
+
+    def __init__(self, layer: nn.Module, args: tuple, kwargs: dict, site: str):
+        super().__init__()
+        self.layer = layer
+        self.args, self.kwargs, self.site = args, kwargs, site
+
+    def forward(self) -> Tensor:
+        target = self.layer.get_submodule(self.site) if self.site else self.layer
+        seen: list[Any] = []
+        hook = target.register_forward_hook(lambda m, i, o: seen.append(o))
+        try:
+            out = self.layer(*self.args, **self.kwargs)
+        finally:
+            hook.remove()
+        y = seen[-1] if seen else out
+        return y[0] if isinstance(y, (tuple, list)) else y
+
+
+def capture_call(model: nn.Module, module_name: str, inputs: dict[str, Tensor]) -> tuple[tuple, dict]:
+    """The positional and keyword arguments ``module_name`` receives when ``model(**inputs)`` runs (in float64)."""
+    module = model.get_submodule(module_name)
+    got: list[tuple[tuple, dict]] = []
+
+    def grab(mod, args, kwargs):
+        got.append((args, kwargs))
+
+    handle = module.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        with torch.no_grad(), Float64Mode():
+            model(**inputs)
+    finally:
+        handle.remove()
+    if not got:
+        raise ConfigError(f"the model never called {module_name} on the probe batch")
+
+    def detach(x):
+        if isinstance(x, Tensor):
+            return x.detach().to(torch.float64) if x.is_floating_point() else x.detach()
+        if isinstance(x, tuple):
+            return tuple(detach(v) for v in x)
+        if isinstance(x, list):
+            return [detach(v) for v in x]
+        return x
+
+    args, kwargs = got[0]
+    return detach(args), {k: detach(v) for k, v in kwargs.items()}
+
+
+def _hidden_states(args: tuple, kwargs: dict) -> tuple[str, Any] | None:
+    """Where the call's hidden states are: ``("arg", i)`` or ``("kw", name)`` (the first 3-d floating tensor)."""
+    for i, x in enumerate(args):
+        if isinstance(x, Tensor) and x.is_floating_point() and x.dim() == 3:
+            return "arg", i
+    for k, x in kwargs.items():
+        if isinstance(x, Tensor) and x.is_floating_point() and x.dim() == 3:
+            return "kw", k
+    return None
+
+
+def generic_hidden_states(args: tuple, kwargs: dict, seed: int) -> tuple[tuple, dict, int]:
+    r"""The call with its hidden states replaced by ``N(0, 1)`` ones of the same shape; also returns ``T``.
+
+    The model's own hidden states are not generic: after a LayerNorm they lie in an
+    affine hyperplane (``u^T x = c`` with ``u = 1 / gamma``), which adds exact symmetries
+    of the *composition* (``W -> W + a u^T``, ``b -> b - c a``: ``D`` per biased
+    projection) that are not symmetries of the layer. The probe measures the layer.
+    """
+    where = _hidden_states(args, kwargs)
+    if where is None:
+        raise ConfigError("could not find the hidden states (a 3-d floating tensor) in the attention layer's call")
+    kind, key = where
+    x = args[key] if kind == "arg" else kwargs[key]
+    gen = torch.Generator().manual_seed(seed)
+    fresh = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+    if kind == "arg":
+        args = args[:key] + (fresh,) + args[key + 1:]
+    else:
+        kwargs = {**kwargs, key: fresh}
+    return args, kwargs, int(x.shape[1])
+
+
+def _frequencies(model: nn.Module, config: Any, layer: int) -> Tensor | None:
+    """The RoPE plane frequencies of layer ``layer``: the model's ``*inv_freq`` buffer (per layer type if several)."""
+    found = {n: b for n, b in model.named_buffers() if n.endswith("inv_freq") and not n.endswith("original_inv_freq")}
+    if not found:
+        return None
+    distinct = {tuple(b.tolist()): b for b in found.values()}
+    if len(distinct) == 1:
+        return next(iter(distinct.values()))
+    types = getattr(config, "layer_types", None)
+    if types and layer < len(types):
+        hits = [b for n, b in found.items() if n.rsplit(".", 1)[-1].startswith(str(types[layer]))]
+        if hits:
+            return hits[0]
+    return None
+
+
+def _block_of(model: nn.Module, module_name: str) -> str | None:
+    """The enclosing element of a layer list (the deepest ancestor whose last name part is an index)."""
+    parts = module_name.split(".")
+    for k in range(len(parts) - 1, 0, -1):
+        if parts[k - 1].isdigit() is False and parts[k].isdigit():
+            return ".".join(parts[: k + 1])
+    return None
+
+
+# ----------------------------------------------------------------------------
+# The probe
+# ----------------------------------------------------------------------------
+
+
+def probe_hf(source: Any, layer: int = 0, *, block: bool = False, seed: int = 0, method: str = "auto",
+             ad: str = "both", probes: int = 16) -> list[HFProbe]:
+    """Probe layer ``layer`` of a Hugging Face family (module doc): ``[attention]`` or ``[attention, block]``.
+
+    ``source``: a checkpoint folder, a ``model_type``, or a transformers config.
+    Raises :class:`~symalign.errors.ConfigError` for an unknown source, a family
+    without an adapter, or a layer out of range, and
+    :class:`~symalign.probe.spectrum.AmbiguousSpectrumError` when a spectrum has no clean gap.
+    """
+    from symalign.arch import get_adapter
+
+    config = hf_config(source)
+    adapter = get_adapter(config)
+    n_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+    if not 0 <= layer < max(n_layers, 1):
+        raise ConfigError(f"--layer {layer} is out of range: the model has {n_layers} layers (0..{n_layers - 1})")
+    cfg_summary = _summary(config)
+    if n_layers > layer + 1:  # build only what is needed up to the probed layer
+        config.num_hidden_layers = layer + 1
+        if getattr(config, "layer_types", None):
+            config.layer_types = list(config.layer_types)[: layer + 1]
+    model = generic_model(config, seed)
+    state = dict(model.state_dict())
+    spec = layer_spec(adapter.spec(model), layer)
+    tensors = list(spec.tensors)
+    if not tensors:
+        raise ConfigError(f"the {adapter.family} adapter declares no attention spaces for layer {layer}")
+    attn_name = _common_module(tensors)
+    site = _parent(next(t for t in tensors if any(a.variance == "contra" for a in spec.tensors[t])
+                        and state[t].dim() == 2 and _is_vo(spec, t)))
+    declared = int(spec.dim)
+    undeclared = undeclared_terms(spec, state)
+    n_params = sum(state[t].numel() for t in tensors)
+    if n_params > MAX_PARAMETERS:
+        raise ConfigError(f"layer {layer} of this {adapter.family} model has {n_params:,} attention parameters; the "
+                          f"probe handles up to {MAX_PARAMETERS:,} (pass the model_type, e.g. "
+                          f"{config.model_type!r}, to probe a tiny model with the same structure)")
+    inputs = _inputs(adapter, config, 1, seed)
+    args, kwargs = capture_call(model, attn_name, inputs)
+    where = _hidden_states(args, kwargs)
+    x = args[where[1]] if where and where[0] == "arg" else kwargs[where[1]] if where else None
+    if x is None:
+        raise ConfigError("could not find the hidden states (a 3-d floating tensor) in the attention layer's call")
+    batch = max(1, math.ceil(OUTPUT_RATIO * n_params / (int(x.shape[1]) * int(x.shape[2]))))
+    inputs = _inputs(adapter, config, batch, seed)
+    args, kwargs = capture_call(model, attn_name, inputs)
+    args, kwargs, seq_len = generic_hidden_states(args, kwargs, seed + 2)
+    freqs = _frequencies(model, config, layer)
+    rows = []
+    call = _Call(model.get_submodule(attn_name), args, kwargs, site[len(attn_name) + 1:] if attn_name else site)
+    names = ["layer." + t[len(attn_name) + 1:] if attn_name else "layer." + t for t in tensors]
+    res = probe(call, (), method=method, ad=ad, probes=probes, seed=seed, parameters=names, check_heads=False,
+                predicted=declared + sum(undeclared.values()), frequencies=freqs if freqs is not None else None,
+                seq_len=seq_len, spec=spec)
+    rows.append(HFProbe(adapter.family, config.model_type, layer, "attention", attn_name, declared, spec.describe(),
+                        undeclared, res, cfg_summary))
+    if block:
+        block_name = _block_of(model, attn_name)
+        if block_name is not None:
+            block_module = model.get_submodule(block_name)
+            n_block = sum(p.numel() for p in block_module.parameters() if p.is_floating_point())
+            bbatch = max(1, math.ceil(OUTPUT_RATIO * n_block / (int(x.shape[1]) * int(x.shape[2]))))
+            bargs, bkwargs = capture_call(model, block_name, _inputs(adapter, config, bbatch, seed))
+            bargs, bkwargs, bseq = generic_hidden_states(bargs, bkwargs, seed + 3)
+            bcall = _Call(block_module, bargs, bkwargs, "")
+            bres = probe(bcall, (), method=method, ad=ad, probes=probes, seed=seed, check_heads=False,
+                         frequencies=freqs, seq_len=bseq)
+            rows.append(HFProbe(adapter.family, config.model_type, layer, "block", block_name, None, {}, {}, bres,
+                                cfg_summary))
+    return rows
+
+
+def _is_vo(spec: Any, tensor: str) -> bool:
+    role = (lambda s: spec.role(s)) if hasattr(spec, "role") else (lambda s: s.split(".")[0])
+    return any(role(a.space) == "vo" and a.variance == "contra" for a in spec.tensors[tensor])
+
+
+def _inputs(adapter: Any, config: Any, batch: int, seed: int) -> dict[str, Tensor]:
+    """The adapter's generic batch (8 tokens for text models), floating inputs in float64."""
+    inputs = adapter.dummy_inputs(config, batch=batch, seq=8, seed=seed + 1)
+    return {k: (v.to(torch.float64) if v.is_floating_point() else v) for k, v in inputs.items()}
+
+
+def _summary(config: Any) -> dict[str, Any]:
+    keys = ("model_type", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "num_hidden_layers", "partial_rotary_factor", "rope_theta", "attention_bias", "qkv_bias")
+    out = {}
+    for k in keys:
+        v = getattr(config, k, None)
+        if v is not None and isinstance(v, (int, float, str, bool)):
+            out[k] = v
+    return out
