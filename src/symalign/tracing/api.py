@@ -62,11 +62,12 @@ class TraceResult:
     layers: dict[str, str]  # space name -> module path
     notes: list[str] = field(default_factory=list)
     function_change: float = 0.0  # relative output change under a random element (float64)
+    tolerance: float = 1e-10  # what the check accepted (raised when the model computes in lower precision)
 
     def to_dict(self) -> dict[str, Any]:
         return {"spaces": self.spec.describe(), "layers": dict(self.layers),
                 "skipped": [asdict(s) for s in self.skipped], "notes": list(self.notes),
-                "function_change": self.function_change}
+                "function_change": self.function_change, "tolerance": self.tolerance}
 
 
 def _as_args(example_inputs) -> tuple:
@@ -175,6 +176,7 @@ def trace(model: nn.Module, example_inputs, example_kwargs: dict | None = None, 
             notes.append(f"the model casts features to {', '.join(sorted(str(d) for d in walker.low_precision))} "
                          f"inside its forward, so the float64 check resolves only {floor:.0e} (relative)")
             tol = floor
+    result.tolerance = tol
     if check:
         result.function_change = check_spec(m64, spec, layers, args, kwargs, tol=tol, seed=seed)
     return result
