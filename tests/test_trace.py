@@ -227,3 +227,21 @@ def test_untraceable_module_is_refused_with_one_line():
 
     with pytest.raises(ConfigError, match="torch.export could not trace Branchy"):
         trace(Branchy(), torch.randn(2, 3))
+
+
+def test_convolution_is_listed_and_the_units_after_it_stay():
+    class Conv(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.f, self.g = nn.Conv2d(1, 4, 3), nn.Linear(4 * 6 * 6, 10), nn.Linear(10, 2)
+
+        def forward(self, x):
+            return self.g(torch.relu(self.f(torch.relu(self.c(x)).flatten(1))))
+
+    model = M.randomise(Conv(), 8)
+    x = torch.randn(3, 1, 8, 8)
+    res = trace(model, x)
+    assert res.spec.describe() == {"ff.0": "S_10 x R+^10"}
+    assert any(s.layer == "c" and "conv2d" in s.reason for s in res.skipped)
+    assert actions(res.spec)["f.weight"] == [("ff.0", 0, "co", None, None)]  # its input (the conv output) is fixed
+    assert independent_change(model, res.spec, x) <= 1e-10

@@ -302,6 +302,12 @@ def build_spec(walker: Walker) -> tuple[SymmetrySpec, list[Skipped], dict[str, s
                 if block in spec.spaces:
                     v = ("contra" if var == "co" else "co") if flip else var
                     spec.act_on(tensor, block, axis, v, rep, seg)
+    unrecognised = sorted({pa[0] for pa, why in sp.fixed.items() if why.startswith("reaches")
+                           and not any(b[0] == pa[0] for b in sp.bind)})
+    for name in unrecognised:
+        skipped.append(Skipped(name.rsplit(".", 1)[0] if "." in name else "(model)",
+                               f"{name} {sp.fixed[next(pa for pa in sp.fixed if pa[0] == name)]}: "
+                               "an operation the tracer does not recognise; left unchanged"))
     streams, units = [], []
     for s in sorted(sp.roots(), key=lambda s: s.order):
         if s.sid in claimed or s.split:
