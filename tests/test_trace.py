@@ -95,7 +95,7 @@ def test_hf_models_match_adapter_spec(family):
 
     model = hf_tiny.make_model(family, attn="sdpa", use_cache=False)
     ids = torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(0))
-    res = trace(model, (ids,))
+    res = trace(model, {"input_ids": ids} if family == "gpt2" else (ids,))  # keyword or positional inputs
     attention = [k for k in res.spec.spaces if k.split(".")[0] in ("heads", "qk", "vo")]
     assert_same_spec(res.spec.restrict(attention), get_adapter(model.config).spec(model))
     # beyond the adapters: the stream and the FF units (GPT-2's GELU, Llama's SwiGLU: permutations only)

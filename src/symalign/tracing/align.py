@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from symalign.errors import CheckpointError, ConfigError, MatchError
 from symalign.spec import apply
-from symalign.tracing.api import TraceResult, _as_args, _to64, function_change, flat_tensors, trace
+from symalign.tracing.api import TraceResult, _to64, flat_tensors, function_change, split_inputs, trace
 
 SCOPES = ("model", "attention")
 DTYPE_TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}
@@ -115,7 +115,7 @@ def align_states(model: nn.Module, state_a: Mapping[str, Tensor], state_b: Mappi
 def verify_function(model: nn.Module, spec, transform, state_b, aligned, example_inputs, example_kwargs=None,
                     floor: float = 1e-10) -> dict[str, float]:
     """B' must compute B's function: in float64 (``<= floor``) and in B's dtype (``DTYPE_TOL``); else MatchError."""
-    args, kwargs = _as_args(example_inputs), dict(example_kwargs or {})
+    args, kwargs = split_inputs(example_inputs, example_kwargs)
     m64 = copy.deepcopy(model).to(torch.float64).eval()
     b64 = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in state_b.items()}
     a64, k64 = _to64(args), _to64(kwargs)
@@ -124,8 +124,9 @@ def verify_function(model: nn.Module, spec, transform, state_b, aligned, example
     dtype = next((v.dtype for v in state_b.values() if v.is_floating_point()), torch.float32)
     native = copy.deepcopy(model).to(dtype).eval()
     cast = tuple(x.to(dtype) if isinstance(x, Tensor) and x.is_floating_point() else x for x in args)
-    ref_n = _outputs(native, dict(state_b), cast, kwargs)
-    rel_n = function_change(native, dict(aligned), cast, kwargs, ref_n)
+    kw_n = {k: v.to(dtype) if isinstance(v, Tensor) and v.is_floating_point() else v for k, v in kwargs.items()}
+    ref_n = _outputs(native, dict(state_b), cast, kw_n)
+    rel_n = function_change(native, dict(aligned), cast, kw_n, ref_n)
     tol_n = DTYPE_TOL.get(dtype, 1e-4)
     if not rel64 <= floor or not rel_n <= max(tol_n, floor):
         raise MatchError(f"the aligned B changes B's function by {rel64:.1e} (float64, > {floor:g}) / {rel_n:.1e} "

@@ -70,6 +70,13 @@ class TraceResult:
                 "function_change": self.function_change, "tolerance": self.tolerance}
 
 
+def split_inputs(example_inputs, example_kwargs: dict | None = None) -> tuple[tuple, dict]:
+    """``(args, kwargs)``: a dict of example inputs is taken as keyword inputs (``{"input_ids": ids}``)."""
+    if isinstance(example_inputs, Mapping):
+        return (), {**dict(example_inputs), **dict(example_kwargs or {})}
+    return _as_args(example_inputs), dict(example_kwargs or {})
+
+
 def _as_args(example_inputs) -> tuple:
     if isinstance(example_inputs, tuple):
         return example_inputs
@@ -149,8 +156,8 @@ def trace(model: nn.Module, example_inputs, example_kwargs: dict | None = None, 
 
     Args:
         model: any ``nn.Module`` built from standard layers (it is not modified).
-        example_inputs: a tensor or a tuple of positional inputs (small is enough);
-            floating inputs are cast to float64.
+        example_inputs: a tensor, a tuple of positional inputs or a dict of keyword inputs (small is
+            enough); floating inputs are cast to float64.
         example_kwargs: keyword inputs (e.g. ``{"use_cache": False}`` for a HF model).
         check: apply a random element and compare outputs (float64), refusing on failure.
         tol: the largest relative output change accepted by the check.
@@ -161,8 +168,8 @@ def trace(model: nn.Module, example_inputs, example_kwargs: dict | None = None, 
         SpecError: the check failed (names the space and the layer).
     """
     m64 = copy.deepcopy(model).to(torch.float64).eval()
-    args = _to64(_as_args(example_inputs))
-    kwargs = _to64(dict(example_kwargs or {}))
+    args, kwargs = split_inputs(example_inputs, example_kwargs)
+    args, kwargs = _to64(args), _to64(kwargs)
     ep = export(m64, args, kwargs)
     env = _evaluate(ep, args, kwargs)
     gen = torch.Generator().manual_seed(int(seed))

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from symalign.tracing.labels import Labels, Spaces, atom_size, axis_size, data, regroup, simplify
+from symalign.tracing.labels import Labels, Spaces, axis_size, data, regroup
 from symalign.tracing.positions import identify_map, position_maps, qk_group
 
 HOMOGENEOUS = {"relu", "leaky_relu"}  # f(s z) = s f(z) for s > 0
@@ -241,8 +241,6 @@ class Walker:
             self.sp.use(sid, name)
         if self.params(v.labels):
             raise _Opaque(name)
-        if name in ("_softmax", "softmax", "log_softmax", "_log_softmax"):
-            pass
         return Val(v.labels, const=v.const)
 
     def identity(self, node) -> Val:
