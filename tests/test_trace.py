@@ -245,3 +245,12 @@ def test_convolution_is_listed_and_the_units_after_it_stay():
     assert any(s.layer == "c" and "conv2d" in s.reason for s in res.skipped)
     assert actions(res.spec)["f.weight"] == [("ff.0", 0, "co", None, None)]  # its input (the conv output) is fixed
     assert independent_change(model, res.spec, x) <= 1e-10
+
+
+def test_position_map_needs_two_positions():
+    model = M.randomise(M.NanoGPT(layers=1), 9)
+    x = torch.randint(0, 32, (2, 1))
+    res = trace(model, x)  # one position: RoPE looks like the identity, so the layer is not aligned
+    assert not {"heads.0", "qk.0", "vo.0"} & set(res.spec.spaces) and "ff.0" in res.spec.spaces
+    assert any("at least 2 positions" in s.reason for s in res.skipped)
+    assert independent_change(model, res.spec, x) <= 1e-10

@@ -285,7 +285,8 @@ def build_spec(walker: Walker) -> tuple[SymmetrySpec, list[Skipped], dict[str, s
         roots = [sp.find(s) for s in (att.q, att.k, att.v, att.o)]
         claimed |= set(roots)
         if bad is not None:
-            skipped.append(Skipped(att.layer, f"attention not aligned: {bad}"))
+            skipped.append(Skipped(att.layer, f"attention not aligned: {bad}"
+                                   + "".join(f"; {p}" for p in att.problems if p != bad)))
             continue
         for p in att.problems:
             skipped.append(Skipped(att.layer, p))

@@ -796,6 +796,10 @@ class Walker:
         if base_q is None and base_k is None:
             return GeneralLinear(att.head_dim)
         maps = []
+        if min(_shape(q)[-2], _shape(k)[-2]) < 2:  # one position cannot reveal a position-dependent map
+            att.problems.append("Q-K not aligned: the queries/keys pass through a position map; trace with at least "
+                                "2 positions to identify it")
+            return None
         for base, arg in ((base_q, q), (base_k, k)):
             x = self.env[arg] if base is None else self.env[base]
             if base is None:
