@@ -110,6 +110,21 @@ def test_hf_models_match_adapter_spec(family):
         assert isinstance(res.spec.spaces["qk.0"].inner, RotaryPlanes)
 
 
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "bert", "vit", "modernbert"])
+def test_more_hf_families_match_adapter_spec(family):
+    """Fused Wqkv and GLU halves (ModernBERT), post-LN (BERT), a conv patch embedding (ViT: its stream is left out)."""
+    import hf_tiny
+    from symalign.arch import get_adapter
+
+    extra = {"use_cache": False} if family in ("mistral", "qwen2") else {}
+    model = hf_tiny.make_model(family, attn="sdpa", **extra)
+    x = dict(hf_tiny.inputs(model))
+    res = trace(model, x)
+    attention = [k for k in res.spec.spaces if k.split(".")[0] in ("heads", "qk", "vo")]
+    assert_same_spec(res.spec.restrict(attention), get_adapter(model.config).spec(model))
+    assert res.function_change <= res.tolerance <= 1e-5
+
+
 # -- user modules --------------------------------------------------------------------------------------------
 
 def test_mlp_units():
@@ -253,4 +268,24 @@ def test_position_map_needs_two_positions():
     res = trace(model, x)  # one position: RoPE looks like the identity, so the layer is not aligned
     assert not {"heads.0", "qk.0", "vo.0"} & set(res.spec.spaces) and "ff.0" in res.spec.spaces
     assert any("at least 2 positions" in s.reason for s in res.skipped)
+    assert independent_change(model, res.spec, x) <= 1e-10
+
+
+def test_glu_halves_of_one_projection_are_one_space():
+    """``a, b = fc(x).chunk(2)``; ``out(silu(a) * b)``: both segments of fc carry the same permutation."""
+
+    class GLU(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.out = nn.Linear(6, 2 * 10), nn.Linear(10, 3)
+
+        def forward(self, x):
+            a, b = self.fc(x).chunk(2, dim=-1)
+            return self.out(torch.nn.functional.silu(a) * b)
+
+    model = M.randomise(GLU(), 10)
+    x = torch.randn(4, 6)
+    res = trace(model, x)
+    assert res.spec.describe() == {"ff.0": "S_10"}
+    assert actions(res.spec)["fc.weight"] == [("ff.0", 0, "co", None, (0, 10)), ("ff.0", 0, "co", None, (10, 10))]
     assert independent_change(model, res.spec, x) <= 1e-10

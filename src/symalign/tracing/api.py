@@ -235,10 +235,10 @@ def _actions(walker: Walker, root: int) -> list[tuple[str, int, str, tuple | Non
                 uses.append((name, uses[0][1]))
         for name, var in uses:
             out.append((name, pa[1], var, None))
-    s = sp.items[root]
-    if s.parent is not None:
-        for name, axis, var, seg in _actions(walker, sp.find(s.parent)):
-            out.append((name, axis, var, (s.offset + (seg[0] if seg else 0), s.n)))
+    for s in sp.items.values():  # every segment merged into this space (GLU: both halves of one projection)
+        if s.parent is not None and sp.find(s.sid) == root and sp.find(s.parent) != root:
+            for name, axis, var, seg in _actions(walker, sp.find(s.parent)):
+                out.append((name, axis, var, (s.offset + (seg[0] if seg else 0), s.n)))
     seen, uniq = set(), []
     for a in out:
         if a not in seen:

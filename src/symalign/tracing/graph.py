@@ -199,6 +199,8 @@ class Walker:
         if node.op != "call_function":
             return None
         name = op_name(node)
+        if name in ("_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size"):
+            return None  # checks only: no value
         ins = [(a, self.val(a)) for a in _tensor_args(node)]
         if any(v is not None and v.labels is None for _, v in ins) and name not in ("getitem",
                                                                                    "scaled_dot_product_attention"):
@@ -795,7 +797,7 @@ class Walker:
 
         if base_q is None and base_k is None:
             return GeneralLinear(att.head_dim)
-        maps = []
+        maps, tols = [], [1e-12]
         if min(_shape(q)[-2], _shape(k)[-2]) < 2:  # one position cannot reveal a position-dependent map
             att.problems.append("Q-K not aligned: the queries/keys pass through a position map; trace with at least "
                                 "2 positions to identify it")
@@ -806,16 +808,18 @@ class Walker:
                 eye = torch.eye(att.head_dim, dtype=torch.float64)
                 maps.append(eye.unsqueeze(0))
                 continue
-            run = self.runner(base, arg)
+            run, low = self.runner(base, arg)
+            tol = 1e-6 if low else 1e-12  # the map computes in float32 (e.g. ModernBERT's rotary)
+            tols.append(tol)
             g = _shape(arg)[-3] // _shape(base)[-3]
             if g > 1:
                 run = _collapsed(run, x.dim() - 3, g)
-            m = identify_map(run, x, x.dim() - 1, self.gen)
+            m = identify_map(run, x, x.dim() - 1, self.gen, tol)
             if m is None:
                 att.problems.append("Q-K not aligned: the map from the projection to the attention input is not a "
                                     "per-position linear map")
                 return None
-            pm, why = position_maps(m, x.dim() - 3, x.dim() - 1)
+            pm, why = position_maps(m, x.dim() - 3, x.dim() - 1, tol)
             if pm is None:
                 att.problems.append(f"Q-K not aligned: {why}")
                 att.heads_ok = att.heads_ok and "heads" not in why
@@ -830,7 +834,7 @@ class Walker:
             v = self.vals.get(arg)
             if v is not None and v.labels is None:
                 self.explained |= set(v.opq)
-        g = qk_group(mq, mk, self.gen)
+        g = qk_group(mq, mk, self.gen, max(tols))
         if g is None:
             att.problems.append("Q-K not aligned: no candidate group keeps the position maps")
         return g
@@ -852,6 +856,7 @@ class Walker:
             if any(x in desc for x in n.all_input_nodes):
                 desc.add(n)
         region = sorted((anc & desc) - {base}, key=pos.get)
+        low = any(isinstance(n.meta.get("val"), Tensor) and n.meta["val"].dtype in LOW for n in region)
 
         def run(x: Tensor) -> Tensor:
             env = {base: x}
@@ -865,7 +870,7 @@ class Walker:
                 env[n] = n.target(*args, **kwargs)
             return env[target]
 
-        return run
+        return run, low
 
 
 def _collapsed(run, axis: int, g: int):

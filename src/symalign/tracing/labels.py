@@ -114,8 +114,6 @@ class Spaces:
         keep.notes += drop.notes
         keep.split = keep.split or drop.split
         keep.stream = keep.stream or drop.stream or stream
-        if drop.parent is not None and keep.parent is None:
-            keep.parent, keep.offset = drop.parent, drop.offset
         self.up[drop.sid] = keep.sid
         return keep.sid
 

@@ -16,7 +16,7 @@ the per-head Q-K group (``x -> A x``, ``y -> A^{-T} y``) keeps them iff
 ``A^T N_{mn} = N_{mn} A^T`` for every pair. The group chosen is the largest of
 ``GL(d)``, ``RotaryPlanes(d, pairing, r)`` (``H(r) (+) GL(d - r)``, both pairings, every
 even ``r``) whose generic random element commutes with every ``N_{mn}`` to ``1e-12``
-relative; ``None`` when none does.
+relative (``1e-6`` when the map computes in float32); ``None`` when none does.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from torch import Tensor
 from symalign.groups import GeneralLinear, MatrixGroup, RotaryPlanes
 
 
-def identify_map(run: Callable[[Tensor], Tensor], x: Tensor, d_axis: int, gen: torch.Generator) -> Tensor | None:
+def identify_map(run: Callable[[Tensor], Tensor], x: Tensor, d_axis: int, gen: torch.Generator,
+                 tol: float = 1e-12) -> Tensor | None:
     """``M`` of shape ``(*other_axes, d, d)`` with ``run(p)[idx] = M[idx] p[idx]``, or None if ``run`` is not such a map."""
     d = x.shape[d_axis]
     cols = []
@@ -45,12 +46,12 @@ def identify_map(run: Callable[[Tensor], Tensor], x: Tensor, d_axis: int, gen: t
     y = run(r)
     want = (m @ torch.movedim(r, d_axis, -1).to(torch.float64).unsqueeze(-1)).squeeze(-1)
     got = torch.movedim(y, d_axis, -1).to(torch.float64)
-    if float((got - want).abs().max()) > 1e-12 * max(1.0, float(want.abs().max())):
+    if float((got - want).abs().max()) > tol * max(1.0, float(want.abs().max())):
         return None
     return m
 
 
-def position_maps(m: Tensor, head_axis: int, d_axis: int) -> tuple[Tensor | None, str]:
+def position_maps(m: Tensor, head_axis: int, d_axis: int, tol: float = 1e-12) -> tuple[Tensor | None, str]:
     """The per-position maps ``(T, d, d)`` from ``M`` (``(*other, d, d)``), or None and why.
 
     ``head_axis``/``d_axis`` index the original tensor; ``M``'s leading axes are the
@@ -63,7 +64,7 @@ def position_maps(m: Tensor, head_axis: int, d_axis: int) -> tuple[Tensor | None
         if m.shape[k] == 1:
             continue
         first = m.narrow(k, 0, 1)
-        if float((m - first).abs().max()) > 1e-12 * max(1.0, float(m.abs().max())):
+        if float((m - first).abs().max()) > tol * max(1.0, float(m.abs().max())):
             if a == head_axis % nd:
                 return None, "the position map differs between heads"
             varying.append(k)
@@ -84,13 +85,13 @@ def candidates(d: int) -> list[MatrixGroup]:
     return out + sorted(rot, key=lambda g: -g.dim)
 
 
-def qk_group(mq: Tensor, mk: Tensor, gen: torch.Generator) -> MatrixGroup | None:
+def qk_group(mq: Tensor, mk: Tensor, gen: torch.Generator, tol: float = 1e-12) -> MatrixGroup | None:
     """The largest candidate group keeping every ``N_{mn} = Mq_m^T Mk_n`` (see the module docstring)."""
     d = mq.shape[-1]
     n = torch.einsum("mji,njk->mnik", mq.to(torch.float64), mk.to(torch.float64)).reshape(-1, d, d)
     scale = max(1.0, float(n.abs().max()))
     for g in candidates(d):
         a = g.sample(gen).T
-        if float((a @ n - n @ a).abs().max()) <= 1e-12 * scale * float(a.abs().max()):
+        if float((a @ n - n @ a).abs().max()) <= tol * scale * float(a.abs().max()):
             return g
     return None
