@@ -197,7 +197,7 @@ def trace(model: nn.Module, example_inputs, example_kwargs: dict | None = None, 
 def _pin_all(walker: Walker) -> None:
     sp = walker.sp
     for node, touched in walker.opaque.items():
-        if node in walker.explained:
+        if node in walker.explained and node not in walker.unexplainable:
             continue
         what = "the model's output" if node.op == "output" else f"{op_name(node)}"
         for sid in touched:

@@ -94,7 +94,7 @@ class Walker:
         self.low_precision: set = set()  # dtypes below float64 that feature values are cast to
         self.failed: list[tuple[str, str]] = []  # (layer, reason) of attention calls not recognised
         self.param_of: dict[str, str] = {}
-        self.const_nodes: set = set()
+        self.unexplainable: set = set()  # in-place writes into a tensor that is also read elsewhere
 
     # -- helpers -------------------------------------------------------------
     def name_for(self, param: str, node) -> str:
@@ -188,8 +188,9 @@ class Walker:
                 if v is None:
                     continue
                 if v.labels is None:
-                    self.opaque[node] = set().union(*[self.sids(self.vals[r].labels) for r in v.roots
-                                                      if self.vals.get(r) is not None and self.vals[r].labels])
+                    self.opaque.setdefault(node, set()).update(
+                        *[self.sids(self.vals[r].labels) for r in v.roots
+                          if self.vals.get(r) is not None and self.vals[r].labels])
                     continue
                 for sid in self.sids(v.labels):
                     self.sp.pin(sid, "(output)", "is an axis of the model's output")
@@ -202,6 +203,9 @@ class Walker:
         if name in ("_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size"):
             return None  # checks only: no value
         ins = [(a, self.val(a)) for a in _tensor_args(node)]
+        if name.endswith("_") and node.args and isinstance(node.args[0], torch.fx.Node) and \
+                len(node.args[0].users) > 1:  # the other readers of args[0] would see the write: never explained
+            self.unexplainable.add(node)
         if any(v is not None and v.labels is None for _, v in ins) and name not in ("getitem",
                                                                                    "scaled_dot_product_attention"):
             if name in ("linear", "addmm", "matmul", "mm"):  # fresh output units; the input side stays fixed
