@@ -117,3 +117,17 @@ def test_align_states_api_rejects_foreign_state():
     model = M.mlp((4, 6, 2), ("relu",))
     with pytest.raises(CheckpointError, match="does not fit"):
         align_states(model, model.state_dict(), {"x": torch.zeros(1)}, torch.randn(2, 4))
+
+
+def test_attention_scope_recovers_a_planted_attention_element_through_fused_segments():
+    model = M.randomise(M.EncoderViT(), 4)
+    x = torch.randn(2, 1, 8, 8)
+    res = trace(model, x)
+    att = [k for k in res.spec.spaces if k.split(".")[0] in ("heads", "qk", "vo")]
+    sub = res.spec.restrict(att)
+    a = {k: v.detach().double() for k, v in model.state_dict().items()}
+    b = apply(sub, sample(sub, 11), a)
+    out = align_states(model.double(), a, b, x.double(), scope="attention", traced=res)
+    assert out.distance_before > 0.3 and out.distance_after < 1e-8
+    assert out.verify["relative_output_change_float64"] <= 1e-10
+    assert set(out.match.transform) == set(att)
