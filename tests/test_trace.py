@@ -289,3 +289,24 @@ def test_glu_halves_of_one_projection_are_one_space():
     assert res.spec.describe() == {"ff.0": "S_10"}
     assert actions(res.spec)["fc.weight"] == [("ff.0", 0, "co", None, (0, 10)), ("ff.0", 0, "co", None, (10, 10))]
     assert independent_change(model, res.spec, x) <= 1e-10
+
+
+def test_gainless_layernorm_stream_is_centred_orthogonal():
+    from symalign.match.residual import CenteredOrthogonal
+
+    class Stream(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.mid, self.out = nn.Linear(5, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+            self.norm = nn.LayerNorm(8, elementwise_affine=False)
+
+        def forward(self, x):
+            h = self.inp(x)
+            h = h + self.mid(self.norm(h))
+            return self.out(self.norm(h))
+
+    model = M.randomise(Stream(), 12)
+    x = torch.randn(4, 5)
+    res = trace(model, x)
+    assert res.spec.spaces == {"residual": CenteredOrthogonal(8)}
+    assert independent_change(model, res.spec, x) <= 1e-10
