@@ -36,7 +36,8 @@ from symalign.errors import ConfigError, SpecError
 from symalign.groups import GeneralLinear, HeadPermutation, Orthogonal, PerHead, Permutation, PositiveMonomial
 from symalign.match.residual import CenteredOrthogonal
 from symalign.spec import SymmetrySpec, apply, sample
-from symalign.tracing.graph import Walker, layer_of, op_name
+from symalign.tracing.common import layer_of, op_name
+from symalign.tracing.graph import Walker
 
 
 PRECISION_FLOOR = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}

@@ -11,15 +11,14 @@ unexplained pins the spaces it touched.
 
 from __future__ import annotations
 
-import operator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from symalign.tracing.attention import Attention, AttentionRule
+from symalign.tracing.common import LOW, Opaque, Val, flat, layer_of, op_name, shape_of, tensor_args
 from symalign.tracing.labels import Labels, Spaces, axis_size, data, regroup
-from symalign.tracing.positions import identify_map, position_maps, qk_group
 
 HOMOGENEOUS = {"relu", "leaky_relu"}  # f(s z) = s f(z) for s > 0
 ELEMENTWISE = {"gelu", "silu", "tanh", "sigmoid", "elu", "selu", "celu", "softplus", "mish", "hardtanh", "relu6",
@@ -29,56 +28,10 @@ ELEMENTWISE = {"gelu", "silu", "tanh", "sigmoid", "elu", "selu", "celu", "softpl
                "gelu_", "relu_", "silu_"}
 IDENTITY = {"clone", "contiguous", "alias", "detach", "lift_fresh_copy", "_to_copy", "to", "type_as",
             "_assert_tensor_metadata"}
-LOW = {torch.float32, torch.float16, torch.bfloat16}
 LAYOUT = {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "view_as", "reshape_as"}
 
 
-@dataclass
-class Val:
-    labels: Labels | None  # None: opaque
-    roots: frozenset = frozenset()  # for opaque values: the recognised values they came from
-    opq: frozenset = frozenset()  # opaque nodes on the way
-    const: bool = False  # a buffer / constant (or computed only from them)
-
-
-@dataclass
-class Attention:
-    """One ``scaled_dot_product_attention`` call and the spaces it reads and writes."""
-
-    node: Any
-    layer: str
-    q: int
-    k: int
-    v: int
-    o: int
-    n_heads: int
-    n_kv: int
-    head_dim: int
-    qk: Any = None  # MatrixGroup or None
-    heads_ok: bool = True
-    problems: list = field(default_factory=list)
-
-
-def op_name(node) -> str:
-    t = node.target
-    if t is operator.getitem:
-        return "getitem"
-    name = getattr(t, "__name__", str(t))
-    return name.split(".")[0]
-
-
-def layer_of(node) -> str:
-    stack = node.meta.get("nn_module_stack") or {}
-    paths = [v[0] for v in stack.values()]
-    return paths[-1] if paths and paths[-1] else "(model)"
-
-
-def _shape(node) -> tuple | None:
-    v = node.meta.get("val")
-    return tuple(v.shape) if isinstance(v, Tensor) else None
-
-
-class Walker:
+class Walker(AttentionRule):
     """Labels the graph of a :class:`torch.export.ExportedProgram` (``run``), then exposes the results."""
 
     def __init__(self, ep, aliases: dict[str, list[str]], env: dict, gen: torch.Generator):
@@ -142,7 +95,7 @@ class Walker:
 
     def root_of(self, node):
         while isinstance(node, torch.fx.Node) and op_name(node) in IDENTITY | {"dropout"} and node.args and \
-                isinstance(node.args[0], torch.fx.Node) and _shape(node.args[0]) == _shape(node):
+                isinstance(node.args[0], torch.fx.Node) and shape_of(node.args[0]) == shape_of(node):
             node = node.args[0]
         return node
 
@@ -166,14 +119,14 @@ class Walker:
         for node in self.ep.graph.nodes:
             try:
                 self.vals[node] = self.visit(node, kinds)
-            except _Opaque as e:
-                ins = [(a, self.val(a)) for a in _tensor_args(node)]
+            except Opaque as e:
+                ins = [(a, self.val(a)) for a in tensor_args(node)]
                 self.vals[node] = self.make_opaque(node, ins, str(e))
 
     def visit(self, node, kinds) -> Any:
         if node.op == "placeholder":
             spec = kinds.get(node.name)
-            shape = _shape(node)
+            shape = shape_of(node)
             if shape is None:
                 return None
             if spec is not None and spec.kind.name == "PARAMETER":
@@ -183,7 +136,7 @@ class Walker:
                 return Val(data(shape), const=True)
             return Val(data(shape))
         if node.op == "output":
-            for a in _flat(node.args):
+            for a in flat(node.args):
                 v = self.val(a)
                 if v is None:
                     continue
@@ -202,7 +155,7 @@ class Walker:
         name = op_name(node)
         if name in ("_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size"):
             return None  # checks only: no value
-        ins = [(a, self.val(a)) for a in _tensor_args(node)]
+        ins = [(a, self.val(a)) for a in tensor_args(node)]
         if name.endswith("_") and node.args and isinstance(node.args[0], torch.fx.Node) and \
                 len(node.args[0].users) > 1:  # the other readers of args[0] would see the write: never explained
             self.unexplainable.add(node)
@@ -234,7 +187,7 @@ class Walker:
             if isinstance(mv, (tuple, list)):
                 return [Val(data(x.shape), const=const) if isinstance(x, Tensor) else None for x in mv]
             return None
-        raise _Opaque(op_name(node))
+        raise Opaque(op_name(node))
 
     # -- elementwise and layout ----------------------------------------------
     def elementwise(self, node, name) -> Val:
@@ -246,7 +199,7 @@ class Walker:
             self.sp.restrict(sid, kinds)
             self.sp.use(sid, name)
         if self.params(v.labels):
-            raise _Opaque(name)
+            raise Opaque(name)
         return Val(v.labels, const=v.const)
 
     def identity(self, node) -> Val:
@@ -258,22 +211,22 @@ class Walker:
             self.low_precision.add(mv.dtype)
         if v is None:
             return None
-        if _shape(node) != _shape(node.args[0]):
-            raise _Opaque(op_name(node))
+        if shape_of(node) != shape_of(node.args[0]):
+            raise Opaque(op_name(node))
         return Val(v.labels, const=v.const)
 
     def op_dropout(self, node) -> Val:
         p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
         train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
         if train and p:
-            raise _Opaque("dropout in training mode")
+            raise Opaque("dropout in training mode")
         return self.identity(node)
 
     def layout(self, node) -> Val:
         v = self.val(node.args[0])
-        lab = regroup(v.labels, _shape(node))
+        lab = regroup(v.labels, shape_of(node))
         if lab is None:
-            raise _Opaque(op_name(node))
+            raise Opaque(op_name(node))
         return Val(lab, const=v.const)
 
     def op_transpose(self, node) -> Val:
@@ -303,7 +256,7 @@ class Walker:
 
     def op_squeeze(self, node) -> Val:
         v = self.val(node.args[0])
-        shape_in = _shape(node.args[0])
+        shape_in = shape_of(node.args[0])
         dims = node.args[1] if len(node.args) > 1 else None
         if dims is None:
             dims = [i for i, s in enumerate(shape_in) if s == 1]
@@ -314,7 +267,7 @@ class Walker:
 
     def op_expand(self, node) -> Val:
         v = self.val(node.args[0])
-        shape = _shape(node)
+        shape = shape_of(node)
         lab = list(v.labels)
         lab = [(("d", 1),)] * (len(shape) - len(lab)) + lab
         out = []
@@ -325,7 +278,7 @@ class Walker:
                 for pa in self.params((ax,)):
                     self.sp.fix(pa, "is broadcast")
                 if self.sids((ax,)):
-                    raise _Opaque("expand")
+                    raise Opaque("expand")
                 out.append((("d", int(s)),))
         return Val(tuple(out), const=v.const)
 
@@ -336,7 +289,7 @@ class Walker:
         rest = tuple(a for i, a in enumerate(v.labels) if i != dim)
         if self.sids((ax,)):
             if len(ax) != 1:
-                raise _Opaque("select")
+                raise Opaque("select")
             _, sid, stride, m = ax[0]
             return Val(self.segment(rest, sid, stride, m, idx % m, node), const=v.const)
         for pa in self.params((ax,)):
@@ -351,7 +304,7 @@ class Walker:
         for a in others:
             size *= a[3]
         if stride * m != s.n or size != stride:
-            raise _Opaque("select")
+            raise Opaque("select")
         child = self.child(s.sid, idx * stride, stride, node)
         return tuple(tuple(("f", child, a[2], a[3]) if a[0] == "f" and self.sp.find(a[1]) == s.sid else a
                            for a in ax) for ax in rest)
@@ -363,19 +316,19 @@ class Walker:
 
     def op_slice(self, node) -> Val:
         v = self.val(node.args[0])
-        shape_in = _shape(node.args[0])
+        shape_in = shape_of(node.args[0])
         dim = (node.args[1] if len(node.args) > 1 else 0) % len(shape_in)
         start = node.args[2] if len(node.args) > 2 else 0
         step = node.args[4] if len(node.args) > 4 else 1
         ax = v.labels[dim]
-        new = _shape(node)[dim]
+        new = shape_of(node)[dim]
         lab = list(v.labels)
         if new == shape_in[dim]:
             return Val(v.labels, const=v.const)
         if self.sids((ax,)):
             sid = self.full_atom(ax)
             if sid is None or step != 1:
-                raise _Opaque("slice")
+                raise Opaque("slice")
             start = 0 if start is None else (start + shape_in[dim] if start < 0 else start)
             lab[dim] = (("f", self.child(sid, start, new, node), 1, new),)
             return Val(tuple(lab), const=v.const)
@@ -392,7 +345,7 @@ class Walker:
         res, start = [], 0
         sid = self.full_atom(ax) if self.sids((ax,)) else None
         if self.sids((ax,)) and sid is None:
-            raise _Opaque("split")
+            raise Opaque("split")
         for o in outs:
             n = o.shape[dim]
             lab = list(v.labels)
@@ -419,7 +372,7 @@ class Walker:
         outs = node.meta["val"]
         if self.sids((ax,)):
             if len(ax) != 1:
-                raise _Opaque("unbind")
+                raise Opaque("unbind")
             _, sid, stride, m = ax[0]
             return [Val(self.segment(rest, sid, stride, m, i, node), const=v.const) for i in range(len(outs))]
         return [Val(rest, const=v.const) for _ in outs]
@@ -454,7 +407,7 @@ class Walker:
                         self.sp.union(x[1], y[1])
                     out.append(xa)
                 else:
-                    raise _Opaque(op_name(node))
+                    raise Opaque(op_name(node))
                 if product:
                     for sid in self.sids((xa,)):
                         self.sp.restrict(sid, {"perm"})
@@ -465,7 +418,7 @@ class Walker:
                 sid = self.full_atom(feat)
                 if pother is not None and pother[2] > 1:
                     if sid is None:
-                        raise _Opaque(op_name(node))
+                        raise Opaque(op_name(node))
                     for p in pother[1]:
                         self.sp.bind_param(p, sid, self.name_for(p[0], node), "co", pother[2], layer)
                     if product:
@@ -480,7 +433,7 @@ class Walker:
                     out.append(feat)
                 else:
                     if sid is None:  # e.g. a position-dependent table times a head split (RoPE)
-                        raise _Opaque(op_name(node))
+                        raise Opaque(op_name(node))
                     for s in self.sids((feat,)):
                         what = "a fixed tensor (buffer)" if (b.const if feat is xa else a.const) else "a tensor"
                         self.sp.pin(s, layer, f"{what} is {'multiplied' if product else 'added'} along the feature "
@@ -541,16 +494,16 @@ class Walker:
     def op_cat(self, node) -> Val:
         vals = [self.val(a) for a in node.args[0]]
         dim = node.args[1] if len(node.args) > 1 else 0
-        shape = _shape(node)
+        shape = shape_of(node)
         dim %= len(shape)
         if any(v is None or v.labels is None for v in vals):
-            raise _Opaque("cat")
+            raise Opaque("cat")
         out = None
         for v in vals:
             lab = list(v.labels)
             ax = lab[dim]
             if self.sids((ax,)):
-                raise _Opaque("cat")
+                raise Opaque("cat")
             for pa in self.params((ax,)):
                 self.sp.fix(pa, f"is concatenated at {layer_of(node)}")
             lab[dim] = (("d", shape[dim]),)
@@ -574,7 +527,7 @@ class Walker:
             if self.sids((ax,)):
                 sid = self.full_atom(ax)
                 if sid is None:
-                    raise _Opaque(op_name(node))
+                    raise Opaque(op_name(node))
                 self.sp.restrict(sid, {"perm"})
                 self.sp.use(sid, "reduce")
             for pa in self.params((ax,)):
@@ -590,7 +543,7 @@ class Walker:
     def weight(self, node, arg) -> tuple[str, tuple] | None:
         """``(canonical name, shape)`` if ``arg`` is a parameter placeholder."""
         if isinstance(arg, torch.fx.Node) and arg.op == "placeholder" and arg.name in self.param_of:
-            return self.param_of[arg.name], _shape(arg)
+            return self.param_of[arg.name], shape_of(arg)
         return None
 
     def affine(self, node, x: Val, w, b, w_in: int, w_out: int) -> Val:
@@ -603,7 +556,7 @@ class Walker:
             self.sp.bind_param((wname, w_in), sid, self.name_for(wname, node), "contra", wshape[w_in], layer)
             self.sp.use(sid, "linear_in")
         elif self.sids((ax,)) or self.params((ax,)):
-            raise _Opaque(op_name(node))
+            raise Opaque(op_name(node))
         else:
             self.sp.fix((wname, w_in), "reads data (an input axis)")
         out = self.sp.bind_param((wname, w_out), None, self.name_for(wname, node), "co", wshape[w_out], layer,
@@ -620,13 +573,13 @@ class Walker:
         w = self.weight(node, node.args[wi])
         b = self.weight(node, node.args[bi]) if bi is not None and len(node.args) > bi and \
             node.args[bi] is not None else None
-        shape = _shape(node)
+        shape = shape_of(node)
         if w is None or len(w[1]) != 2 or shape is None or (bi is not None and len(node.args) > bi and
                                                           node.args[bi] is not None and b is None):
             return None
         self.make_opaque(node, [(node.args[xi], self.val(node.args[xi]))])
         w_in, w_out = (1, 0) if name == "linear" else (0, 1)
-        x = Val(data(_shape(node.args[xi])))
+        x = Val(data(shape_of(node.args[xi])))
         return self.affine(node, x, w, b, w_in, w_out)
 
     def op_linear(self, node) -> Val:
@@ -634,21 +587,21 @@ class Walker:
         w = self.weight(node, node.args[1])
         b = self.weight(node, node.args[2]) if len(node.args) > 2 and node.args[2] is not None else None
         if w is None or (len(node.args) > 2 and node.args[2] is not None and b is None):
-            return self.generic(node, [(a, self.val(a)) for a in _tensor_args(node)])
+            return self.generic(node, [(a, self.val(a)) for a in tensor_args(node)])
         return self.affine(node, x, w, b, 1, 0)
 
     def op_addmm(self, node) -> Val:
         b = self.weight(node, node.args[0])
         x = self.val(node.args[1])
         w = self.weight(node, node.args[2])
-        if w is None or b is None or len(_shape(node.args[2])) != 2:
-            return self.generic(node, [(a, self.val(a)) for a in _tensor_args(node)])
+        if w is None or b is None or len(shape_of(node.args[2])) != 2:
+            return self.generic(node, [(a, self.val(a)) for a in tensor_args(node)])
         return self.affine(node, x, w, b, 0, 1)
 
     def op_matmul(self, node) -> Val:
         w = self.weight(node, node.args[1])
         if w is None or len(w[1]) != 2:
-            return self.generic(node, [(a, self.val(a)) for a in _tensor_args(node)])
+            return self.generic(node, [(a, self.val(a)) for a in tensor_args(node)])
         return self.affine(node, self.val(node.args[0]), w, None, 0, 1)
 
     op_mm = op_matmul
@@ -657,7 +610,7 @@ class Walker:
         w = self.weight(node, node.args[0])
         idx = self.val(node.args[1])
         if w is None or idx is None or self.sids(idx.labels):
-            return self.generic(node, [(a, self.val(a)) for a in _tensor_args(node)])
+            return self.generic(node, [(a, self.val(a)) for a in tensor_args(node)])
         wname, wshape = w
         layer = layer_of(node)
         self.sp.fix((wname, 0), "rows are looked up by the input ids")
@@ -667,12 +620,12 @@ class Walker:
 
     def norm(self, node, x: Val, shape, w, b, kinds) -> Val:
         if len(shape) != 1:
-            raise _Opaque(op_name(node))
+            raise Opaque(op_name(node))
         layer = layer_of(node)
         sid = self.full_atom(x.labels[-1])
         if sid is None:
             if self.sids((x.labels[-1],)):
-                raise _Opaque(op_name(node))
+                raise Opaque(op_name(node))
             for p in (w, b):
                 if p is not None:
                     self.sp.fix((p[0], 0), "normalises a data axis")
@@ -694,217 +647,3 @@ class Walker:
         args = list(node.args) + [None] * 4
         w = self.weight(node, args[2]) if args[2] is not None else None
         return self.norm(node, self.val(args[0]), args[1], w, None, {"o", "o1", "perm"})
-
-    # -- attention -------------------------------------------------------------
-    def op_scaled_dot_product_attention(self, node) -> Val:
-        names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"]
-        args = dict(zip(names, node.args))
-        args.update(node.kwargs)
-        layer = layer_of(node)
-        q, k, v = (args[n] for n in names[:3])
-        sides = []
-        problems = []
-        for role, a in (("query", q), ("key", k), ("value", v)):
-            side = self.head_side(a, role, node, problems)
-            sides.append(side)
-        mask = args.get("attn_mask")
-        if mask is not None:
-            mv = self.val(mask)
-            if mv is None or mv.labels is None or self.sids(mv.labels) or self.params(mv.labels):
-                problems.append("the attention mask depends on feature axes")
-        if (args.get("dropout_p") or 0.0) != 0.0:
-            problems.append("attention dropout is active")
-        qv = self.vals.get(q)
-        shape = _shape(node)
-        if problems or any(s is None for s in sides):
-            self.failed.append((layer, "attention not aligned: " + "; ".join(problems)))
-            return self.make_opaque(node, [(a, self.val(a)) for a in (q, k, v)] + ([(mask, self.val(mask))]
-                                                                                    if mask is not None else []))
-        (sq, h, d, base_q, _), (sk, hkv, dk, base_k, rk), (sv, hv, dv, _, rv) = sides
-        att = Attention(node, layer, sq, sk, sv, -1, h, hkv, d)
-        gqa = bool(args.get("enable_gqa")) or (rk == rv == h // max(hkv, 1) and rk > 1)
-        if d != dk or hv != hkv or rk != rv or dv != d or h % hkv or (h != hkv and not gqa):
-            att.problems.append(f"head shapes differ (q {h}x{d}, k {hkv}x{dk}, v {hv}x{dv})")
-        if mask is not None:
-            m = self.env.get(mask)
-            if isinstance(m, Tensor) and m.dim() >= 3 and m.shape[-3] > 1:
-                if not bool((m == m.narrow(m.dim() - 3, 0, 1)).all()):
-                    att.heads_ok = False
-                    att.problems.append("heads not permuted: the attention mask/bias differs between heads")
-        att.qk = self.qk_of(node, base_q, base_k, q, k, att)
-        for sid, role in ((sq, "sdpa"), (sk, "sdpa"), (sv, "sdpa")):
-            self.sp.use(sid, role)
-        o = self.sp.new(h * d, layer, "attn_out")
-        att.o = o
-        self.attention.append(att)
-        base_labels = (self.vals[base_q].labels if base_q is not None else qv.labels)
-        lab = list(base_labels)
-        lab[-3] = (("f", o, d, h),)
-        lab[-1] = (("f", o, 1, d),)
-        assert len(lab) == len(shape)
-        return Val(tuple(lab))
-
-    def head_side(self, a, role, node, problems):
-        """``(space, heads, head_dim, base)`` of a query/key/value input (base: the value a position map
-        was applied to, or None)."""
-        v = self.val(a)
-        base = None
-        if v is None:
-            problems.append(f"the {role} is not traced")
-            return None
-        if v.labels is None:
-            if role == "value" or len(v.roots) != 1:
-                problems.append(f"the {role} passes through an unrecognised operation")
-                return None
-            base = next(iter(v.roots))
-            bv = self.vals.get(base)
-            sb, sa = _shape(base), _shape(a)
-            if bv is None or bv.labels is None or sb is None or sa is None or len(sb) != len(sa) or len(sa) < 3 \
-                    or sb[:-3] + sb[-2:] != sa[:-3] + sa[-2:] or sa[-3] % sb[-3]:
-                problems.append(f"the {role}'s position map changes its shape")
-                return None
-            lab = bv.labels
-            if sa[-3] != sb[-3]:  # RoPE, then K heads repeated for GQA (repeat_kv)
-                if role == "query":
-                    problems.append("the query's position map changes its shape")
-                    return None
-                g = sa[-3] // sb[-3]
-                lab = lab[:-3] + ((lab[-3][0], ("d", g)),) + lab[-2:]
-        else:
-            lab = v.labels
-        if len(lab) < 3:
-            problems.append(f"the {role} has no head axis")
-            return None
-        hax, dax = lab[-3], lab[-1]
-        repeat = 1
-        if role != "query" and len(hax) == 2 and hax[1][0] == "d":  # K/V heads repeated for GQA (repeat_kv)
-            repeat = hax[1][1]
-            hax = hax[:1]
-        if axis_size(hax) == 1 and len(dax) == 1 and dax[0][0] == "f":  # a single (K/V) head
-            hax = (("f", dax[0][1], dax[0][3], 1),)
-        if len(hax) != 1 or len(dax) != 1 or hax[0][0] != "f" or dax[0][0] != "f" or \
-                self.sp.find(hax[0][1]) != self.sp.find(dax[0][1]):
-            problems.append(f"the {role}'s head axes are not a head split of one projection")
-            return None
-        sid = self.sp.find(hax[0][1])
-        h, d = hax[0][3], dax[0][3]
-        if dax[0][2] != 1 or hax[0][2] != d or self.sp.get(sid).n != h * d:
-            problems.append(f"the {role}'s head axes are not a head split of one projection")
-            return None
-        if any(self.sids((ax,)) for ax in lab[:-3] + lab[-2:-1]):
-            problems.append(f"the {role} has features on its batch/position axes")
-            return None
-        return sid, h, d, base, repeat
-
-    def qk_of(self, node, base_q, base_k, q, k, att):
-        from symalign.groups import GeneralLinear
-
-        if base_q is None and base_k is None:
-            return GeneralLinear(att.head_dim)
-        maps, tols = [], [1e-12]
-        if min(_shape(q)[-2], _shape(k)[-2]) < 2:  # one position cannot reveal a position-dependent map
-            att.problems.append("Q-K not aligned: the queries/keys pass through a position map; trace with at least "
-                                "2 positions to identify it")
-            return None
-        for base, arg in ((base_q, q), (base_k, k)):
-            x = self.env[arg] if base is None else self.env[base]
-            if base is None:
-                eye = torch.eye(att.head_dim, dtype=torch.float64)
-                maps.append(eye.unsqueeze(0))
-                continue
-            run, low = self.runner(base, arg)
-            tol = 1e-6 if low else 1e-12  # the map computes in float32 (e.g. ModernBERT's rotary)
-            tols.append(tol)
-            g = _shape(arg)[-3] // _shape(base)[-3]
-            if g > 1:
-                run = _collapsed(run, x.dim() - 3, g)
-            m = identify_map(run, x, x.dim() - 1, self.gen, tol)
-            if m is None:
-                att.problems.append("Q-K not aligned: the map from the projection to the attention input is not a "
-                                    "per-position linear map")
-                return None
-            pm, why = position_maps(m, x.dim() - 3, x.dim() - 1, tol)
-            if pm is None:
-                att.problems.append(f"Q-K not aligned: {why}")
-                att.heads_ok = att.heads_ok and "heads" not in why
-                return None
-            maps.append(pm)
-        mq, mk = maps
-        if mq.shape[0] == 1 and mk.shape[0] > 1:
-            mq = mq.expand(mk.shape[0], -1, -1)
-        if mk.shape[0] == 1 and mq.shape[0] > 1:
-            mk = mk.expand(mq.shape[0], -1, -1)
-        for arg in (q, k):  # the maps are understood: per position, the same for every head and batch
-            v = self.vals.get(arg)
-            if v is not None and v.labels is None:
-                self.explained |= set(v.opq)
-        g = qk_group(mq, mk, self.gen, max(tols))
-        if g is None:
-            att.problems.append("Q-K not aligned: no candidate group keeps the position maps")
-        return g
-
-    def runner(self, base, target):
-        """A function recomputing ``target`` from a replacement value of ``base`` (other nodes from ``env``)."""
-        nodes = list(self.ep.graph.nodes)
-        pos = {n: i for i, n in enumerate(nodes)}
-        anc = set()
-        stack = [target]
-        while stack:
-            n = stack.pop()
-            if n in anc or n is base:
-                continue
-            anc.add(n)
-            stack.extend(x for x in n.all_input_nodes)
-        desc = {base}
-        for n in nodes[pos[base] + 1: pos[target] + 1]:
-            if any(x in desc for x in n.all_input_nodes):
-                desc.add(n)
-        region = sorted((anc & desc) - {base}, key=pos.get)
-        low = any(isinstance(n.meta.get("val"), Tensor) and n.meta["val"].dtype in LOW for n in region)
-
-        def run(x: Tensor) -> Tensor:
-            env = {base: x}
-
-            def look(a):
-                return env[a] if a in env else self.env[a]
-
-            for n in region:
-                args = torch.fx.node.map_arg(n.args, look)
-                kwargs = torch.fx.node.map_arg(n.kwargs, look)
-                env[n] = n.target(*args, **kwargs)
-            return env[target]
-
-        return run, low
-
-
-def _collapsed(run, axis: int, g: int):
-    """``run`` followed by undoing a repeat of each entry of ``axis`` ``g`` times (None if not a repeat)."""
-
-    def inner(x: Tensor) -> Tensor | None:
-        y = run(x)
-        y = y.unflatten(axis, (y.shape[axis] // g, g))
-        first = y.select(axis + 1, 0)
-        if not torch.equal(y, first.unsqueeze(axis + 1).expand_as(y)):
-            return None
-        return first
-
-    return inner
-
-
-class _Opaque(Exception):
-    pass
-
-
-def _flat(x):
-    if isinstance(x, (tuple, list)):
-        for y in x:
-            yield from _flat(y)
-    elif isinstance(x, dict):
-        for y in x.values():
-            yield from _flat(y)
-    else:
-        yield x
-
-
-def _tensor_args(node):
-    return [a for a in _flat((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)]
