@@ -6,7 +6,8 @@ Core objects:
   head permutations with GQA, per-head products) and their exact actions;
 * :mod:`symalign.spec` -- :class:`SymmetrySpec`, transforms, :func:`apply`;
 * :mod:`symalign.nn` -- the reference attention layer with every positional encoding;
-* :mod:`symalign.probe` -- measure a module's symmetry group (``symalign.probe.probe(module, inputs)``).
+* :mod:`symalign.probe` -- measure a module's symmetry group (``symalign.probe.probe(module, inputs)``);
+* :func:`symalign.trace` -- the exact spec of any module built from standard layers (:mod:`symalign.tracing`).
 """
 
 from symalign.errors import SymalignError
@@ -26,4 +27,8 @@ def __getattr__(name):  # lazy: heavy subpackages load on first use
         from symalign.match import match_attention
 
         return match_attention
+    if name in ("trace", "TraceResult"):  # the package is symalign.tracing, so nothing is shadowed
+        from symalign import tracing
+
+        return getattr(tracing, name)
     raise AttributeError(f"module 'symalign' has no attribute {name!r}")

@@ -98,9 +98,16 @@ def register(app: typer.Typer) -> None:
         no_stage1: bool = typer.Option(False, "--no-stage1", help="Keep B's head order (skip the head assignment)."),
         force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists (atomically)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
+        module: str = typer.Option(None, "--module", help="pkg.mod:factory returning any nn.Module: A_DIR, B_DIR and "
+                                   "OUT are then state-dict files (torch.save); spec traced (docs/tracing.md)."),
     ) -> None:
         """Align checkpoint B to A through exact attention symmetries; OUT computes B's function."""
-        info = run_align(a_dir, b_dir, out, scope=scope, stage2=stage2, stage1=not no_stage1, force=force)
+        if module:
+            from symalign.commands.align_module import run_align_module
+
+            info = run_align_module(module, a_dir, b_dir, out, scope, stage2, not no_stage1, force)
+        else:
+            info = run_align(a_dir, b_dir, out, scope=scope, stage2=stage2, stage1=not no_stage1, force=force)
         if as_json:
             typer.echo(json.dumps(info, default=_jsonable))
             return

@@ -1,0 +1,136 @@
+r"""Align two state dicts of any traceable module: :func:`align_states`.
+
+1. :func:`symalign.trace` derives the module's exact spec (checked in float64).
+2. ``scope="model"``: :func:`symalign.match.whole.match_whole` over every traced space
+   (residual stream, hidden units, attention); ``scope="attention"``: the attention
+   spaces only, with :func:`symalign.match.match_attention` (fused projections cut into
+   their segments).
+3. ``B' = g . B``. Before anything is returned, B' must compute B's function on the
+   example inputs: in float64 (``B'`` formed from B in float64, relative change
+   ``<= max(1e-10, the trace's precision floor)``) and in B's own dtype
+   (``<= 1e-5`` for float32, ``1e-2`` for half precision). Otherwise
+   :class:`~symalign.errors.MatchError` is raised.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from symalign.errors import CheckpointError, ConfigError, MatchError
+from symalign.spec import apply
+from symalign.tracing.api import TraceResult, _to64, flat_tensors, function_change, split_inputs, trace
+
+SCOPES = ("model", "attention")
+DTYPE_TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+@dataclass
+class ModuleAlignment:
+    """Result of :func:`align_states`: ``state`` is B aligned to A (B's dtypes)."""
+
+    state: dict[str, Tensor] = field(repr=False)
+    trace: TraceResult = field(repr=False)
+    match: Any = field(repr=False)
+    distance_before: float = 0.0
+    distance_after: float = 0.0
+    verify: dict[str, float] = field(default_factory=dict)
+    time_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"distance": {"before": {"total": self.distance_before}, "after": {"total": self.distance_after}},
+                "verify": dict(self.verify), "trace": self.trace.to_dict(),
+                "match": self.match.to_dict() if hasattr(self.match, "to_dict") else None, "time_s": self.time_s}
+
+
+def check_state(model: nn.Module, state: Mapping[str, Tensor], who: str) -> dict[str, Tensor]:
+    """``state`` as a dict of tensors with exactly the model's keys and shapes (else :class:`CheckpointError`)."""
+    if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise CheckpointError(f"{who} is not a state dict (a mapping of names to tensors); save it with "
+                              "torch.save(model.state_dict(), path)")
+    want = model.state_dict()
+    missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
+    if missing or extra:
+        what = f"lacks {missing[:3]}" if missing else f"has unexpected {extra[:3]}"
+        raise CheckpointError(f"{who} does not fit the module: it {what} (was it saved from this factory's model?)")
+    for k, v in want.items():
+        if tuple(state[k].shape) != tuple(v.shape):
+            raise CheckpointError(f"{who}: tensor {k!r} has shape {tuple(state[k].shape)}, the module expects "
+                                  f"{tuple(v.shape)}")
+        if state[k].is_floating_point() and not bool(torch.isfinite(state[k]).all()):
+            raise CheckpointError(f"{who}: tensor {k!r} has NaN or infinite entries")
+    return {k: v.detach() for k, v in state.items()}
+
+
+def _outputs(model: nn.Module, state, args, kwargs) -> list[Tensor]:
+    model.load_state_dict(state)
+    with torch.no_grad():
+        return [t.detach().clone() for t in flat_tensors(model(*args, **kwargs))]
+
+
+def align_states(model: nn.Module, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor], example_inputs,
+                 example_kwargs: dict | None = None, *, scope: str = "model", stage1: bool = True,
+                 stage2: str = "full", max_iter: int = 20, traced: TraceResult | None = None) -> ModuleAlignment:
+    """Align ``state_b`` to ``state_a`` through the traced exact symmetries of ``model`` (module docstring).
+
+    ``model`` is only used as the architecture (its own weights are not read or changed).
+    """
+    from symalign.match.distance import relative_distance
+    from symalign.match.whole import attention_step, match_whole
+
+    t0 = time.perf_counter()
+    if scope not in SCOPES:
+        raise ConfigError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
+    sa = check_state(model, state_a, "checkpoint A")
+    sb = check_state(model, state_b, "checkpoint B")
+    res = traced if traced is not None else trace(model, example_inputs, example_kwargs)
+    spec = res.spec
+    if scope == "attention":
+        keep = [k for k in spec.spaces if k.split(".")[0] in ("heads", "qk", "vo")]
+        if not keep:
+            raise MatchError("the traced module has no attention layer to align; use --scope model "
+                             f"(traced spaces: {', '.join(spec.spaces) or 'none'})")
+        spec = spec.restrict(keep)
+    if not spec.spaces:
+        raise MatchError("the traced module has no symmetry to align (every part was skipped: "
+                         + "; ".join(str(s) for s in res.skipped[:3]) + ")")
+    before = relative_distance(sa, sb, spec.tensors)
+    if scope == "attention":
+        match = attention_step(spec, list(spec.spaces), sa, sb, stage1, stage2)
+    else:
+        match = match_whole(spec, sa, sb, stage1=stage1, stage2=stage2, max_iter=max_iter)
+    transform = match.transform
+    out = apply(spec, transform, sb)
+    after = relative_distance(sa, out, spec.tensors)
+    verify = verify_function(model, spec, transform, sb, out, example_inputs, example_kwargs,
+                             floor=res.tolerance)
+    return ModuleAlignment(out, res, match, before, after, verify, time.perf_counter() - t0)
+
+
+def verify_function(model: nn.Module, spec, transform, state_b, aligned, example_inputs, example_kwargs=None,
+                    floor: float = 1e-10) -> dict[str, float]:
+    """B' must compute B's function: in float64 (``<= floor``) and in B's dtype (``DTYPE_TOL``); else MatchError."""
+    args, kwargs = split_inputs(example_inputs, example_kwargs)
+    m64 = copy.deepcopy(model).to(torch.float64).eval()
+    b64 = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in state_b.items()}
+    a64, k64 = _to64(args), _to64(kwargs)
+    ref = _outputs(m64, b64, a64, k64)
+    rel64 = function_change(m64, apply(spec, transform, b64), a64, k64, ref)
+    dtype = next((v.dtype for v in state_b.values() if v.is_floating_point()), torch.float32)
+    native = copy.deepcopy(model).to(dtype).eval()
+    cast = tuple(x.to(dtype) if isinstance(x, Tensor) and x.is_floating_point() else x for x in args)
+    kw_n = {k: v.to(dtype) if isinstance(v, Tensor) and v.is_floating_point() else v for k, v in kwargs.items()}
+    ref_n = _outputs(native, dict(state_b), cast, kw_n)
+    rel_n = function_change(native, dict(aligned), cast, kw_n, ref_n)
+    tol_n = DTYPE_TOL.get(dtype, 1e-4)
+    if not rel64 <= floor or not rel_n <= max(tol_n, floor):
+        raise MatchError(f"the aligned B changes B's function by {rel64:.1e} (float64, > {floor:g}) / {rel_n:.1e} "
+                         f"({str(dtype).replace('torch.', '')}, tolerance {tol_n:g}); refusing it -- this is a bug in "
+                         "the tracer or the matcher, please report it")
+    return {"relative_output_change": rel_n, "relative_output_change_float64": rel64,
+            "tolerance": max(tol_n, floor), "dtype": str(dtype).replace("torch.", "")}
