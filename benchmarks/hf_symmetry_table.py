@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| `{r['model_type']}` | | refused | | | {r['error']} | | | |" + (" |" if args.block else ""))
             continue
         extra = " + ".join(f"{k} {v}" for k, v in r["undeclared"].items()) or "-"
-        groups = " x ".join(dict.fromkeys(r["group"].values()))
+        groups = " x ".join(r["group"].values())
         planes = "-" if r["slow_planes"] is None else f"{r['slow_planes']} of {len(r['rope_planes'])}"
         nn_ = f"{r['near_null']['1e-3']} / {r['near_null']['1e-4']}"
         line = (f"| {r['family']} (`{r['model_type']}`) | {r['parameters']} | {r['nullity']} | {r['declared']} "
