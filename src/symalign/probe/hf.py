@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from symalign.arch import get_adapter
 from symalign.errors import ConfigError
 from symalign.groups import GeneralLinear, PerHead, RotaryPlanes
 from symalign.probe.measure import ProbeResult, probe
@@ -362,8 +363,6 @@ def probe_hf(source: Any, layer: int = 0, *, block: bool = False, seed: int = 0,
     without an adapter, or a layer out of range, and
     :class:`~symalign.probe.spectrum.AmbiguousSpectrumError` when a spectrum has no clean gap.
     """
-    from symalign.arch import get_adapter
-
     config = hf_config(source)
     adapter = get_adapter(config)
     n_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
