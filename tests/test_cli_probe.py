@@ -124,8 +124,9 @@ def test_probe_hf_json(monkeypatch, capsys):
 
 def test_probe_hf_table(monkeypatch, capsys):
     pytest.importorskip("transformers")
-    code, out, _ = run_main(monkeypatch, capsys, "probe", "--hf", "gpt2")
-    assert code == 0 and "declared by the adapter" in out and "key_bias 16" in out and "match" in out
+    code, out, _ = run_main(monkeypatch, capsys, "probe", "--hf", "mistral")
+    assert code == 0 and "declared by the adapter" in out and "Mistral" in out and "match" in out
+    assert "softmax(dtype=float32)" in out and "RoPE plane rotation" in out
 
 
 def test_tour_writes_json_atomically(monkeypatch, capsys, tmp_path):

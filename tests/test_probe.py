@@ -233,3 +233,17 @@ def test_hf_llama_in_float32_arithmetic_is_refused_not_miscounted(monkeypatch):
     layer, x = _llama_attention()
     with pytest.raises(AmbiguousSpectrumError, match=r"8 lie between .* anywhere from 32 to 40"):
         probe(layer, x, method="dense", check_heads=False)
+
+
+def test_float64_mode_upcasts_internal_casts():
+    from symalign.probe import Float64Mode
+
+    x = torch.randn(3, 4, dtype=torch.float64)
+    mode = Float64Mode()
+    with mode:
+        assert x.float().dtype == torch.float64 and x.to(torch.float32).dtype == torch.float64
+        assert torch.softmax(x, -1, dtype=torch.float32).dtype == torch.float64
+        assert torch.zeros(2, dtype=torch.float16).dtype == torch.float64
+        assert torch.arange(3).dtype == torch.int64 and x.to(torch.int32).dtype == torch.int32
+    assert {"Tensor.float()", "Tensor.to(float32)", "softmax(dtype=float32)", "zeros(dtype=float16)"} <= mode.sites
+    assert x.float().dtype == torch.float32  # only while active

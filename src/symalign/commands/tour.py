@@ -47,7 +47,7 @@ def render_tour(rows: list[dict]) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("tour")
     def tour_cmd(
-        out: Path = typer.Option(Path("runs/tour"), "--out", help="folder for symmetry.json"),
+        out: Path = typer.Option(Path("runs/tour"), "--out", "-o", help="folder for symmetry.json"),
         as_json: bool = typer.Option(False, "--json", help="print the tour as JSON instead of a table"),
         seed: int = typer.Option(0, "--seed", help="seed of the weights and inputs"),
     ) -> None:

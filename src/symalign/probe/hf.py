@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from symalign.arch import get_adapter
 from symalign.errors import ConfigError
 from symalign.groups import GeneralLinear, PerHead, RotaryPlanes
 from symalign.probe.measure import ProbeResult, probe
@@ -326,13 +327,26 @@ def _frequencies(model: nn.Module, config: Any, layer: int) -> Tensor | None:
     return None
 
 
-def _block_of(model: nn.Module, module_name: str) -> str | None:
-    """The enclosing element of a layer list (the deepest ancestor whose last name part is an index)."""
+def _block_of(module_name: str) -> str:
+    """The enclosing element of a layer list: the deepest proper ancestor whose last name part is an index."""
     parts = module_name.split(".")
-    for k in range(len(parts) - 1, 0, -1):
-        if parts[k - 1].isdigit() is False and parts[k].isdigit():
+    for k in range(len(parts) - 2, -1, -1):
+        if parts[k].isdigit():
             return ".".join(parts[: k + 1])
-    return None
+    raise ConfigError(f"{module_name} is not inside a layer list (no 'name.<index>' ancestor): no block to probe")
+
+
+def _tokens_times_width(args: tuple, kwargs: dict) -> int:
+    where = _hidden_states(args, kwargs)
+    if where is None:
+        raise ConfigError("could not find the hidden states (a 3-d floating tensor) in the attention layer's call")
+    x = args[where[1]] if where[0] == "arg" else kwargs[where[1]]
+    return int(x.shape[1]) * int(x.shape[2])
+
+
+def _batch(n_params: int, per_item: int) -> int:
+    """Batch size giving at least :data:`OUTPUT_RATIO` outputs per probed parameter."""
+    return max(1, math.ceil(OUTPUT_RATIO * n_params / per_item))
 
 
 # ----------------------------------------------------------------------------
@@ -349,8 +363,6 @@ def probe_hf(source: Any, layer: int = 0, *, block: bool = False, seed: int = 0,
     without an adapter, or a layer out of range, and
     :class:`~symalign.probe.spectrum.AmbiguousSpectrumError` when a spectrum has no clean gap.
     """
-    from symalign.arch import get_adapter
-
     config = hf_config(source)
     adapter = get_adapter(config)
     n_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
@@ -377,38 +389,27 @@ def probe_hf(source: Any, layer: int = 0, *, block: bool = False, seed: int = 0,
         raise ConfigError(f"layer {layer} of this {adapter.family} model has {n_params:,} attention parameters; the "
                           f"probe handles up to {MAX_PARAMETERS:,} (pass the model_type, e.g. "
                           f"{config.model_type!r}, to probe a tiny model with the same structure)")
-    inputs = _inputs(adapter, config, 1, seed)
-    args, kwargs = capture_call(model, attn_name, inputs)
-    where = _hidden_states(args, kwargs)
-    x = args[where[1]] if where and where[0] == "arg" else kwargs[where[1]] if where else None
-    if x is None:
-        raise ConfigError("could not find the hidden states (a 3-d floating tensor) in the attention layer's call")
-    batch = max(1, math.ceil(OUTPUT_RATIO * n_params / (int(x.shape[1]) * int(x.shape[2]))))
-    inputs = _inputs(adapter, config, batch, seed)
-    args, kwargs = capture_call(model, attn_name, inputs)
+    per_item = _tokens_times_width(*capture_call(model, attn_name, _inputs(adapter, config, 1, seed)))
+    args, kwargs = capture_call(model, attn_name, _inputs(adapter, config, _batch(n_params, per_item), seed))
     args, kwargs, seq_len = generic_hidden_states(args, kwargs, seed + 2)
     freqs = _frequencies(model, config, layer)
     rows = []
     call = _Call(model.get_submodule(attn_name), args, kwargs, site[len(attn_name) + 1:] if attn_name else site)
     names = ["layer." + t[len(attn_name) + 1:] if attn_name else "layer." + t for t in tensors]
     res = probe(call, (), method=method, ad=ad, probes=probes, seed=seed, parameters=names, check_heads=False,
-                predicted=declared + sum(undeclared.values()), frequencies=freqs if freqs is not None else None,
-                seq_len=seq_len, spec=spec)
+                predicted=declared + sum(undeclared.values()), frequencies=freqs, seq_len=seq_len, spec=spec)
     rows.append(HFProbe(adapter.family, config.model_type, layer, "attention", attn_name, declared, spec.describe(),
                         undeclared, res, cfg_summary))
     if block:
-        block_name = _block_of(model, attn_name)
-        if block_name is not None:
-            block_module = model.get_submodule(block_name)
-            n_block = sum(p.numel() for p in block_module.parameters() if p.is_floating_point())
-            bbatch = max(1, math.ceil(OUTPUT_RATIO * n_block / (int(x.shape[1]) * int(x.shape[2]))))
-            bargs, bkwargs = capture_call(model, block_name, _inputs(adapter, config, bbatch, seed))
-            bargs, bkwargs, bseq = generic_hidden_states(bargs, bkwargs, seed + 3)
-            bcall = _Call(block_module, bargs, bkwargs, "")
-            bres = probe(bcall, (), method=method, ad=ad, probes=probes, seed=seed, check_heads=False,
-                         frequencies=freqs, seq_len=bseq)
-            rows.append(HFProbe(adapter.family, config.model_type, layer, "block", block_name, None, {}, {}, bres,
-                                cfg_summary))
+        block_name = _block_of(attn_name)
+        block_module = model.get_submodule(block_name)
+        n_block = sum(p.numel() for p in block_module.parameters() if p.is_floating_point())
+        bargs, bkwargs = capture_call(model, block_name, _inputs(adapter, config, _batch(n_block, per_item), seed))
+        bargs, bkwargs, bseq = generic_hidden_states(bargs, bkwargs, seed + 3)
+        bres = probe(_Call(block_module, bargs, bkwargs, ""), (), method=method, ad=ad, probes=probes, seed=seed,
+                     check_heads=False, frequencies=freqs, seq_len=bseq)
+        rows.append(HFProbe(adapter.family, config.model_type, layer, "block", block_name, None, {}, {}, bres,
+                            cfg_summary))
     return rows
 
 
