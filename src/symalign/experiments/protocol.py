@@ -36,15 +36,12 @@ from symalign import lmc
 from symalign.atomic import write_json as write_json_atomic
 from symalign.errors import ConfigError, SymalignError
 from symalign.experiments.config import ExperimentConfig
-from symalign.spec import SymmetrySpec, apply
+from symalign.spec import ATTENTION_ROLES, SymmetrySpec, apply
 
 
 def scope_layers(scope: str, n_layers: int) -> list[int]:
     """Attention layers a scope re-initialises (and so the layers to align)."""
     return [0] if scope in ("first-attention", "first-block") else list(range(n_layers))
-
-
-ATTENTION_KINDS = ("heads", "qk", "vo")
 
 
 def scope_spaces(spec: SymmetrySpec, scope: str, n_layers: int) -> list[str]:
@@ -57,15 +54,14 @@ def scope_spaces(spec: SymmetrySpec, scope: str, n_layers: int) -> list[str]:
     if scope == "full":
         return list(spec.spaces)
     layers = scope_layers(scope, n_layers)
-    kinds = ATTENTION_KINDS + (("ff",) if scope == "first-block" else ())
-    return [s for s in spec.spaces if "." in s and s.split(".")[0] in kinds and int(s.split(".")[1]) in layers]
+    roles = ATTENTION_ROLES + (("ff",) if scope == "first-block" else ())
+    return spec.select(role=roles, layer=layers)
 
 
 def attention_spec(model: nn.Module, layers: list[int]) -> SymmetrySpec:
     """The model's spec restricted to the attention spaces (heads, Q-K, V-O) of ``layers``."""
     spec = model.symmetry_spec()
-    keep = [s for s in spec.spaces if s.split(".")[0] in ATTENTION_KINDS and int(s.split(".")[1]) in layers]
-    return spec.restrict(keep)
+    return spec.restrict(spec.select(role=ATTENTION_ROLES, layer=layers))
 
 
 def alignment_models(model_a: nn.Module, model_b: nn.Module, scope: str) -> tuple[nn.Module, nn.Module, list[str]]:
@@ -108,7 +104,7 @@ def match_scope(spec: SymmetrySpec, sa: dict, sb: dict, stage1: bool, stage2: st
     from symalign.match import match_attention
     from symalign.match.whole import match_whole
 
-    if all(s.split(".")[0] in ATTENTION_KINDS for s in spec.spaces):
+    if all(spec.role(s) in ATTENTION_ROLES for s in spec.spaces):
         view_spec, (va, vb) = split_segments(spec, sa, sb)
         return match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2)
     return match_whole(spec, sa, sb, stage1=stage1, stage2=stage2, max_iter=10)
@@ -228,7 +224,7 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
         out["methods"] = seed002_methods(cfg, ds, arch_a, arch_b, batches, naive, progress,
                                          checkpoint=Path(dir_a).parent / "learned-matching.pt")
     # stage-1 metrics of the chosen head permutations, on B with the other spaces (residual, FF) aligned
-    attn_spaces = [x for x in spec.spaces if x.split(".")[0] in ATTENTION_KINDS]
+    attn_spaces = spec.select(role=ATTENTION_ROLES)
     other = [x for x in spec.spaces if x not in attn_spaces]
     rb_ctx = {**rb, **apply(spec.restrict(other), {k: v for k, v in first_match.transform.items() if k in other}, rb)}
     out["stage1"] = stage1_metrics(spec.restrict(attn_spaces), ra, rb_ctx, first_match.transform)

@@ -1,8 +1,8 @@
 r"""Canonical per-head views of attention tensors, read from a :class:`SymmetrySpec`.
 
-The matcher is architecture-blind: it finds attention layers by scanning the
-spec (a ``HeadPermutation`` space coupled to ``qk.*``/``vo.*`` per-head spaces,
-or bare ``qk.L``/``vo.L`` pairs for layers without a head permutation, e.g.
+The matcher is architecture-blind: it finds attention layers by the spaces' roles
+(a ``heads`` space coupled to a ``qk`` and a ``vo`` per-head space, or a bare
+``qk``/``vo`` pair of one layer for layers without a head permutation, e.g.
 ALiBi) and gets every tensor from :meth:`SymmetrySpec.tensors_of`.
 
 Paper layout
@@ -115,6 +115,9 @@ def _sides(spec: SymmetrySpec, space: str) -> SpaceSides:
 def find_layers(spec: SymmetrySpec, state: Mapping[str, Tensor] | None = None) -> list[AttentionLayer]:
     """Every attention layer of ``spec``, in declaration order of its ``qk`` spaces.
 
+    A layer is a space of role ``qk`` and the ``vo`` space of the same head permutation
+    (coupling), or of the same layer when no head permutation is declared. Its ``tag`` is
+    the layer number (the ``qk`` space's name when it has none).
     With ``state`` given, parts whose tensor is 1-D are marked homogeneous (biases).
     """
     heads_of: dict[str, str] = {}
@@ -122,14 +125,19 @@ def find_layers(spec: SymmetrySpec, state: Mapping[str, Tensor] | None = None) -
         for b in blocks:
             heads_of[b] = p
     layers = []
-    for name in spec.spaces:
-        if not name.startswith("qk."):
-            continue
-        tag = name[3:]
-        vo = f"vo.{tag}"
-        if vo not in spec.spaces:
-            raise MatchError(f"layer {tag!r}: space {name!r} has no matching {vo!r}")
-        hq, hv = heads_of.get(name), heads_of.get(vo)
+    for name in spec.select(role="qk"):
+        layer = spec.layer(name)
+        tag = name if layer is None else str(layer)
+        hq = heads_of.get(name)
+        if hq is not None:
+            vos = [b for b in spec.couplings[hq] if spec.role(b) == "vo"]
+        else:
+            vos = [s for s in spec.select(role="vo", layer=layer) if s not in heads_of] if layer is not None else []
+        if len(vos) != 1:
+            raise MatchError(f"layer {tag!r}: space {name!r} needs exactly one V-O space (role 'vo') "
+                             f"{'coupled to ' + repr(hq) if hq is not None else 'of the same layer'}; found {vos}")
+        vo = vos[0]
+        hv = heads_of.get(vo)
         if hq != hv:
             raise MatchError(f"layer {tag!r}: {name!r} and {vo!r} are coupled to different head spaces ({hq}, {hv})")
         hg = spec.spaces[hq] if hq is not None else None

@@ -93,7 +93,7 @@ def apply_subset(spec: SymmetrySpec, transform: Mapping[str, Tensor], state: Map
     names = {t for s in spaces for t, _ in spec.tensors_of(s)}
     if only_bound:
         names = {t for t in names if any(not _is_free(spec, t, s) for s in spaces)}
-    sub = SymmetrySpec(spec.spaces, {t: spec.tensors[t] for t in names}, spec.couplings)
+    sub = spec.with_tensors({t: spec.tensors[t] for t in names})
     return apply(sub, transform, {t: state[t] for t in names})
 
 
@@ -202,7 +202,7 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
     transform: Transform = dict(init) if init is not None else {}
     notes: list[str] = [restricted_note(name, spec.spaces[name]) for name in part.orthogonal
                         if isinstance(spec.spaces[name], FixingOrthogonal)]
-    stream = part.orthogonal + [p for p in part.permutations if not p.startswith("ff.")]
+    stream = part.orthogonal + [p for p in part.permutations if spec.role(p) == "residual"]
     free_m: dict[str, Tensor] = {}
     for name in stream:  # the free tensors' cross term is the same in every sweep: computed once
         pairs = _pairs(spec, name, True)
