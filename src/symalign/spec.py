@@ -245,22 +245,31 @@ def apply(spec: SymmetrySpec, transform: Mapping[str, Tensor], state: Mapping[st
         x = state[t]
         for a in acts:
             if a.space in transform:
-                x = _act(spec.spaces[a.space], transform[a.space], x, a)
+                x = act_on(spec.spaces[a.space], transform[a.space], x, a)
         if x is not state[t]:
             out[t] = x
     return out
 
 
-def _act(group: Group, element: Tensor, x: Tensor, a: AxisAction) -> Tensor:
-    """Act on the whole axis, or only on ``a.segment`` of it (the rest is copied unchanged)."""
-    if a.segment is None:
-        return group.act(element, x, a.axis, a.variance, a.rep)
-    start, length = a.segment
+def on_segment(x: Tensor, a: AxisAction, fn) -> Tensor:
+    """``fn(x, axis)`` on the whole tensor, or on the slice ``a.segment`` of axis ``a.axis`` only (the rest
+    is copied unchanged; differentiable). ``fn`` receives the (sliced) tensor and the non-negative axis."""
     axis = a.axis % x.dim()
-    part = group.act(element, x.narrow(axis, start, length), axis, a.variance, a.rep)
+    if a.segment is None:
+        return fn(x, axis)
+    start, length = a.segment
+    part = fn(x.narrow(axis, start, length), axis)
     head = x.narrow(axis, 0, start)
     tail = x.narrow(axis, start + length, x.shape[axis] - start - length)
     return torch.cat([head, part, tail], dim=axis)
+
+
+def act_on(group: Group, element: Tensor, x: Tensor, a: AxisAction) -> Tensor:
+    """``group``'s ``element`` acting on ``x`` as the action ``a`` says: on the whole axis, or only on
+    ``a.segment`` of it (the rest is copied unchanged)."""
+    return on_segment(x, a, lambda y, axis: group.act(element, y, axis, a.variance, a.rep))
+
+
 
 
 def identity(spec: SymmetrySpec) -> Transform:

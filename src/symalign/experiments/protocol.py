@@ -98,15 +98,13 @@ def alignment_models(model_a: nn.Module, model_b: nn.Module, scope: str) -> tupl
 
 
 def match_scope(spec: SymmetrySpec, sa: dict, sb: dict, stage1: bool, stage2: str):
-    """Attention-only spaces: the two-stage matcher (fused Q|K|V tensors such as GPT-2's
-    ``c_attn`` cut into their segments first); otherwise whole-model weight matching."""
-    from symalign.arch.fused import split_segments
+    """Attention-only spaces: the two-stage matcher (which reads fused Q|K|V tensors such as GPT-2's
+    ``c_attn`` by their segments); otherwise whole-model weight matching."""
     from symalign.match import match_attention
     from symalign.match.whole import match_whole
 
     if all(spec.role(s) in ATTENTION_ROLES for s in spec.spaces):
-        view_spec, (va, vb) = split_segments(spec, sa, sb)
-        return match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2)
+        return match_attention(spec, sa, sb, stage1=stage1, stage2=stage2)
     return match_whole(spec, sa, sb, stage1=stage1, stage2=stage2, max_iter=10)
 
 
@@ -287,11 +285,9 @@ def seed002_methods(cfg: ExperimentConfig, ds, arch_a: nn.Module, arch_b: nn.Mod
 def stage1_metrics(spec: SymmetrySpec, state_a: dict, state_b: dict, transform: dict) -> list[dict]:
     """Per layer: the stage-1 objective of the chosen head permutation, of the identity, and
     (``h <= 8``) its rank among all admissible permutations and ``Lhat`` (the paper's metrics)."""
-    from symalign.arch.fused import split_segments
     from symalign.match.heads import best_and_identity, head_cost, lhat, objective, permutation_rank
     from symalign.match.views import find_layers
 
-    spec, (state_a, state_b) = split_segments(spec, state_a, state_b)
     rows = []
     for layer in find_layers(spec, state_a):
         space = layer.heads

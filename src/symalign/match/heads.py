@@ -65,10 +65,10 @@ def _side_heads(state: Mapping[str, Tensor], parts: tuple[Part, ...], n_heads: i
         if drop_bias and p.homogeneous:
             continue
         if centre and not p.homogeneous:  # centred in float64, then rounded once to dtype
-            x, units = head_rows(state[p.tensor], p, d)
+            x, units = head_rows(p.read(state), p, d)
             x = (x - x.mean(dim=1, keepdim=True)).to(dtype)
         else:
-            x, units = head_rows(state[p.tensor], p, d, dtype=dtype)
+            x, units = head_rows(p.read(state), p, d, dtype=dtype)
         out.append((x, units))
     return out
 

@@ -95,7 +95,7 @@ from symalign.match.qk import condition
 from symalign.match.residual import FixingOrthogonal, polar
 from symalign.match.distance import distance
 from symalign.match.whole import WholeMatch, align_whole
-from symalign.spec import AxisAction, SymmetrySpec, Transform, apply
+from symalign.spec import AxisAction, SymmetrySpec, Transform, act_on, apply, on_segment
 
 Batch = tuple[Tensor, Tensor]
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -260,7 +260,8 @@ class Latents:
         return out
 
     def soft_apply(self, state: Mapping[str, Tensor], soft: dict[str, object] | None = None) -> dict[str, Tensor]:
-        """``T(Z) . state`` (differentiable in the latents; fixed spaces act exactly, in spec order)."""
+        """``T(Z) . state`` (differentiable in the latents; fixed spaces act exactly, in spec order; an
+        action with a segment acts on that slice of a fused tensor only)."""
         soft = self.soft() if soft is None else soft
         inv_cache: dict[str, Tensor] = {}
         out = dict(state)
@@ -268,31 +269,30 @@ class Latents:
             x = state[t]
             for a in acts:
                 if a.space in soft:
-                    x = self._act(a, x, soft[a.space], inv_cache)
+                    x = on_segment(x, a, lambda y, axis, a=a: self._act(a, axis, y, soft[a.space], inv_cache))
                 elif a.space in self.init:
-                    x = self.spec.spaces[a.space].act(self.init[a.space], x, a.axis, a.variance, a.rep)
+                    x = act_on(self.spec.spaces[a.space], self.init[a.space], x, a)
             out[t] = x
         return out
 
-    def _act(self, a: AxisAction, x: Tensor, el, inv_cache: dict[str, Tensor]) -> Tensor:
-        if a.segment is not None:
-            raise MatchError("learned matching does not support segmented (fused) tensors")
+    def _act(self, a: AxisAction, axis: int, x: Tensor, el, inv_cache: dict[str, Tensor]) -> Tensor:
+        """The soft element ``el`` of ``a.space`` on ``axis`` of ``x`` (the segment's slice, if any)."""
         g = self.spec.spaces[a.space]
         if isinstance(g, HeadPermutation):
             pq, pkv, d = el
             p = pkv if a.rep == "kv" else pq
-            return apply_on_axis(x, a.axis, torch.kron(p, torch.eye(d, dtype=p.dtype)))
+            return apply_on_axis(x, axis, torch.kron(p, torch.eye(d, dtype=p.dtype)))
         if isinstance(g, PerHead):
             m = el
             if a.variance == "contra":
                 if a.space not in inv_cache:
                     inv_cache[a.space] = torch.linalg.inv(el).mT
                 m = inv_cache[a.space]
-            size = x.shape[a.axis]
-            return apply_on_axis(x, a.axis, m, repeat=size // g.n)
+            size = x.shape[axis]
+            return apply_on_axis(x, axis, m, repeat=size // g.n)
         if isinstance(g, PositiveMonomial):
-            return apply_on_axis(x, a.axis, el[0] if a.variance == "co" else el[1])
-        return apply_on_axis(x, a.axis, el)  # permutation / orthogonal: T^{-T} = T
+            return apply_on_axis(x, axis, el[0] if a.variance == "co" else el[1])
+        return apply_on_axis(x, axis, el)  # permutation / orthogonal: T^{-T} = T
 
     # -- exact projection -----------------------------------------------------
     def project(self, max_cond: float = 1e6) -> tuple[Transform, list[str]]:

@@ -37,9 +37,11 @@ from symalign.spec import SymmetrySpec
 
 @dataclass(frozen=True)
 class Part:
-    """One tensor on one side of a per-head space.
+    """One tensor (or one segment of a fused tensor) on one side of a per-head space.
 
     ``homogeneous``: a 1-D tensor (a bias), contributing one row per head.
+    ``segment``: ``(start, length)`` on ``axis`` when the tensor is fused (GPT-2's
+    ``c_attn`` holds Q, K and V side by side); :meth:`read` returns that slice.
     """
 
     tensor: str
@@ -47,6 +49,14 @@ class Part:
     variance: str
     rep: str | None
     homogeneous: bool
+    segment: tuple[int, int] | None = None
+
+    def read(self, state: Mapping[str, Tensor]) -> Tensor:
+        """The part's tensor from ``state``: the segment's slice of ``axis`` (a view) or the whole tensor."""
+        x = state[self.tensor]
+        if self.segment is None:
+            return x
+        return x.narrow(self.axis % x.dim(), self.segment[0], self.segment[1])
 
 
 @dataclass(frozen=True)
@@ -104,7 +114,7 @@ def _sides(spec: SymmetrySpec, space: str) -> SpaceSides:
         raise MatchError(f"space {space!r}: odd rotated width {g.inner.r}; RoPE planes need an even width")
     co, contra = [], []
     for t, a in spec.tensors_of(space):
-        part = Part(t, a.axis, a.variance, a.rep, homogeneous=False)  # biases marked by _mark_bias
+        part = Part(t, a.axis, a.variance, a.rep, homogeneous=False, segment=a.segment)  # biases: _mark_bias
         (co if a.variance == "co" else contra).append(part)
     if not co or not contra:
         raise MatchError(f"space {space!r} needs tensors on both sides (covariant and contravariant); "
@@ -155,7 +165,7 @@ def find_layers(spec: SymmetrySpec, state: Mapping[str, Tensor] | None = None) -
 
 def _mark_bias(s: SpaceSides, state: Mapping[str, Tensor]) -> SpaceSides:
     def mark(ps):
-        return tuple(Part(p.tensor, p.axis, p.variance, p.rep, state[p.tensor].dim() == 1) for p in ps)
+        return tuple(Part(p.tensor, p.axis, p.variance, p.rep, state[p.tensor].dim() == 1, p.segment) for p in ps)
 
     return SpaceSides(s.name, s.group, mark(s.co), mark(s.contra))
 

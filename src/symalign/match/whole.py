@@ -148,12 +148,8 @@ def restricted_note(name: str, group: FixingOrthogonal) -> str:
 
 def attention_step(spec: SymmetrySpec, names: list[str], state_a, state_b, stage1: bool = True,
                    stage2: str = "full"):
-    """:func:`match_attention` on the attention sub-spec (fused segments split into virtual tensors)."""
-    from symalign.arch.fused import split_segments
-
-    sub = spec.restrict(names)
-    view_spec, (va, vb) = split_segments(sub, state_a, state_b)
-    return match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2)
+    """:func:`match_attention` on the attention sub-spec (it reads fused segments itself)."""
+    return match_attention(spec.restrict(names), state_a, state_b, stage1=stage1, stage2=stage2)
 
 
 @dataclass
