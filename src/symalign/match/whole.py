@@ -57,9 +57,9 @@ from symalign.errors import MatchError
 from symalign.groups import HeadPermutation, Orthogonal, PerHead, Permutation, PositiveMonomial
 from symalign.match.api import match_attention
 from symalign.match.distance import distance
-from symalign.match.ff import assign, match_monomial
+from symalign.match.ff import match_monomial
 from symalign.match.inputs import check_pair, check_spec_fits
-from symalign.match.residual import FixingOrthogonal, cross, procrustes
+from symalign.match.residual import FixingOrthogonal, cross
 from symalign.spec import SymmetrySpec, Transform, apply
 
 
@@ -123,8 +123,8 @@ def _pairs(spec: SymmetrySpec, space: str, free: bool | None = None):
 
 
 def _project(spec: SymmetrySpec, space: str, m: Tensor) -> Tensor:
-    g = spec.spaces[space]
-    return assign(m) if isinstance(g, Permutation) else procrustes(m, g)  # type: ignore[arg-type]
+    """The element of ``space`` maximising ``<T, m>`` (assignment or Procrustes: :meth:`Group.nearest`)."""
+    return spec.spaces[space].nearest(m)
 
 
 def _solve_space(spec: SymmetrySpec, space: str, state_a, state_b, only_free: bool = False,
