@@ -44,6 +44,9 @@ def scope_layers(scope: str, n_layers: int) -> list[int]:
     return [0] if scope in ("first-attention", "first-block") else list(range(n_layers))
 
 
+ATTENTION_KINDS = ATTENTION_ROLES  # the older name
+
+
 def scope_spaces(spec: SymmetrySpec, scope: str, n_layers: int) -> list[str]:
     """The spaces to align for a scope: what the scope re-initialised and nothing else.
 
