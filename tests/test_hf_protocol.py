@@ -380,3 +380,19 @@ def test_shakespeare_pair_configs_match_the_builtin_budget():
         hc = HFConfig(cfg.model["family"], "lm", {k: v for k, v in cfg.model.items() if k != "family"}).hf_config()
         assert (hc.hidden_size, hc.num_hidden_layers, hc.num_attention_heads) == (128, 2, 4)
         assert (getattr(hc, "n_inner", None) or hc.intermediate_size) == 512
+
+
+@pytest.mark.parametrize("family", ["gpt2", "modernbert"])
+def test_learned_variant_on_fused_families(family, tmp_path, single_thread):
+    """GPT-2's ``c_attn`` and ModernBERT's ``Wqkv`` hold Q|K|V side by side: the ``learned`` variant refines
+    the ``full`` result through the segments (it used to raise after training the models)."""
+    cfg = experiment(family, scopes=["all-attention", "full"], variants=["full", "learned"], learned_steps=3,
+                     method_batch_size=8)
+    results = {r["scope"]: r for r in run_experiment(parse_config(cfg), tmp_path, progress=False)}
+    assert set(results) == {"all-attention", "full"}
+    for r in results.values():
+        learned = r["variants"]["learned"]
+        assert learned["function_change"] <= 1e-4
+        assert learned["match"]["method"] == "learned" and learned["match"]["steps"] == 3
+        assert learned["match"]["selected"] in ("learned", "weight")
+        assert learned["curve"]["loss"][-1] == pytest.approx(r["naive"]["loss"][-1], rel=1e-4)

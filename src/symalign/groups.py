@@ -27,6 +27,19 @@ Composition: ``compose(a, b)`` is "``b`` first, then ``a``", i.e.
 Elements of matrix groups are ``(n, n)`` tensors (float64 by default); elements
 of permutation groups are ``int64`` index tensors ``perm`` with
 ``(T x)_i = x_{perm[i]}``.
+
+What solvers need of a group
+----------------------------
+Each group also owns the pieces the matchers use, so that they iterate over the
+spaces of a spec without asking which group each one is:
+
+* :meth:`Group.nearest` -- the element ``g`` maximising ``<T_g, M>`` for a score
+  matrix ``M`` (a linear assignment for permutations, the polar factor for ``O(n)``);
+* the latent parametrisation of learned matching: :meth:`Group.latent` (float64
+  leaf tensors starting at an element), :meth:`Group.soft` (a differentiable
+  near-element, straight-through where a projection is involved), :meth:`Group.soft_act`
+  (its action on a tensor axis) and :meth:`Group.from_latent` (the exact element the
+  latents end at). A group without them raises :class:`~symalign.errors.GroupError`.
 """
 
 from __future__ import annotations
@@ -34,9 +47,11 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Mapping
 
+import numpy as np
 import torch
+from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from symalign.errors import GroupError
@@ -146,6 +161,56 @@ def apply_on_axis(x: Tensor, axis: int, mat: Tensor, repeat: int = 1) -> Tensor:
     return torch.movedim(out.to(dtype), 0, axis)
 
 
+def assign_max(c: Tensor) -> Tensor:
+    """``perm`` maximising ``sum_i c[i, perm[i]]`` (int64; ``scipy.optimize.linear_sum_assignment``)."""
+    _, col = linear_sum_assignment(c.detach().cpu().numpy().astype(np.float64), maximize=True)
+    return torch.as_tensor(col, dtype=torch.int64)
+
+
+def one_hot(perm: Tensor, dtype=torch.float64) -> Tensor:
+    """The permutation matrix ``P[i, perm[i]] = 1`` (``(P x)_i = x_{perm[i]}``)."""
+    n = perm.numel()
+    m = torch.zeros(n, n, dtype=dtype)
+    m[torch.arange(n), perm] = 1.0
+    return m
+
+
+def straight_through(perm: Tensor, z: Tensor) -> Tensor:
+    """``P + Z - sg(Z)``: the permutation matrix of ``perm`` with the gradient of ``z``."""
+    return one_hot(perm, z.dtype) + z - z.detach()
+
+
+def polar(m: Tensor) -> Tensor:
+    """The orthogonal polar factor ``U V^T`` of ``m = U S V^T`` (argmax of ``<O, m>`` over ``O(n)``)."""
+    u, _, vh = torch.linalg.svd(m.to(torch.float64))
+    return u @ vh
+
+
+def polar_st(z: Tensor, iters: int = 30) -> Tensor:
+    """Differentiable polar factor of ``z`` by Newton-Schulz: ``X <- X (3 I - X^T X) / 2``.
+
+    ``z`` is first scaled by its (detached) spectral norm so every singular value is in
+    ``(0, 1]``, where the iteration converges to ``U V^T``. Unlike the SVD's backward,
+    whose ``1 / (s_i^2 - s_j^2)`` terms are infinite at an orthogonal ``z`` (all ``s = 1``,
+    exactly the weight-matching initialisation), its gradient is finite.
+    """
+    x = z / torch.linalg.matrix_norm(z.detach(), 2).clamp_min(1e-300)
+    eye = torch.eye(z.shape[-1], dtype=z.dtype)
+    for _ in range(iters):
+        x = 0.5 * x @ (3 * eye - x.T @ x)
+    return x
+
+
+def condition(u: Tensor) -> Tensor:
+    """2-norm condition number per block (``inf`` for singular blocks)."""
+    s = torch.linalg.svdvals(u)
+    return s[..., 0] / s[..., -1]
+
+
+Latent = dict[str, Tensor]
+"""Latent tensors of one space for learned matching, by suffix (``""``, ``":log"``, ``":e"``...)."""
+
+
 # ----------------------------------------------------------------------------
 # The abstract group
 # ----------------------------------------------------------------------------
@@ -194,6 +259,32 @@ class Group(ABC):
     def describe(self) -> str:
         return type(self).__name__
 
+    # -- what solvers need (see the module docstring) -----------------------
+    def _unsupported(self, what: str):
+        return GroupError(f"{self.describe()} has no {what}")
+
+    def nearest(self, scores: Tensor) -> Tensor:
+        """The element ``g`` maximising ``<T_g, scores>`` (the block step of weight matching)."""
+        raise self._unsupported("nearest-element solver")
+
+    def latent(self, element: Tensor) -> Latent:
+        """Float64 latent tensors (learned matching) whose :meth:`from_latent` is ``element``."""
+        raise self._unsupported("latent parametrisation for learned matching")
+
+    def soft(self, latent: Mapping[str, Tensor], start: Tensor) -> Any:
+        """The differentiable near-element of ``latent`` (computed once per step)."""
+        raise self._unsupported("latent parametrisation for learned matching")
+
+    def soft_act(self, soft: Any, x: Tensor, axis: int, variance: Variance, rep: str | None = None) -> Tensor:
+        """:meth:`soft`'s element acting on ``axis`` of ``x`` (differentiable)."""
+        raise self._unsupported("latent parametrisation for learned matching")
+
+    def from_latent(self, latent: Mapping[str, Tensor], start: Tensor,
+                    max_cond: float = 1e6) -> tuple[Tensor, list[tuple[int, float]]]:
+        """The exact element the (detached) latents stand for, and the blocks that fell back to ``start``
+        (index, condition number); only per-block matrix groups have fallbacks."""
+        raise self._unsupported("latent parametrisation for learned matching")
+
 
 # ----------------------------------------------------------------------------
 # Permutations
@@ -236,6 +327,25 @@ class Permutation(Group):
 
     def describe(self) -> str:
         return f"S_{self.n}"
+
+    def nearest(self, scores: Tensor) -> Tensor:
+        """The linear assignment maximising ``sum_i scores[i, perm[i]]``."""
+        return assign_max(scores)
+
+    def latent(self, element: Tensor) -> Latent:
+        """``Z = P`` (``n x n``)."""
+        return {"": one_hot(element)}
+
+    def soft(self, latent, start) -> Tensor:
+        """``P + Z - sg(Z)`` with ``P`` the assignment of ``Z`` (straight-through)."""
+        z = latent[""]
+        return straight_through(assign_max(z.detach()), z)
+
+    def soft_act(self, soft, x, axis, variance, rep=None) -> Tensor:
+        return apply_on_axis(x, axis, soft)  # a permutation matrix: T^{-T} = T
+
+    def from_latent(self, latent, start, max_cond=1e6):
+        return assign_max(latent[""].detach()), []
 
 
 @dataclass(frozen=True)
@@ -330,6 +440,29 @@ class PositiveMonomial(Permutation):
     def describe(self) -> str:
         return f"S_{self.n} x R+^{self.n}"
 
+    def nearest(self, scores: Tensor) -> Tensor:
+        """The permutation part only (unit scales): the scales need the tensors, not a score matrix
+        (:func:`symalign.match.ff.match_monomial`)."""
+        return assign_max(scores)
+
+    def latent(self, element: Tensor) -> Latent:
+        """``Z = P`` and ``log s``."""
+        perm, scale = self.parts(element)
+        return {"": one_hot(perm), ":log": scale.log()}
+
+    def soft(self, latent, start) -> tuple[Tensor, Tensor]:
+        """``(diag(s) P_st, diag(1/s) P_st)``: the matrices of covariant and contravariant axes."""
+        z = latent[""]
+        p_st = straight_through(assign_max(z.detach()), z)
+        scale = latent[":log"].exp()[:, None]
+        return scale * p_st, p_st / scale
+
+    def soft_act(self, soft, x, axis, variance, rep=None) -> Tensor:
+        return apply_on_axis(x, axis, soft[0] if variance == "co" else soft[1])
+
+    def from_latent(self, latent, start, max_cond=1e6):
+        return self.pack(assign_max(latent[""].detach()), latent[":log"].detach().exp()), []
+
 
 # ----------------------------------------------------------------------------
 # Matrix groups: GL, O, and the RoPE plane group H
@@ -357,6 +490,15 @@ class MatrixGroup(Group):
     def _is_invertible(self, a: Tensor) -> bool:
         return a.shape[-2:] == (self.n, self.n) and bool(torch.isfinite(a).all()) and bool(
             (torch.linalg.matrix_rank(a.to(torch.float64)) == self.n).all())
+
+    # -- per-block latents (learned matching inside :class:`PerHead`) ----------
+    def block_latent(self, n_blocks: int) -> Latent:
+        """Latents of ``n_blocks`` multiplicative corrections ``M`` starting at ``I``."""
+        raise self._unsupported("per-block latent parametrisation for learned matching")
+
+    def block_matrix(self, latent: Mapping[str, Tensor]) -> Tensor:
+        """The corrections ``M`` ``(n_blocks, n, n)`` of :meth:`block_latent`'s tensors; ``U = U_start M``."""
+        raise self._unsupported("per-block latent parametrisation for learned matching")
 
 
 def variance_matrix(t: Tensor, variance: Variance) -> Tensor:
@@ -388,6 +530,13 @@ class GeneralLinear(MatrixGroup):
     def describe(self) -> str:
         return f"GL({self.n})"
 
+    def block_latent(self, n_blocks: int) -> Latent:
+        """``E`` (start 0): ``M = I + E``."""
+        return {":e": torch.zeros(n_blocks, self.n, self.n, dtype=torch.float64)}
+
+    def block_matrix(self, latent) -> Tensor:
+        return torch.eye(self.n, dtype=torch.float64) + latent[":e"]
+
 
 @dataclass(frozen=True)
 class Orthogonal(MatrixGroup):
@@ -413,6 +562,24 @@ class Orthogonal(MatrixGroup):
 
     def describe(self) -> str:
         return f"O({self.n})"
+
+    def nearest(self, scores: Tensor) -> Tensor:
+        """Procrustes: the polar factor of ``scores``."""
+        return polar(scores)
+
+    def latent(self, element: Tensor) -> Latent:
+        """``R = O`` (``n x n``)."""
+        return {"": element.to(torch.float64).clone()}
+
+    def soft(self, latent, start) -> Tensor:
+        """``polar_NS(R)`` (Newton-Schulz, :func:`polar_st`)."""
+        return polar_st(latent[""])
+
+    def soft_act(self, soft, x, axis, variance, rep=None) -> Tensor:
+        return apply_on_axis(x, axis, soft)  # orthogonal: T^{-T} = T
+
+    def from_latent(self, latent, start, max_cond=1e6):
+        return polar(latent[""].detach()), []
 
 
 @dataclass(frozen=True)
@@ -473,6 +640,24 @@ class RotaryPlanes(MatrixGroup):
     def describe(self) -> str:
         tag = f"H({self.r},{self.pairing})"
         return tag if self.r == self.n else f"{tag}+GL({self.n - self.r})"
+
+    def block_latent(self, n_blocks: int) -> Latent:
+        """Per plane ``(s_j, phi_j)`` (start 0) and, under partial rotary, ``E_rest`` (start 0): plane ``j``
+        of ``M`` is the complex scalar ``e^{s_j + i phi_j}``, the unrotated block ``I + E_rest``."""
+        half = self.r // 2
+        out = {":log": torch.zeros(n_blocks, half, dtype=torch.float64),
+               ":phase": torch.zeros(n_blocks, half, dtype=torch.float64)}
+        if self.r < self.n:
+            rest = self.n - self.r
+            out[":rest"] = torch.zeros(n_blocks, rest, rest, dtype=torch.float64)
+        return out
+
+    def block_matrix(self, latent) -> Tensor:
+        s, phi = latent[":log"], latent[":phase"]
+        rest = None
+        if self.r < self.n:
+            rest = torch.eye(self.n - self.r, dtype=torch.float64) + latent[":rest"]
+        return self.from_planes(s.exp() * phi.cos(), s.exp() * phi.sin(), rest)
 
 
 # ----------------------------------------------------------------------------
@@ -582,6 +767,60 @@ class HeadPermutation(Group):
             return f"S_{self.n_heads}"
         return f"S_{self.kv} wr S_{self.group_size}"
 
+    def assign(self, cost: Tensor) -> Tensor:
+        """The element ``pi`` minimising ``sum_i cost[i, pi[i]]`` (exact, GQA-aware).
+
+        ``cost[i, j]`` compares head ``i`` of A with head ``j`` of B (``h x h``). Without GQA a
+        linear assignment; with K/V groups of ``g`` query heads, for every pair of groups
+        ``(k, l)`` the best within-group assignment, then the best assignment of groups.
+        """
+        c = cost.detach().cpu().numpy().astype(np.float64)
+        g, kv = self.group_size, self.kv
+        if g == 1:
+            return torch.as_tensor(linear_sum_assignment(c)[1], dtype=torch.int64)
+        c4 = c.reshape(kv, g, kv, g)
+        cg = np.empty((kv, kv))
+        taus = np.empty((kv, kv, g), dtype=np.int64)
+        for k in range(kv):
+            for l_ in range(kv):
+                r, col = linear_sum_assignment(c4[k, :, l_, :])
+                cg[k, l_] = c4[k, r, l_, col].sum()
+                taus[k, l_] = col
+        sigma = linear_sum_assignment(cg)[1]
+        tau = torch.as_tensor(np.stack([taus[k, sigma[k]] for k in range(kv)]))
+        return self.from_parts(torch.as_tensor(sigma, dtype=torch.int64), tau)
+
+    def nearest(self, scores: Tensor) -> Tensor:
+        """The element maximising ``sum_i scores[i, pi[i]]`` (``h x h`` head scores)."""
+        return self.assign(-scores)
+
+    def latent(self, element: Tensor) -> Latent:
+        """``Z = P`` (``h x h``, query heads)."""
+        return {"": one_hot(element)}
+
+    def _kv_latent(self, z: Tensor) -> Tensor:
+        """``Z_kv[k, l] = sum_{a, b} Z[(k, a), (l, b)] / g``: the K/V-group latent of a query-head latent."""
+        s = self.group_size
+        return z.reshape(self.kv, s, self.kv, s).sum((1, 3)) / s
+
+    def soft(self, latent, start) -> tuple[Tensor, Tensor]:
+        """``(P_q, P_kv)``: ``P + Z - sg(Z)`` on query-head axes and, under GQA, the group-level
+        ``P_kv + Z_kv - sg(Z_kv)`` on K/V axes."""
+        z = latent[""]
+        pi = self.nearest(z.detach())
+        pq = straight_through(pi, z)
+        pkv = pq
+        if self.group_size > 1:
+            pkv = straight_through(self.kv_permutation(pi), self._kv_latent(z))
+        return pq, pkv
+
+    def soft_act(self, soft, x, axis, variance, rep=None) -> Tensor:
+        p = soft[1] if rep == "kv" else soft[0]
+        return apply_on_axis(x, axis, torch.kron(p, torch.eye(self.head_dim, dtype=p.dtype)))
+
+    def from_latent(self, latent, start, max_cond=1e6):
+        return self.nearest(latent[""].detach()), []
+
 
 @dataclass(frozen=True)
 class PerHead(Group):
@@ -641,3 +880,30 @@ class PerHead(Group):
 
     def describe(self) -> str:
         return f"{self.inner.describe()}^{self.n_blocks}"
+
+    def latent(self, element: Tensor) -> Latent:
+        """The inner group's per-block corrections (:meth:`MatrixGroup.block_latent`), starting at ``I``:
+        ``U = U_start M`` stays in the group because it is one."""
+        return self.inner.block_latent(self.n_blocks)
+
+    def _blocks(self, latent, start: Tensor) -> Tensor:
+        return start.to(torch.float64) @ self.inner.block_matrix(latent)
+
+    def soft(self, latent, start) -> dict[str, Tensor]:
+        """``{"co": U}``; the contravariant ``U^{-T}`` is added on first use (once per step)."""
+        return {"co": self._blocks(latent, start)}
+
+    def soft_act(self, soft, x, axis, variance, rep=None) -> Tensor:
+        if variance == "contra" and "contra" not in soft:
+            soft["contra"] = torch.linalg.inv(soft["co"]).mT
+        m = soft["co"] if variance == "co" else soft["contra"]
+        return apply_on_axis(x, axis, m, repeat=x.shape[axis] // self.n)
+
+    def from_latent(self, latent, start, max_cond=1e6):
+        """``U = U_start M``; a block that is not finite or has ``cond(U) > max_cond`` keeps ``U_start``."""
+        start = start.to(torch.float64)
+        u = self._blocks({k: v.detach() for k, v in latent.items()}, start)
+        cond = condition(u)
+        bad = ~torch.isfinite(u).all(-1).all(-1) | ~(cond <= max_cond)
+        fallbacks = [(i, float(cond[i])) for i in torch.nonzero(bad).flatten().tolist()]
+        return torch.where(bad[:, None, None], start, u), fallbacks

@@ -280,7 +280,7 @@ def whole_spec(cfg: ModelConfig) -> SymmetrySpec:
     group = residual_group(cfg)
     if group is None:
         return spec
-    spec.add_space(RESIDUAL, group)
+    spec.add_space(RESIDUAL, group, "residual")
     for t, axis in _writers(cfg):
         spec.act_on(t, RESIDUAL, axis, "co")
     for readers in _readers(cfg).values():

@@ -15,12 +15,32 @@ transform second, so on a query axis ``T = blockdiag(A) P``:
 blockdiag(A[pi])``, composing two transforms re-indexes the per-head blocks by
 the permutation; the spec records which permutation space ``couples`` to which
 per-head spaces so that :func:`compose` and :func:`invert` are exact.
+
+Roles and layers
+----------------
+Every space carries a **role** (what it is) and a **layer** (which block it belongs
+to, ``None`` for model-wide spaces), declared with
+``add_space(name, group, role=..., layer=...)`` and queried with
+:meth:`SymmetrySpec.select`. Solvers and scopes read these, never the names (which
+are for display and stable result keys). The roles are a closed set, :data:`ROLES`:
+
+* ``"heads"``: a permutation of attention heads (:class:`~symalign.groups.HeadPermutation`);
+* ``"qk"``: the per-head transform of the query-key bilinear form (``GL(d_h)``, ``H`` under RoPE);
+* ``"vo"``: the per-head transform between values and the output projection;
+* ``"ff"``: the hidden units of a feed-forward/MLP layer (permutations, positive monomials for ReLU);
+* ``"residual"``: the residual stream (permutation, orthogonal or a subgroup);
+* ``"experts"``: a permutation of the experts of a mixture-of-experts layer.
+
+A space declared without a role gets the one its name implies when the name follows
+the built-in scheme (``heads.L``, ``qk.L``, ``vo.L``, ``ff.L``, ``residual``), and no
+role otherwise; solvers then go by its group alone.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Collection, Mapping
 
 import torch
 from torch import Tensor
@@ -30,6 +50,36 @@ from symalign.groups import Group, HeadPermutation, PerHead, Variance, _generato
 
 Transform = dict[str, Tensor]
 """A group element per space name; spaces left out act as the identity."""
+
+ROLES: tuple[str, ...] = ("heads", "qk", "vo", "ff", "residual", "experts")
+"""The roles a space may carry (see the module docstring)."""
+ATTENTION_ROLES: tuple[str, ...] = ("heads", "qk", "vo")
+
+_BUILTIN_NAME = re.compile(r"^(heads|qk|vo|ff)\.(\d+)$")
+
+
+@dataclass(frozen=True)
+class SpaceInfo:
+    """What a space is (``role``, one of :data:`ROLES` or ``None``) and its block (``layer``)."""
+
+    role: str | None = None
+    layer: int | None = None
+
+
+def implied_info(name: str) -> SpaceInfo:
+    """The role and layer a built-in space name implies (``"qk.3"`` -> ``qk``, 3); else none."""
+    if name == "residual":
+        return SpaceInfo("residual", None)
+    m = _BUILTIN_NAME.match(name)
+    return SpaceInfo(m.group(1), int(m.group(2))) if m else SpaceInfo()
+
+
+def _as_set(x) -> set | None:
+    if x is None:
+        return None
+    if isinstance(x, (str, int)):
+        return {x}
+    return set(x)
 
 
 @dataclass(frozen=True)
@@ -63,12 +113,24 @@ class SymmetrySpec:
     spaces: dict[str, Group] = field(default_factory=dict)
     tensors: dict[str, list[AxisAction]] = field(default_factory=dict)
     couplings: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    info: dict[str, SpaceInfo] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.info = {name: self.info.get(name) or implied_info(name) for name in self.spaces}
 
     # -- building -----------------------------------------------------------
-    def add_space(self, name: str, group: Group) -> None:
+    def add_space(self, name: str, group: Group, role: str | None = None, layer: int | None = None) -> None:
+        """Declare space ``name`` acted on by ``group``, with its ``role`` (one of :data:`ROLES`) and ``layer``.
+
+        Without ``role`` and ``layer``, the ones the name implies (:func:`implied_info`).
+        """
         if name in self.spaces:
             raise SpecError(f"space {name!r} is declared twice")
+        if role is not None and role not in ROLES:
+            raise SpecError(f"space {name!r}: unknown role {role!r}; use one of {', '.join(ROLES)}")
         self.spaces[name] = group
+        self.info[name] = implied_info(name) if role is None and layer is None else SpaceInfo(
+            role, None if layer is None else int(layer))
 
     def act_on(self, tensor: str, space: str, axis: int, variance: Variance = "co", rep: str | None = None,
                segment: tuple[int, int] | None = None) -> None:
@@ -81,9 +143,10 @@ class SymmetrySpec:
 
     def merge(self, other: "SymmetrySpec", prefix: str = "") -> "SymmetrySpec":
         """A new spec holding both; ``other``'s tensor names get ``prefix``."""
-        out = SymmetrySpec(dict(self.spaces), {k: list(v) for k, v in self.tensors.items()}, dict(self.couplings))
+        out = SymmetrySpec(dict(self.spaces), {k: list(v) for k, v in self.tensors.items()}, dict(self.couplings),
+                           dict(self.info))
         for name, g in other.spaces.items():
-            out.add_space(name, g)
+            out.add_space(name, g, other.role(name), other.layer(name))
         for t, acts in other.tensors.items():
             out.tensors.setdefault(prefix + t, []).extend(acts)
         for p, bs in other.couplings.items():
@@ -93,7 +156,8 @@ class SymmetrySpec:
     def restrict(self, spaces) -> "SymmetrySpec":
         """The sub-spec of the given spaces only (e.g. attention spaces of one layer)."""
         keep = set(spaces)
-        out = SymmetrySpec({k: g for k, g in self.spaces.items() if k in keep})
+        out = SymmetrySpec({k: g for k, g in self.spaces.items() if k in keep},
+                           info={k: i for k, i in self.info.items() if k in keep})
         for t, acts in self.tensors.items():
             kept = [a for a in acts if a.space in keep]
             if kept:
@@ -101,7 +165,30 @@ class SymmetrySpec:
         out.couplings = {p: tuple(b for b in bs if b in keep) for p, bs in self.couplings.items() if p in keep}
         return out
 
+    def with_tensors(self, tensors: dict[str, list[AxisAction]]) -> "SymmetrySpec":
+        """The same spaces (groups, roles, layers, couplings) labelling other tensors."""
+        return SymmetrySpec(self.spaces, tensors, self.couplings, self.info)
+
     # -- queries ------------------------------------------------------------
+    def role(self, space: str) -> str | None:
+        """The role of ``space`` (one of :data:`ROLES`, or ``None`` when undeclared)."""
+        return self.info.get(space, SpaceInfo()).role
+
+    def layer(self, space: str) -> int | None:
+        """The layer of ``space`` (``None`` for model-wide spaces such as the residual stream)."""
+        return self.info.get(space, SpaceInfo()).layer
+
+    def select(self, role: str | Collection[str] | None = None,
+               layer: int | Collection[int] | None = None) -> list[str]:
+        """The spaces with the given role(s) and layer(s), in declaration order (``None``: any)."""
+        roles, layers = _as_set(role), _as_set(layer)
+        return [s for s in self.spaces if (roles is None or self.role(s) in roles)
+                and (layers is None or self.layer(s) in layers)]
+
+    def layers(self, role: str | Collection[str] | None = None) -> list[int]:
+        """The distinct layers of the spaces with the given role(s), sorted."""
+        return sorted({self.layer(s) for s in self.select(role)} - {None})
+
     def tensors_of(self, space: str) -> list[tuple[str, AxisAction]]:
         """Every (tensor, action) on which ``space`` acts, in declaration order."""
         return [(t, a) for t, acts in self.tensors.items() for a in acts if a.space == space]
@@ -158,22 +245,31 @@ def apply(spec: SymmetrySpec, transform: Mapping[str, Tensor], state: Mapping[st
         x = state[t]
         for a in acts:
             if a.space in transform:
-                x = _act(spec.spaces[a.space], transform[a.space], x, a)
+                x = act_on(spec.spaces[a.space], transform[a.space], x, a)
         if x is not state[t]:
             out[t] = x
     return out
 
 
-def _act(group: Group, element: Tensor, x: Tensor, a: AxisAction) -> Tensor:
-    """Act on the whole axis, or only on ``a.segment`` of it (the rest is copied unchanged)."""
-    if a.segment is None:
-        return group.act(element, x, a.axis, a.variance, a.rep)
-    start, length = a.segment
+def on_segment(x: Tensor, a: AxisAction, fn) -> Tensor:
+    """``fn(x, axis)`` on the whole tensor, or on the slice ``a.segment`` of axis ``a.axis`` only (the rest
+    is copied unchanged; differentiable). ``fn`` receives the (sliced) tensor and the non-negative axis."""
     axis = a.axis % x.dim()
-    part = group.act(element, x.narrow(axis, start, length), axis, a.variance, a.rep)
+    if a.segment is None:
+        return fn(x, axis)
+    start, length = a.segment
+    part = fn(x.narrow(axis, start, length), axis)
     head = x.narrow(axis, 0, start)
     tail = x.narrow(axis, start + length, x.shape[axis] - start - length)
     return torch.cat([head, part, tail], dim=axis)
+
+
+def act_on(group: Group, element: Tensor, x: Tensor, a: AxisAction) -> Tensor:
+    """``group``'s ``element`` acting on ``x`` as the action ``a`` says: on the whole axis, or only on
+    ``a.segment`` of it (the rest is copied unchanged)."""
+    return on_segment(x, a, lambda y, axis: group.act(element, y, axis, a.variance, a.rep))
+
+
 
 
 def identity(spec: SymmetrySpec) -> Transform:

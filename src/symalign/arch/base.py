@@ -83,9 +83,9 @@ def layout_spec(layouts: Iterable[AttentionLayout]) -> SymmetrySpec:
     spec = SymmetrySpec()
     for i, lay in enumerate(layouts):
         heads, qk, vo = f"heads.{i}", f"qk.{i}", f"vo.{i}"
-        spec.add_space(heads, HeadPermutation(lay.n_heads, lay.head_dim, lay.n_kv_heads))
-        spec.add_space(qk, PerHead(lay.qk, lay.n_kv_heads))
-        spec.add_space(vo, PerHead(lay.vo, lay.n_kv_heads))
+        spec.add_space(heads, HeadPermutation(lay.n_heads, lay.head_dim, lay.n_kv_heads), "heads", i)
+        spec.add_space(qk, PerHead(lay.qk, lay.n_kv_heads), "qk", i)
+        spec.add_space(vo, PerHead(lay.vo, lay.n_kv_heads), "vo", i)
         spec.couple(heads, qk, vo)
         for proj, space, variance, rep in ((lay.q, qk, "co", "query"), (lay.k, qk, "contra", "kv"),
                                            (lay.v, vo, "co", "kv"), (lay.o, vo, "contra", "query")):

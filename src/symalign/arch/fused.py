@@ -25,7 +25,7 @@ def segment_name(tensor: str, segment: tuple[int, int]) -> str:
 
 def split_segments(spec: SymmetrySpec, *states: Mapping[str, Tensor]) -> tuple[SymmetrySpec, list[dict[str, Tensor]]]:
     """The spec with one virtual tensor per segment, and each state restricted to the labelled tensors."""
-    out = SymmetrySpec(dict(spec.spaces), {}, dict(spec.couplings))
+    out = SymmetrySpec(dict(spec.spaces), {}, dict(spec.couplings), dict(spec.info))
     cuts: dict[str, tuple[str, int, tuple[int, int] | None]] = {}
     for t, acts in spec.tensors.items():
         for a in acts:

@@ -35,7 +35,6 @@ def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention",
               stage1: bool = True, force: bool = False) -> dict[str, Any]:
     """Align B to A and write OUT; returns the diagnostics (see the module docstring)."""
     from symalign import hf_io
-    from symalign.arch.fused import split_segments
     from symalign.match.distance import attention_distance
     from symalign.spec import apply
 
@@ -59,10 +58,7 @@ def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention",
     t_load = time.perf_counter()
 
     before = attention_distance(spec, a.state, b.state)
-    # The matcher reads whole tensors: give it fused Q|K|V tensors cut into their segments.
-    view_spec, (view_a, view_b) = split_segments(spec, a.state, b.state)
-    result = load_matcher()(view_spec, view_a, view_b, stage1=stage1, stage2=stage2)
-    del view_a, view_b
+    result = load_matcher()(spec, a.state, b.state, stage1=stage1, stage2=stage2)  # reads fused segments
     out_state = apply(spec, result.transform, b.state)
     after = attention_distance(spec, a.state, out_state)
     del a

@@ -36,7 +36,7 @@ from symalign import lmc
 from symalign.atomic import write_json as write_json_atomic
 from symalign.errors import ConfigError, SymalignError
 from symalign.experiments.config import ExperimentConfig
-from symalign.spec import SymmetrySpec, apply
+from symalign.spec import ATTENTION_ROLES, SymmetrySpec, apply
 
 
 def scope_layers(scope: str, n_layers: int) -> list[int]:
@@ -44,7 +44,7 @@ def scope_layers(scope: str, n_layers: int) -> list[int]:
     return [0] if scope in ("first-attention", "first-block") else list(range(n_layers))
 
 
-ATTENTION_KINDS = ("heads", "qk", "vo")
+ATTENTION_KINDS = ATTENTION_ROLES  # the older name
 
 
 def scope_spaces(spec: SymmetrySpec, scope: str, n_layers: int) -> list[str]:
@@ -57,15 +57,14 @@ def scope_spaces(spec: SymmetrySpec, scope: str, n_layers: int) -> list[str]:
     if scope == "full":
         return list(spec.spaces)
     layers = scope_layers(scope, n_layers)
-    kinds = ATTENTION_KINDS + (("ff",) if scope == "first-block" else ())
-    return [s for s in spec.spaces if "." in s and s.split(".")[0] in kinds and int(s.split(".")[1]) in layers]
+    roles = ATTENTION_ROLES + (("ff",) if scope == "first-block" else ())
+    return spec.select(role=roles, layer=layers)
 
 
 def attention_spec(model: nn.Module, layers: list[int]) -> SymmetrySpec:
     """The model's spec restricted to the attention spaces (heads, Q-K, V-O) of ``layers``."""
     spec = model.symmetry_spec()
-    keep = [s for s in spec.spaces if s.split(".")[0] in ATTENTION_KINDS and int(s.split(".")[1]) in layers]
-    return spec.restrict(keep)
+    return spec.restrict(spec.select(role=ATTENTION_ROLES, layer=layers))
 
 
 def alignment_models(model_a: nn.Module, model_b: nn.Module, scope: str) -> tuple[nn.Module, nn.Module, list[str]]:
@@ -102,15 +101,13 @@ def alignment_models(model_a: nn.Module, model_b: nn.Module, scope: str) -> tupl
 
 
 def match_scope(spec: SymmetrySpec, sa: dict, sb: dict, stage1: bool, stage2: str):
-    """Attention-only spaces: the two-stage matcher (fused Q|K|V tensors such as GPT-2's
-    ``c_attn`` cut into their segments first); otherwise whole-model weight matching."""
-    from symalign.arch.fused import split_segments
+    """Attention-only spaces: the two-stage matcher (which reads fused Q|K|V tensors such as GPT-2's
+    ``c_attn`` by their segments); otherwise whole-model weight matching."""
     from symalign.match import match_attention
     from symalign.match.whole import match_whole
 
-    if all(s.split(".")[0] in ATTENTION_KINDS for s in spec.spaces):
-        view_spec, (va, vb) = split_segments(spec, sa, sb)
-        return match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2)
+    if all(spec.role(s) in ATTENTION_ROLES for s in spec.spaces):
+        return match_attention(spec, sa, sb, stage1=stage1, stage2=stage2)
     return match_whole(spec, sa, sb, stage1=stage1, stage2=stage2, max_iter=10)
 
 
@@ -228,7 +225,7 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
         out["methods"] = seed002_methods(cfg, ds, arch_a, arch_b, batches, naive, progress,
                                          checkpoint=Path(dir_a).parent / "learned-matching.pt")
     # stage-1 metrics of the chosen head permutations, on B with the other spaces (residual, FF) aligned
-    attn_spaces = [x for x in spec.spaces if x.split(".")[0] in ATTENTION_KINDS]
+    attn_spaces = spec.select(role=ATTENTION_ROLES)
     other = [x for x in spec.spaces if x not in attn_spaces]
     rb_ctx = {**rb, **apply(spec.restrict(other), {k: v for k, v in first_match.transform.items() if k in other}, rb)}
     out["stage1"] = stage1_metrics(spec.restrict(attn_spaces), ra, rb_ctx, first_match.transform)
@@ -291,11 +288,9 @@ def seed002_methods(cfg: ExperimentConfig, ds, arch_a: nn.Module, arch_b: nn.Mod
 def stage1_metrics(spec: SymmetrySpec, state_a: dict, state_b: dict, transform: dict) -> list[dict]:
     """Per layer: the stage-1 objective of the chosen head permutation, of the identity, and
     (``h <= 8``) its rank among all admissible permutations and ``Lhat`` (the paper's metrics)."""
-    from symalign.arch.fused import split_segments
     from symalign.match.heads import best_and_identity, head_cost, lhat, objective, permutation_rank
     from symalign.match.views import find_layers
 
-    spec, (state_a, state_b) = split_segments(spec, state_a, state_b)
     rows = []
     for layer in find_layers(spec, state_a):
         space = layer.heads

@@ -186,7 +186,7 @@ def match_activations(model_a: nn.Module, model_b: nn.Module, batches: Iterable[
     d0 = distance(spec, sa, sb)
     att = None
     if part.attention:
-        head_spaces = [s for s in part.attention if s.startswith("heads.")]
+        head_spaces = [s for s in part.attention if spec.role(s) == "heads"]
         fixed = {k: v for k, v in transform.items() if k not in part.attention or k in head_spaces}
         cur = apply(spec, fixed, sb)
         att = attention_step(spec, part.attention, sa, cur, stage1=False, stage2=stage2)

@@ -28,7 +28,7 @@ from symalign.match.qk import Grams, solve_gl
 from symalign.match.rope import solve_rope
 from symalign.match.views import AttentionLayer, SpaceSides, block_rows, find_layers, side_gram
 from symalign.match.vo import solve_vo
-from symalign.spec import SymmetrySpec, Transform, apply
+from symalign.spec import SymmetrySpec, Transform, act_on, apply
 
 STAGE2_MODES = ("none", "orthogonal", "full")
 
@@ -118,14 +118,15 @@ def _validate(spec: SymmetrySpec, layers: list[AttentionLayer], state_a, state_b
 
 
 def _permuted(layer: AttentionLayer, spec: SymmetrySpec, state: Mapping[str, Tensor], pi: Tensor | None) -> dict:
-    """The layer's tensors of B with the head permutation applied (heads act first)."""
+    """The layer's tensors of B with the head permutation applied (heads act first; on their segment
+    of a fused tensor)."""
     out = {}
     for t in layer.tensors:
         x = state[t]
         if pi is not None and layer.heads is not None:
             for a in spec.tensors[t]:
                 if a.space == layer.heads:
-                    x = layer.heads_group.act(pi, x, a.axis, a.variance, a.rep)
+                    x = act_on(layer.heads_group, pi, x, a)
         out[t] = x
     return out
 
@@ -133,7 +134,7 @@ def _permuted(layer: AttentionLayer, spec: SymmetrySpec, state: Mapping[str, Ten
 def _grams(s: SpaceSides, state_a, state_b) -> Grams:
     nb, d = s.group.n_blocks, s.group.inner.n
     def rows(st, parts):  # native-dtype views; side_gram converts once
-        return [block_rows(st[p.tensor], p, nb, d, dtype=st[p.tensor].dtype) for p in parts]
+        return [block_rows(p.read(st), p, nb, d, dtype=st[p.tensor].dtype) for p in parts]
 
     co = side_gram(rows(state_a, s.co), rows(state_b, s.co))
     ct = side_gram(rows(state_a, s.contra), rows(state_b, s.contra))
@@ -154,7 +155,7 @@ def _direct_distance(s: SpaceSides, state_a, state_b) -> Tensor:
     nb = s.group.n_blocks
     out = torch.zeros(nb, dtype=torch.float64)
     for p in s.co + s.contra:
-        xa, xb = state_a[p.tensor], state_b[p.tensor]
+        xa, xb = p.read(state_a), p.read(state_b)
         dt = torch.promote_types(xa.dtype, xb.dtype)
         sq = torch.sub(xa.to(dt), xb.to(dt)).pow_(2)
         other = [i for i in range(sq.dim()) if i != p.axis]

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from torch import Tensor
 
-from symalign.spec import SymmetrySpec
+from symalign.spec import ATTENTION_ROLES, SymmetrySpec
 
 
 def _sq(a: Mapping[str, Tensor], b: Mapping[str, Tensor] | None, names: Iterable[str]) -> float:
@@ -39,11 +39,9 @@ def relative_distance(a: Mapping[str, Tensor], b: Mapping[str, Tensor], names: I
 
 def attention_distance(spec: SymmetrySpec, a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> dict[str, Any]:
     """:func:`relative_distance` over the attention tensors the spec labels, in total and per layer."""
-    layers = sorted({int(s.split(".")[1]) for s in spec.spaces if s.startswith(("heads.", "qk."))})
     per_layer, every = [], set()
-    for i in layers:
-        names = {t for space in (f"heads.{i}", f"qk.{i}", f"vo.{i}") if space in spec.spaces
-                 for t, _ in spec.tensors_of(space)}
+    for i in spec.layers(("heads", "qk")):
+        names = {t for space in spec.select(ATTENTION_ROLES, i) for t, _ in spec.tensors_of(space)}
         per_layer.append(relative_distance(a, b, names))
         every |= names
     return {"total": relative_distance(a, b, every), "per_layer": per_layer}

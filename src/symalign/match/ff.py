@@ -15,19 +15,15 @@ positive monomials :class:`symalign.groups.PositiveMonomial`, solved by
 
 from __future__ import annotations
 
-import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from symalign.groups import PositiveMonomial
+from symalign.groups import PositiveMonomial, assign_max
 from symalign.match.residual import axis_rows
 
 
-def assign(c: Tensor) -> Tensor:
-    """``perm`` maximising ``sum_i c[i, perm[i]]`` (int64)."""
-    _, col = linear_sum_assignment(c.detach().cpu().numpy().astype(np.float64), maximize=True)
-    return torch.as_tensor(col, dtype=torch.int64)
+assign = assign_max
+"""``perm`` maximising ``sum_i c[i, perm[i]]`` (int64): :func:`symalign.groups.assign_max`."""
 
 
 # ----------------------------------------------------------------------------

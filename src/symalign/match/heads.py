@@ -50,7 +50,6 @@ from typing import Mapping
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from symalign.groups import HeadPermutation
@@ -65,10 +64,10 @@ def _side_heads(state: Mapping[str, Tensor], parts: tuple[Part, ...], n_heads: i
         if drop_bias and p.homogeneous:
             continue
         if centre and not p.homogeneous:  # centred in float64, then rounded once to dtype
-            x, units = head_rows(state[p.tensor], p, d)
+            x, units = head_rows(p.read(state), p, d)
             x = (x - x.mean(dim=1, keepdim=True)).to(dtype)
         else:
-            x, units = head_rows(state[p.tensor], p, d, dtype=dtype)
+            x, units = head_rows(p.read(state), p, d, dtype=dtype)
         out.append((x, units))
     return out
 
@@ -188,26 +187,13 @@ def _per_head(v: Tensor, units: int, n_heads: int) -> Tensor:
 
 
 def assign_heads(cost: Tensor, group: HeadPermutation) -> Tensor:
-    """The element ``pi`` of ``group`` minimising ``sum_i cost[i, pi[i]]`` (exact, GQA-aware).
+    """The element ``pi`` of ``group`` minimising ``sum_i cost[i, pi[i]]`` (exact, GQA-aware:
+    :meth:`symalign.groups.HeadPermutation.assign`).
 
     ``cost[i, j]`` compares head ``i`` of A with head ``j`` of B; the result re-orders
     B: new head ``i`` of B' is old head ``pi[i]`` of B.
     """
-    c = cost.detach().cpu().numpy().astype(np.float64)
-    g, kv = group.group_size, group.kv
-    if g == 1:
-        return torch.as_tensor(linear_sum_assignment(c)[1], dtype=torch.int64)
-    c4 = c.reshape(kv, g, kv, g)
-    cg = np.empty((kv, kv))
-    taus = np.empty((kv, kv, g), dtype=np.int64)
-    for k in range(kv):
-        for l_ in range(kv):
-            r, col = linear_sum_assignment(c4[k, :, l_, :])
-            cg[k, l_] = c4[k, r, l_, col].sum()
-            taus[k, l_] = col
-    sigma = linear_sum_assignment(cg)[1]
-    tau = torch.as_tensor(np.stack([taus[k, sigma[k]] for k in range(kv)]))
-    return group.from_parts(torch.as_tensor(sigma, dtype=torch.int64), tau)
+    return group.assign(cost)
 
 
 def objective(cost: Tensor, pi: Tensor) -> float:

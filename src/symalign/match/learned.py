@@ -2,7 +2,9 @@ r"""Learned matching (seed 002): minimise the task loss of the interpolated mode
 
 Every space of the whole-model spec gets a latent around the weight-matching element
 ``g_wm``; every forward pass maps the latents to (near-)group elements, and the end of
-the run maps them to **exact** elements (``sg`` = stop-gradient, straight-through):
+the run maps them to **exact** elements (``sg`` = stop-gradient, straight-through). Each
+group implements its own parametrisation (:meth:`symalign.groups.Group.latent`, ``soft``,
+``soft_act``, ``from_latent``); :class:`Latents` only keeps the tensors:
 
 * **permutations** (``ff.i``): ``Z`` (start ``P_wm``); forward ``P + Z - sg(Z)`` with
   ``P = Hungarian(Z)``; final ``Hungarian(Z)``. ReLU units
@@ -86,16 +88,12 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from symalign.atomic import atomic_path
-from symalign.errors import MatchError
-from symalign.groups import GeneralLinear, HeadPermutation, Orthogonal, PerHead, Permutation, PositiveMonomial, \
-    RotaryPlanes, apply_on_axis
+from symalign.errors import GroupError, MatchError
+from symalign.groups import one_hot, polar_st, straight_through  # noqa: F401  (re-exported)
 from symalign.match.ff import assign
-from symalign.match.heads import assign_heads
-from symalign.match.qk import condition
-from symalign.match.residual import FixingOrthogonal, polar
 from symalign.match.distance import distance
 from symalign.match.whole import WholeMatch, align_whole
-from symalign.spec import AxisAction, SymmetrySpec, Transform, apply
+from symalign.spec import SymmetrySpec, Transform, act_on, apply, on_segment
 
 Batch = tuple[Tensor, Tensor]
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -126,39 +124,10 @@ class LearnedMatch(WholeMatch):
 # ----------------------------------------------------------------------------
 
 
-def one_hot(perm: Tensor, dtype=torch.float64) -> Tensor:
-    """The permutation matrix ``P[i, perm[i]] = 1`` (``(P x)_i = x_{perm[i]}``)."""
-    n = perm.numel()
-    m = torch.zeros(n, n, dtype=dtype)
-    m[torch.arange(n), perm] = 1.0
-    return m
-
-
 def proj_perm(z: Tensor) -> tuple[Tensor, Tensor]:
     """``(perm, P_st)``: the Hungarian projection and its straight-through matrix."""
     perm = assign(z.detach())
-    return perm, one_hot(perm, z.dtype) + z - z.detach()
-
-
-def polar_st(z: Tensor, iters: int = 30) -> Tensor:
-    """Differentiable polar factor of ``z`` by Newton-Schulz: ``X <- X (3 I - X^T X) / 2``.
-
-    ``z`` is first scaled by its (detached) spectral norm so every singular value is in
-    ``(0, 1]``, where the iteration converges to ``U V^T``. Unlike the SVD's backward,
-    whose ``1 / (s_i^2 - s_j^2)`` terms are infinite at an orthogonal ``z`` (all ``s = 1``,
-    exactly the weight-matching initialisation), its gradient is finite.
-    """
-    x = z / torch.linalg.matrix_norm(z.detach(), 2).clamp_min(1e-300)
-    eye = torch.eye(z.shape[-1], dtype=z.dtype)
-    for _ in range(iters):
-        x = 0.5 * x @ (3 * eye - x.T @ x)
-    return x
-
-
-def _kv_latent(z: Tensor, g: HeadPermutation) -> Tensor:
-    """``Z_kv[k, l] = sum_{a, b} Z[(k, a), (l, b)] / g``: the K/V-group latent of a query-head latent."""
-    s = g.group_size
-    return z.reshape(g.kv, s, g.kv, s).sum((1, 3)) / s
+    return perm, straight_through(perm, z)
 
 
 # ----------------------------------------------------------------------------
@@ -169,8 +138,11 @@ def _kv_latent(z: Tensor, g: HeadPermutation) -> Tensor:
 class Latents:
     """Learnable latents for ``spaces`` of ``spec`` around ``init`` (see the module docstring).
 
-    The other spaces stay at their ``init`` element. ``params`` maps a latent name
-    (``space`` or ``space:part``) to its float64 leaf tensor.
+    Each space's group owns its parametrisation (:meth:`~symalign.groups.Group.latent`,
+    :meth:`~symalign.groups.Group.soft`, :meth:`~symalign.groups.Group.soft_act`,
+    :meth:`~symalign.groups.Group.from_latent`); this class only keeps the tensors. The other
+    spaces stay at their ``init`` element. ``params`` maps a latent name (``space`` or
+    ``space:part``) to its float64 leaf tensor.
     """
 
     def __init__(self, spec: SymmetrySpec, init: Mapping[str, Tensor], spaces: Sequence[str] | None = None):
@@ -178,121 +150,50 @@ class Latents:
         self.init: Transform = {k: v for k, v in init.items() if k in spec.spaces}
         self.spaces = list(spec.spaces if spaces is None else spaces)
         self.params: dict[str, Tensor] = {}
+        self.parts: dict[str, list[str]] = {}
         for s in self.spaces:
             if s not in spec.spaces:
                 raise MatchError(f"space {s!r} is not declared by the spec")
             g = spec.spaces[s]
             el = self.init.get(s, g.identity())
-            if isinstance(g, HeadPermutation):
-                self.params[s] = one_hot(el)
-            elif isinstance(g, PositiveMonomial):  # ReLU units: permutation and positive scales
-                perm, scale = g.parts(el)
-                self.params[s] = one_hot(perm)
-                self.params[f"{s}:log"] = scale.log()
-            elif isinstance(g, Permutation):
-                self.params[s] = one_hot(el)
-            elif isinstance(g, FixingOrthogonal):
-                self.params[s] = g.reduce(el)
-            elif isinstance(g, Orthogonal):
-                self.params[s] = el.to(torch.float64).clone()
-            elif isinstance(g, PerHead) and isinstance(g.inner, RotaryPlanes):
-                half = g.inner.r // 2
-                self.params[f"{s}:log"] = torch.zeros(g.n_blocks, half, dtype=torch.float64)
-                self.params[f"{s}:phase"] = torch.zeros(g.n_blocks, half, dtype=torch.float64)
-                if g.inner.r < g.inner.n:
-                    rest = g.inner.n - g.inner.r
-                    self.params[f"{s}:rest"] = torch.zeros(g.n_blocks, rest, rest, dtype=torch.float64)
-            elif isinstance(g, PerHead) and isinstance(g.inner, GeneralLinear):
-                self.params[f"{s}:e"] = torch.zeros(g.n_blocks, g.inner.n, g.inner.n, dtype=torch.float64)
-            else:
-                raise MatchError(f"space {s!r} ({g.describe()}) is not supported by learned matching")
-            if isinstance(g, PerHead):
-                self.init[s] = el.to(torch.float64)
+            try:
+                latent = g.latent(el)
+            except GroupError:
+                raise MatchError(f"space {s!r} ({g.describe()}) is not supported by learned matching") from None
+            self.parts[s] = list(latent)
+            self.params.update({s + k: v for k, v in latent.items()})
+            self.init[s] = el
         for p in self.params.values():
             p.requires_grad_(True)
 
     def parameters(self) -> list[Tensor]:
         return list(self.params.values())
 
-    # -- per-block elements ---------------------------------------------------
-    def _block(self, s: str, g: PerHead, detach: bool = False) -> Tensor:
-        """``U = U_wm M`` (``(n_blocks, d, d)``) from the current latents."""
-        get = (lambda k: self.params[k].detach()) if detach else (lambda k: self.params[k])
-        u0 = self.init[s]
-        d = g.inner.n
-        if isinstance(g.inner, RotaryPlanes):
-            s_, phi = get(f"{s}:log"), get(f"{s}:phase")
-            rest = None
-            if g.inner.r < d:
-                rest = torch.eye(d - g.inner.r, dtype=torch.float64) + get(f"{s}:rest")
-            m = g.inner.from_planes(s_.exp() * phi.cos(), s_.exp() * phi.sin(), rest)
-        else:
-            m = torch.eye(d, dtype=torch.float64) + get(f"{s}:e")
-        return u0 @ m
+    def latent(self, s: str, detach: bool = False) -> dict[str, Tensor]:
+        """Space ``s``'s latent tensors by suffix (as its group's methods take them)."""
+        return {k: (self.params[s + k].detach() if detach else self.params[s + k]) for k in self.parts[s]}
 
     # -- training forward -----------------------------------------------------
     def soft(self) -> dict[str, object]:
         """The differentiable elements of this step (computed once per step)."""
-        out: dict[str, object] = {}
-        for s in self.spaces:
-            g = self.spec.spaces[s]
-            if isinstance(g, HeadPermutation):
-                z = self.params[s]
-                pi = assign_heads(-z.detach(), g)
-                pq = one_hot(pi) + z - z.detach()
-                pkv = pq
-                if g.group_size > 1:
-                    zk = _kv_latent(z, g)
-                    pkv = one_hot(g.kv_permutation(pi)) + zk - zk.detach()
-                out[s] = (pq, pkv, g.head_dim)
-            elif isinstance(g, PositiveMonomial):
-                p_st = proj_perm(self.params[s])[1]
-                scale = self.params[f"{s}:log"].exp()[:, None]
-                out[s] = (scale * p_st, p_st / scale)  # co: diag(s) P; contra: diag(1/s) P
-            elif isinstance(g, Permutation):
-                out[s] = proj_perm(self.params[s])[1]
-            elif isinstance(g, FixingOrthogonal):
-                out[s] = g.embed(polar_st(self.params[s]))
-            elif isinstance(g, Orthogonal):
-                out[s] = polar_st(self.params[s])
-            else:
-                out[s] = self._block(s, g)  # type: ignore[arg-type]
-        return out
+        return {s: self.spec.spaces[s].soft(self.latent(s), self.init[s]) for s in self.spaces}
 
     def soft_apply(self, state: Mapping[str, Tensor], soft: dict[str, object] | None = None) -> dict[str, Tensor]:
-        """``T(Z) . state`` (differentiable in the latents; fixed spaces act exactly, in spec order)."""
+        """``T(Z) . state`` (differentiable in the latents; fixed spaces act exactly, in spec order; an
+        action with a segment acts on that slice of a fused tensor only)."""
         soft = self.soft() if soft is None else soft
-        inv_cache: dict[str, Tensor] = {}
         out = dict(state)
         for t, acts in self.spec.tensors.items():
             x = state[t]
             for a in acts:
+                g = self.spec.spaces[a.space]
                 if a.space in soft:
-                    x = self._act(a, x, soft[a.space], inv_cache)
+                    x = on_segment(x, a, lambda y, axis, a=a, g=g: g.soft_act(soft[a.space], y, axis, a.variance,
+                                                                                a.rep))
                 elif a.space in self.init:
-                    x = self.spec.spaces[a.space].act(self.init[a.space], x, a.axis, a.variance, a.rep)
+                    x = act_on(g, self.init[a.space], x, a)
             out[t] = x
         return out
-
-    def _act(self, a: AxisAction, x: Tensor, el, inv_cache: dict[str, Tensor]) -> Tensor:
-        if a.segment is not None:
-            raise MatchError("learned matching does not support segmented (fused) tensors")
-        g = self.spec.spaces[a.space]
-        if isinstance(g, HeadPermutation):
-            pq, pkv, d = el
-            p = pkv if a.rep == "kv" else pq
-            return apply_on_axis(x, a.axis, torch.kron(p, torch.eye(d, dtype=p.dtype)))
-        if isinstance(g, PerHead):
-            m = el
-            if a.variance == "contra":
-                if a.space not in inv_cache:
-                    inv_cache[a.space] = torch.linalg.inv(el).mT
-                m = inv_cache[a.space]
-            size = x.shape[a.axis]
-            return apply_on_axis(x, a.axis, m, repeat=size // g.n)
-        if isinstance(g, PositiveMonomial):
-            return apply_on_axis(x, a.axis, el[0] if a.variance == "co" else el[1])
-        return apply_on_axis(x, a.axis, el)  # permutation / orthogonal: T^{-T} = T
 
     # -- exact projection -----------------------------------------------------
     def project(self, max_cond: float = 1e6) -> tuple[Transform, list[str]]:
@@ -301,24 +202,9 @@ class Latents:
         fallbacks: list[str] = []
         for s in self.spaces:
             g = self.spec.spaces[s]
-            if isinstance(g, HeadPermutation):
-                out[s] = assign_heads(-self.params[s].detach(), g)
-            elif isinstance(g, PositiveMonomial):
-                out[s] = g.pack(assign(self.params[s].detach()), self.params[f"{s}:log"].detach().exp())
-            elif isinstance(g, Permutation):
-                out[s] = assign(self.params[s].detach())
-            elif isinstance(g, FixingOrthogonal):
-                out[s] = g.embed(polar(self.params[s].detach()))
-            elif isinstance(g, Orthogonal):
-                out[s] = polar(self.params[s].detach())
-            else:
-                u = self._block(s, g, detach=True)  # type: ignore[arg-type]
-                cond = condition(u)
-                bad = ~torch.isfinite(u).all(-1).all(-1) | ~(cond <= max_cond)
-                for i in torch.nonzero(bad).flatten().tolist():
-                    fallbacks.append(f"{s} block {i}: cond {float(cond[i]):.3g} > {max_cond:g}; "
-                                     "kept the weight-matching element")
-                out[s] = torch.where(bad[:, None, None], self.init[s], u)
+            out[s], bad = g.from_latent(self.latent(s, detach=True), self.init[s], max_cond)
+            for i, cond in bad:
+                fallbacks.append(f"{s} block {i}: cond {cond:.3g} > {max_cond:g}; kept the weight-matching element")
             if not g.contains(out[s]):
                 raise MatchError(f"learned matching produced an element outside {g.describe()} for {s!r}; "
                                  "this is a bug")

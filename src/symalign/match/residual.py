@@ -47,7 +47,7 @@ import torch
 from torch import Tensor
 
 from symalign.errors import GroupError
-from symalign.groups import Orthogonal, _generator, random_orthogonal
+from symalign.groups import Latent, Orthogonal, _generator, polar, polar_st, random_orthogonal
 from symalign.spec import AxisAction
 
 
@@ -117,6 +117,20 @@ class FixingOrthogonal(Orthogonal):
         """``argmax <O, m>`` over the group: ``embed(polar(Q^T m Q))``."""
         return self.embed(polar(self.reduce(m)))
 
+    def nearest(self, scores: Tensor) -> Tensor:
+        return self.solve(scores)
+
+    def latent(self, element: Tensor) -> Latent:
+        """``R = Q^T O Q`` (``k x k``)."""
+        return {"": self.reduce(element)}
+
+    def soft(self, latent, start) -> Tensor:
+        """``I + Q (polar_NS(R) - I) Q^T``."""
+        return self.embed(polar_st(latent[""]))
+
+    def from_latent(self, latent, start, max_cond=1e6):
+        return self.embed(polar(latent[""].detach())), []
+
     def describe(self) -> str:
         return f"O({self.k}) fixing {self.n - self.k} of {self.n} dims ({self.label})"
 
@@ -174,17 +188,9 @@ def stabiliser(vectors: Tensor, *, fix_ones: bool = False, tol: float = 1e-12,
     return FixingOrthogonal(n, q, name, err)
 
 
-def polar(m: Tensor) -> Tensor:
-    """The orthogonal polar factor ``U V^T`` of ``m = U S V^T`` (argmax of ``<O, m>`` over ``O(n)``)."""
-    u, _, vh = torch.linalg.svd(m.to(torch.float64))
-    return u @ vh
-
-
 def procrustes(m: Tensor, group: Orthogonal) -> Tensor:
-    """``argmax <O, m>`` over ``group`` (``O(n)``, or a subgroup fixing a subspace)."""
-    if isinstance(group, FixingOrthogonal):
-        return group.solve(m)
-    return polar(m)
+    """``argmax <O, m>`` over ``group`` (``O(n)``, or a subgroup fixing a subspace): :meth:`Group.nearest`."""
+    return group.nearest(m)
 
 
 def axis_rows(x: Tensor, a: AxisAction) -> Tensor:

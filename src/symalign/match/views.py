@@ -1,8 +1,8 @@
 r"""Canonical per-head views of attention tensors, read from a :class:`SymmetrySpec`.
 
-The matcher is architecture-blind: it finds attention layers by scanning the
-spec (a ``HeadPermutation`` space coupled to ``qk.*``/``vo.*`` per-head spaces,
-or bare ``qk.L``/``vo.L`` pairs for layers without a head permutation, e.g.
+The matcher is architecture-blind: it finds attention layers by the spaces' roles
+(a ``heads`` space coupled to a ``qk`` and a ``vo`` per-head space, or a bare
+``qk``/``vo`` pair of one layer for layers without a head permutation, e.g.
 ALiBi) and gets every tensor from :meth:`SymmetrySpec.tensors_of`.
 
 Paper layout
@@ -37,9 +37,11 @@ from symalign.spec import SymmetrySpec
 
 @dataclass(frozen=True)
 class Part:
-    """One tensor on one side of a per-head space.
+    """One tensor (or one segment of a fused tensor) on one side of a per-head space.
 
     ``homogeneous``: a 1-D tensor (a bias), contributing one row per head.
+    ``segment``: ``(start, length)`` on ``axis`` when the tensor is fused (GPT-2's
+    ``c_attn`` holds Q, K and V side by side); :meth:`read` returns that slice.
     """
 
     tensor: str
@@ -47,6 +49,14 @@ class Part:
     variance: str
     rep: str | None
     homogeneous: bool
+    segment: tuple[int, int] | None = None
+
+    def read(self, state: Mapping[str, Tensor]) -> Tensor:
+        """The part's tensor from ``state``: the segment's slice of ``axis`` (a view) or the whole tensor."""
+        x = state[self.tensor]
+        if self.segment is None:
+            return x
+        return x.narrow(self.axis % x.dim(), self.segment[0], self.segment[1])
 
 
 @dataclass(frozen=True)
@@ -104,7 +114,7 @@ def _sides(spec: SymmetrySpec, space: str) -> SpaceSides:
         raise MatchError(f"space {space!r}: odd rotated width {g.inner.r}; RoPE planes need an even width")
     co, contra = [], []
     for t, a in spec.tensors_of(space):
-        part = Part(t, a.axis, a.variance, a.rep, homogeneous=False)  # biases marked by _mark_bias
+        part = Part(t, a.axis, a.variance, a.rep, homogeneous=False, segment=a.segment)  # biases: _mark_bias
         (co if a.variance == "co" else contra).append(part)
     if not co or not contra:
         raise MatchError(f"space {space!r} needs tensors on both sides (covariant and contravariant); "
@@ -115,6 +125,9 @@ def _sides(spec: SymmetrySpec, space: str) -> SpaceSides:
 def find_layers(spec: SymmetrySpec, state: Mapping[str, Tensor] | None = None) -> list[AttentionLayer]:
     """Every attention layer of ``spec``, in declaration order of its ``qk`` spaces.
 
+    A layer is a space of role ``qk`` and the ``vo`` space of the same head permutation
+    (coupling), or of the same layer when no head permutation is declared. Its ``tag`` is
+    the layer number (the ``qk`` space's name when it has none).
     With ``state`` given, parts whose tensor is 1-D are marked homogeneous (biases).
     """
     heads_of: dict[str, str] = {}
@@ -122,14 +135,19 @@ def find_layers(spec: SymmetrySpec, state: Mapping[str, Tensor] | None = None) -
         for b in blocks:
             heads_of[b] = p
     layers = []
-    for name in spec.spaces:
-        if not name.startswith("qk."):
-            continue
-        tag = name[3:]
-        vo = f"vo.{tag}"
-        if vo not in spec.spaces:
-            raise MatchError(f"layer {tag!r}: space {name!r} has no matching {vo!r}")
-        hq, hv = heads_of.get(name), heads_of.get(vo)
+    for name in spec.select(role="qk"):
+        layer = spec.layer(name)
+        tag = name if layer is None else str(layer)
+        hq = heads_of.get(name)
+        if hq is not None:
+            vos = [b for b in spec.couplings[hq] if spec.role(b) == "vo"]
+        else:
+            vos = [s for s in spec.select(role="vo", layer=layer) if s not in heads_of] if layer is not None else []
+        if len(vos) != 1:
+            raise MatchError(f"layer {tag!r}: space {name!r} needs exactly one V-O space (role 'vo') "
+                             f"{'coupled to ' + repr(hq) if hq is not None else 'of the same layer'}; found {vos}")
+        vo = vos[0]
+        hv = heads_of.get(vo)
         if hq != hv:
             raise MatchError(f"layer {tag!r}: {name!r} and {vo!r} are coupled to different head spaces ({hq}, {hv})")
         hg = spec.spaces[hq] if hq is not None else None
@@ -147,7 +165,7 @@ def find_layers(spec: SymmetrySpec, state: Mapping[str, Tensor] | None = None) -
 
 def _mark_bias(s: SpaceSides, state: Mapping[str, Tensor]) -> SpaceSides:
     def mark(ps):
-        return tuple(Part(p.tensor, p.axis, p.variance, p.rep, state[p.tensor].dim() == 1) for p in ps)
+        return tuple(Part(p.tensor, p.axis, p.variance, p.rep, state[p.tensor].dim() == 1, p.segment) for p in ps)
 
     return SpaceSides(s.name, s.group, mark(s.co), mark(s.contra))
 

@@ -10,23 +10,38 @@ Given a :class:`~symalign.spec.SymmetrySpec` with
   centred ``O_1(D)`` for a LayerNorm stream) -- :mod:`symalign.match.residual`,
 
 find ``g`` with ``g . theta_B`` close to ``theta_A`` in the squared Frobenius
-distance summed over every tensor the spec labels, by block-coordinate descent:
+distance ``D(g) = sum_t ||A_t - (g . B)_t||^2`` summed over every tensor the spec
+labels, by block-coordinate descent (git re-basin's loop, for any spec):
 
 0. initialise the residual space from the tensors no other space acts on
    (embeddings, positions, CLS token, head, output biases): those are comparable
    before anything else is aligned;
-1. each unit permutation space (``ff.*``) by a linear assignment given the others
-   (ReLU units, :class:`~symalign.groups.PositiveMonomial`: assignment and positive
-   per-unit scales alternately, :func:`symalign.match.ff.match_monomial`);
-2. the attention spaces by :func:`match_attention` on ``B`` with the residual and FF
-   elements applied (actions on different axes commute);
+1. each unit space (role ``ff`` or ``experts``, or any other permutation space that
+   is not the residual stream), in a random (seeded) or fixed order, solved **with
+   every other current element applied**: with ``B^{(s)} = g_{-s} . B`` (all spaces
+   but ``s`` applied to the tensors ``s`` acts on),
+   ``g_s = argmin_h sum_t ||A_t - h . B^{(s)}_t||^2``, a linear assignment on
+   ``C = sum_t X_A^t (X_{B^{(s)}}^t)^T`` (each tensor's axis ``s`` first, the other axes,
+   already transformed by their own spaces, flattened). ReLU units
+   (:class:`~symalign.groups.PositiveMonomial`) get assignment and positive per-unit
+   scales alternately (:func:`symalign.match.ff.match_monomial`). For permutations the
+   assignment is the exact block minimiser, so ``D`` never rises. Chains of unit spaces
+   that share tensors (an MLP: ``fc_2`` carries ``ff.0`` on its columns and ``ff.1`` on
+   its rows) are thereby really coordinate-descended;
+2. the attention spaces by :func:`match_attention` on ``B`` with every non-attention
+   element applied (actions on different axes commute);
 3. each residual-stream space (orthogonal: Procrustes; a permuted stream: linear
-   assignment) given the current others;
+   assignment) given every other current element;
 
-and repeat 1-3 until the total distance falls by less than ``rtol`` (relative to
-the initial distance). Steps 1 and 3 are exact minimisers of their block; step 2
-is the attention matcher's (exact on planted pairs). The per-iteration distances
-are recorded in :attr:`WholeMatch.distances`.
+and repeat 1-3 (a *sweep*) until a sweep lowers ``D`` by at most ``rtol * D(identity)``
+(``converged``), or ``max_sweeps`` sweeps. Steps 1 and 3 are exact minimisers of their
+block (for permutation and orthogonal spaces), and a sweep lowers ``D`` by the sum of
+its blocks' decreases, so the rule means that no space improved by more than
+``rtol * D(identity)`` (``rtol = 0``: a fixed point, where every space is the exact
+minimiser given all the others); step 2 is the attention matcher's (exact on planted
+pairs). The per-sweep distances are recorded in
+:attr:`WholeMatch.distances`, the number of unit spaces that moved in each sweep in
+:attr:`WholeMatch.changes`.
 """
 
 from __future__ import annotations
@@ -36,15 +51,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import torch
 from torch import Tensor
 
 from symalign.errors import MatchError
 from symalign.groups import HeadPermutation, Orthogonal, PerHead, Permutation, PositiveMonomial
 from symalign.match.api import match_attention
 from symalign.match.distance import distance
-from symalign.match.ff import assign, match_monomial
+from symalign.match.ff import match_monomial
 from symalign.match.inputs import check_pair, check_spec_fits
-from symalign.match.residual import FixingOrthogonal, cross, procrustes
+from symalign.match.residual import FixingOrthogonal, cross
 from symalign.spec import SymmetrySpec, Transform, apply
 
 
@@ -93,7 +109,7 @@ def apply_subset(spec: SymmetrySpec, transform: Mapping[str, Tensor], state: Map
     names = {t for s in spaces for t, _ in spec.tensors_of(s)}
     if only_bound:
         names = {t for t in names if any(not _is_free(spec, t, s) for s in spaces)}
-    sub = SymmetrySpec(spec.spaces, {t: spec.tensors[t] for t in names}, spec.couplings)
+    sub = spec.with_tensors({t: spec.tensors[t] for t in names})
     return apply(sub, transform, {t: state[t] for t in names})
 
 
@@ -108,8 +124,8 @@ def _pairs(spec: SymmetrySpec, space: str, free: bool | None = None):
 
 
 def _project(spec: SymmetrySpec, space: str, m: Tensor) -> Tensor:
-    g = spec.spaces[space]
-    return assign(m) if isinstance(g, Permutation) else procrustes(m, g)  # type: ignore[arg-type]
+    """The element of ``space`` maximising ``<T, m>`` (assignment or Procrustes: :meth:`Group.nearest`)."""
+    return spec.spaces[space].nearest(m)
 
 
 def _solve_space(spec: SymmetrySpec, space: str, state_a, state_b, only_free: bool = False,
@@ -133,12 +149,8 @@ def restricted_note(name: str, group: FixingOrthogonal) -> str:
 
 def attention_step(spec: SymmetrySpec, names: list[str], state_a, state_b, stage1: bool = True,
                    stage2: str = "full"):
-    """:func:`match_attention` on the attention sub-spec (fused segments split into virtual tensors)."""
-    from symalign.arch.fused import split_segments
-
-    sub = spec.restrict(names)
-    view_spec, (va, vb) = split_segments(sub, state_a, state_b)
-    return match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2)
+    """:func:`match_attention` on the attention sub-spec (it reads fused segments itself)."""
+    return match_attention(spec.restrict(names), state_a, state_b, stage1=stage1, stage2=stage2)
 
 
 @dataclass
@@ -146,7 +158,9 @@ class WholeMatch:
     """Result of :func:`match_whole`; ``apply(state_b)`` is B aligned to A.
 
     ``distances[0]`` is the unaligned distance, ``distances[k]`` the distance after
-    iteration ``k`` (squared Frobenius, summed over the labelled tensors).
+    sweep ``k`` (squared Frobenius, summed over the labelled tensors); ``converged``:
+    the last sweep met the stopping rule (else ``max_sweeps`` ran out); ``changes[k]``:
+    how many unit spaces (step 1) took a new element in sweep ``k + 1``.
     """
 
     transform: Transform
@@ -157,41 +171,98 @@ class WholeMatch:
     attention: Any = field(default=None, repr=False)
     time_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    changes: list[int] = field(default_factory=list, kw_only=True)
 
     @property
     def iterations(self) -> int:
         return len(self.distances) - 1
+
+    @property
+    def sweeps(self) -> int:
+        """Number of block-coordinate sweeps run (same as :attr:`iterations`)."""
+        return self.iterations
 
     def apply(self, state_b: Mapping[str, Tensor]) -> dict[str, Tensor]:
         return apply(self.spec, self.transform, state_b)
 
     def to_dict(self) -> dict[str, Any]:
         d0 = self.distances[0] if self.distances else float("nan")
-        return {"method": self.method, "iterations": self.iterations, "converged": self.converged,
-                "distances": list(self.distances),
+        return {"method": self.method, "iterations": self.iterations, "sweeps": self.sweeps,
+                "converged": self.converged, "distances": list(self.distances), "changes": list(self.changes),
                 "relative_distance_after": math.sqrt(self.distances[-1] / d0) if d0 else 0.0,
                 "spaces": self.spec.describe(), "time_s": self.time_s, "notes": list(self.notes),
                 "attention": self.attention.to_dict() if self.attention is not None else None}
 
 
+ORDERS = ("random", "fixed")
+
+
+def unit_spaces(spec: SymmetrySpec, part: Partition) -> tuple[list[str], list[str]]:
+    """``(units, stream)``: the permutation spaces solved in step 1 (everything but the residual
+    stream) and the residual-stream spaces of step 3 (orthogonal ones, and a permuted stream)."""
+    stream = part.orthogonal + [p for p in part.permutations if spec.role(p) == "residual"]
+    return [p for p in part.permutations if p not in stream], stream
+
+
+def solve_unit(spec: SymmetrySpec, name: str, state_a, cur) -> Tensor | None:
+    """The best element of unit space ``name`` against ``cur`` (B with every other element applied)."""
+    g = spec.spaces[name]
+    if isinstance(g, PositiveMonomial):  # ReLU: permutation + positive scales
+        return match_monomial(_pairs(spec, name), state_a, cur, g.n)
+    return _solve_space(spec, name, state_a, cur)
+
+
+def _block_distance(spec: SymmetrySpec, name: str, el: Tensor | None, state_a, cur) -> float:
+    """``sum_t ||A_t - (el . cur)_t||^2`` over the tensors of space ``name`` (``el=None``: identity)."""
+    tensors = {t for t, _ in spec.tensors_of(name)}
+    moved = cur if el is None else apply_subset(spec, {name: el}, cur, [name])
+    return float(sum(float((state_a[t].double() - moved[t].double()).pow(2).sum()) for t in tensors))
+
+
+def unit_step(spec: SymmetrySpec, units: list[str], transform: Transform, state_a, state_b,
+              order: list[str], tol: float) -> int:
+    """Step 1 in ``order``: each unit space given every other current element; updates ``transform`` in
+    place and returns how many spaces moved (lowered their block distance by more than ``tol``)."""
+    changed = 0
+    for name in order:
+        cur = apply_subset(spec, _without(transform, [name]), state_b, [name])
+        el = solve_unit(spec, name, state_a, cur)
+        if el is None:
+            continue
+        d_old = _block_distance(spec, name, transform.get(name), state_a, cur)
+        transform[name] = el
+        changed += int(_block_distance(spec, name, el, state_a, cur) < d_old - tol)
+    return changed
+
+
 def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor], *,
                 max_iter: int = 20, rtol: float = 1e-6, stage1: bool = True, stage2: str = "full",
-                init: Transform | None = None, spec_b: SymmetrySpec | None = None) -> WholeMatch:
-    """Align every declared space of B to A by alternating minimisation (see the module docstring).
+                init: Transform | None = None, spec_b: SymmetrySpec | None = None,
+                max_sweeps: int | None = None, order: str = "random", seed: int = 0) -> WholeMatch:
+    """Align every declared space of B to A by block-coordinate descent (see the module docstring).
 
     Args:
         spec: the symmetry spec (e.g. :func:`symalign.rewrite.whole_spec`).
         state_a, state_b: state dicts with the tensors the spec labels.
-        max_iter: maximum number of sweeps; rtol: stop when a sweep lowers the distance by
-            less than ``rtol * distances[0]``.
+        max_sweeps: maximum number of sweeps (``max_iter``: the same, kept for older callers;
+            ``max_sweeps`` wins when both are given).
+        rtol: a sweep that lowers the distance by at most ``rtol * distances[0]`` ends the
+            descent (``converged``).
+        order: ``"random"`` (a fresh permutation of the unit spaces every sweep, from ``seed``)
+            or ``"fixed"`` (declaration order).
         stage1, stage2: passed to :func:`match_attention`.
         init: a starting transform (skips the residual initialisation).
         spec_b: B's spec; must describe the same groups.
 
     Raises:
-        MatchError: different specs, shapes (depth/width), NaN weights, unsupported spaces.
+        MatchError: different specs, shapes (depth/width), NaN weights, unsupported spaces, unknown order.
     """
     t0 = time.perf_counter()
+    sweeps = max_iter if max_sweeps is None else max_sweeps
+    if order not in ORDERS:
+        raise MatchError(f"unknown sweep order {order!r}; use one of {', '.join(ORDERS)}")
+    if sweeps < 1:
+        raise MatchError(f"max_sweeps must be at least 1, got {sweeps}")
     if spec_b is not None and spec_b.describe() != spec.describe():
         da, db = spec.describe(), spec_b.describe()
         diff = sorted(set(da) ^ set(db)) or sorted(k for k in da if da[k] != db.get(k))
@@ -202,7 +273,7 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
     transform: Transform = dict(init) if init is not None else {}
     notes: list[str] = [restricted_note(name, spec.spaces[name]) for name in part.orthogonal
                         if isinstance(spec.spaces[name], FixingOrthogonal)]
-    stream = part.orthogonal + [p for p in part.permutations if not p.startswith("ff.")]
+    units, stream = unit_spaces(spec, part)
     free_m: dict[str, Tensor] = {}
     for name in stream:  # the free tensors' cross term is the same in every sweep: computed once
         pairs = _pairs(spec, name, True)
@@ -216,29 +287,26 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
                 notes.append(f"{name}: no tensor free of other spaces; initialised at the identity")
     d_first = distance(spec, state_a, state_b)
     distances = [d_first]
+    changes: list[int] = []
     att = None
     converged = False
-    units = [p for p in part.permutations if p not in stream]
-    for _ in range(max_iter):
-        # 1. unit permutations (FF hidden units)
-        if units:
-            cur = apply_subset(spec, _without(transform, units), state_b, units)
-            for name in units:
-                g = spec.spaces[name]
-                el = (match_monomial(_pairs(spec, name), state_a, cur, g.n) if isinstance(g, PositiveMonomial)
-                      else _solve_space(spec, name, state_a, cur))  # ReLU: permutation + positive scales
-                if el is not None:
-                    transform[name] = el
+    gen = torch.Generator().manual_seed(int(seed))
+    tol = 1e-12 * d_first
+    for _ in range(sweeps):
+        # 1. unit spaces (FF hidden units, experts), each given every other current element
+        seq = units if order == "fixed" else [units[i] for i in torch.randperm(len(units), generator=gen).tolist()]
+        changes.append(unit_step(spec, units, transform, state_a, state_b, seq, tol))
         # 2. attention
         if part.attention:
             cur = apply_subset(spec, _without(transform, part.attention), state_b, part.attention)
             att = attention_step(spec, part.attention, state_a, cur, stage1, stage2)
             transform = {**_without(transform, part.attention), **att.transform}
-        # 3. residual-stream spaces (orthogonal, or a permuted stream)
-        if stream:
-            cur = apply_subset(spec, _without(transform, stream), state_b, stream, only_bound=True)
-            for name in stream:
-                transform[name] = _solve_space(spec, name, state_a, cur, constant=free_m.get(name))
+        # 3. residual-stream spaces (orthogonal, or a permuted stream), each given every other element
+        for name in stream:
+            cur = apply_subset(spec, _without(transform, [name]), state_b, [name], only_bound=True)
+            el = _solve_space(spec, name, state_a, cur, constant=free_m.get(name))
+            if el is not None:
+                transform[name] = el
         d = distance(spec, state_a, apply(spec, transform, state_b))
         if not math.isfinite(d):
             raise MatchError("whole-model matching produced a non-finite distance; check the inputs")
@@ -246,7 +314,8 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
         if distances[-2] - d <= rtol * d_first or d <= 1e-20 * d_first:
             converged = True
             break
-    return WholeMatch(transform, spec, distances, converged, "weight", att, time.perf_counter() - t0, notes)
+    return WholeMatch(transform, spec, distances, converged, "weight", att, time.perf_counter() - t0, notes,
+                      changes=changes)
 
 
 def check_configs(cfg_a, cfg_b, allow_heterogeneous: bool = False) -> None:

@@ -131,13 +131,13 @@ def blocks_spec(cfg: ModelConfig, prefix: str = "blocks.", residual: bool = True
     """
     spec = SymmetrySpec()
     if residual:
-        spec.add_space(RESIDUAL, Permutation(cfg.d_model))
+        spec.add_space(RESIDUAL, Permutation(cfg.d_model), "residual")
     acfg = cfg.attention_config()
     for i in range(cfg.n_layers):
         p = f"{prefix}{i}."
-        spec = spec.merge(attention_spec(acfg, prefix=p + "attn.", tag=str(i)))
+        spec = spec.merge(attention_spec(acfg, prefix=p + "attn.", tag=str(i), layer=i))
         ff = f"ff.{i}"
-        spec.add_space(ff, ff_group(cfg))
+        spec.add_space(ff, ff_group(cfg), "ff", i)
         spec.act_on(p + "mlp.fc_in.weight", ff, 0)
         if cfg.bias:
             spec.act_on(p + "mlp.fc_in.bias", ff, 0)

@@ -416,7 +416,7 @@ class HFModel(nn.Module):
         spec = SymmetrySpec().merge(self._prepared().spec, prefix=PREFIX)
         if self.rewritten:
             return spec
-        return spec.restrict([s for s in spec.spaces if s != "residual"])
+        return spec.restrict([s for s in spec.spaces if spec.role(s) != "residual"])
 
     def rewritten_model(self) -> tuple["HFModel", list[str]]:
         """The same function in :func:`symalign.match.hfmodel.prepare`'s coordinates (norm gains

@@ -165,22 +165,26 @@ class MultiHeadAttention(nn.Module):
 
 
 def attention_spec(cfg: AttentionConfig, prefix: str = "", tag: str = "0",
-                   names: dict[str, str] | None = None) -> SymmetrySpec:
+                   names: dict[str, str] | None = None, layer: int | None = None) -> SymmetrySpec:
     """Symmetry spec of an attention layer with ``nn.Linear`` projections ``q/k/v/o_proj``.
 
     ``names`` may rename the projections (e.g. ``{"q": "attn.query"}``) for models
     whose modules are called differently; biases are included when ``cfg.bias``.
+    The spaces carry the roles ``heads``/``qk``/``vo`` and ``layer`` (default: ``int(tag)``
+    when the tag is a number).
     """
     n = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", **(names or {})}
     h, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     spec = SymmetrySpec()
     heads, qk, vo = f"heads.{tag}", f"qk.{tag}", f"vo.{tag}"
+    if layer is None and tag.isdigit():
+        layer = int(tag)
     has_heads = cfg.pe != "alibi"
     if has_heads:
-        spec.add_space(heads, HeadPermutation(h, d, hkv))
+        spec.add_space(heads, HeadPermutation(h, d, hkv), "heads", layer)
     inner = RotaryPlanes(d, cfg.rope_pairing, cfg.rotary_dims) if cfg.pe == "rope" else GeneralLinear(d)
-    spec.add_space(qk, PerHead(inner, hkv))
-    spec.add_space(vo, PerHead(GeneralLinear(d), hkv))
+    spec.add_space(qk, PerHead(inner, hkv), "qk", layer)
+    spec.add_space(vo, PerHead(GeneralLinear(d), hkv), "vo", layer)
     if has_heads:
         spec.couple(heads, qk, vo)
 

@@ -67,7 +67,7 @@ def prepare_bert(config: Any, state: Mapping[str, Tensor], att: SymmetrySpec, ar
     parts = HEADS[family].get(arch or "")
     residual = parts is not None and not getattr(config, "add_cross_attention", False)
     if residual:
-        spec.add_space(RESIDUAL, Permutation(D))
+        spec.add_space(RESIDUAL, Permutation(D), "residual")
         notes.append("post-LN: LayerNorm gains sit on the residual path and cannot be folded, so residual "
                      "rotations are not symmetries; residual group S_D (permutations, LayerNorm gains/biases "
                      "permuted with the stream)")
@@ -80,7 +80,7 @@ def prepare_bert(config: Any, state: Mapping[str, Tensor], att: SymmetrySpec, ar
     for i in range(L):
         lp = f"{p}encoder.layer.{i}."
         ff = f"ff.{i}"
-        spec.add_space(ff, ff_group(act, int(config.intermediate_size)))
+        spec.add_space(ff, ff_group(act, int(config.intermediate_size)), "ff", i)
         spec.act_on(lp + "intermediate.dense.weight", ff, 0)
         act_if(spec, s, lp + "intermediate.dense.bias", ff, 0)
         spec.act_on(lp + "output.dense.weight", ff, 1, "contra")

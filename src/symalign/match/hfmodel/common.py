@@ -56,7 +56,8 @@ def back(s: dict[str, Tensor], dtypes: dict[str, torch.dtype], default: torch.dt
 
 
 def copy_spec(att: SymmetrySpec) -> SymmetrySpec:
-    return SymmetrySpec(dict(att.spaces), {k: list(v) for k, v in att.tensors.items()}, dict(att.couplings))
+    return SymmetrySpec(dict(att.spaces), {k: list(v) for k, v in att.tensors.items()}, dict(att.couplings),
+                        dict(att.info))
 
 
 def ff_group(act: Any, d_ff: int) -> Permutation:

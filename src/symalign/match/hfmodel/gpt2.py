@@ -27,7 +27,7 @@ def prepare_gpt2(config: Any, state: Mapping[str, Tensor], att: SymmetrySpec) ->
     p = prefix_of(s, "h.0.attn.c_attn.weight")
     D = int(config.hidden_size)
     spec = copy_spec(att)
-    spec.add_space(RESIDUAL, CenteredOrthogonal(D))
+    spec.add_space(RESIDUAL, CenteredOrthogonal(D), "residual")
     for t in ("wte.weight", "wpe.weight"):
         spec.act_on(p + t, RESIDUAL, 1, "co")
     d_ff = int(getattr(config, "n_inner", None) or 4 * D)
@@ -45,7 +45,7 @@ def prepare_gpt2(config: Any, state: Mapping[str, Tensor], att: SymmetrySpec) ->
             spec.act_on(f"{lp}{out}.weight", RESIDUAL, 1, "co")
             spec.act_on(f"{lp}{out}.bias", RESIDUAL, 0, "co")
         ff = f"ff.{i}"
-        spec.add_space(ff, ff_group(getattr(config, "activation_function", None), d_ff))
+        spec.add_space(ff, ff_group(getattr(config, "activation_function", None), d_ff), "ff", i)
         spec.act_on(f"{lp}mlp.c_fc.weight", ff, 1)
         spec.act_on(f"{lp}mlp.c_fc.bias", ff, 0)
         spec.act_on(f"{lp}mlp.c_proj.weight", ff, 0, "contra")

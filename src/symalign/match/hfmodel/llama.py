@@ -32,7 +32,7 @@ def prepare_llama(config: Any, state: Mapping[str, Tensor], att: SymmetrySpec) -
         raise MatchError("--scope model: a Llama-style model with tied embeddings cannot fold its final RMSNorm "
                          "gain into the head (it is also the embedding); residual rotations would not be exact")
     spec = copy_spec(att)
-    spec.add_space(RESIDUAL, Orthogonal(int(config.hidden_size)))
+    spec.add_space(RESIDUAL, Orthogonal(int(config.hidden_size)), "residual")
     spec.act_on(p + "embed_tokens.weight", RESIDUAL, 1, "co")
     spec.act_on(head, RESIDUAL, 1, "contra")
     for i in range(int(config.num_hidden_layers)):
@@ -52,7 +52,7 @@ def prepare_llama(config: Any, state: Mapping[str, Tensor], att: SymmetrySpec) -
             if f"{lp}{out}.bias" in s:
                 spec.act_on(f"{lp}{out}.bias", RESIDUAL, 0, "co")
         ff = f"ff.{i}"
-        spec.add_space(ff, Permutation(int(config.intermediate_size)))
+        spec.add_space(ff, Permutation(int(config.intermediate_size)), "ff", i)
         for n in ("gate", "up"):
             spec.act_on(f"{lp}mlp.{n}_proj.weight", ff, 0)
             if f"{lp}mlp.{n}_proj.bias" in s:

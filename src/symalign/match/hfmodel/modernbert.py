@@ -50,7 +50,7 @@ def prepare_modernbert(config: Any, state: Mapping[str, Tensor], att: SymmetrySp
     notes: list[str] = []
     residual = arch in HEADS and "head.dense.weight" in s
     if residual:
-        spec.add_space(RESIDUAL, Permutation(D))
+        spec.add_space(RESIDUAL, Permutation(D), "residual")
         notes.append("the embeddings LayerNorm gain scales the stream itself and cannot be folded, so residual "
                      "rotations are not symmetries; residual group S_D (permutations, norm gains/biases permuted)")
         _norm(spec, s, p + "embeddings.norm")
@@ -67,7 +67,7 @@ def prepare_modernbert(config: Any, state: Mapping[str, Tensor], att: SymmetrySp
     for i in range(L):
         lp = f"{p}layers.{i}."
         ff = f"ff.{i}"
-        spec.add_space(ff, Permutation(d_ff))
+        spec.add_space(ff, Permutation(d_ff), "ff", i)
         for seg in ((0, d_ff), (d_ff, d_ff)):
             spec.act_on(lp + "mlp.Wi.weight", ff, 0, "co", None, seg)
             act_if(spec, s, lp + "mlp.Wi.bias", ff, 0, "co", seg)

@@ -57,7 +57,7 @@ def prepare_vit(config: Any, state: Mapping[str, Tensor], att: SymmetrySpec, arc
     head = HEADS.get(arch or "", "")
     residual = bool(head) and head + ".weight" in s
     if residual:
-        spec.add_space(RESIDUAL, CenteredOrthogonal(D))
+        spec.add_space(RESIDUAL, CenteredOrthogonal(D), "residual")
         e = p + "embeddings."
         for t, axis in (("patch_embeddings.projection.weight", 0), ("patch_embeddings.projection.bias", 0),
                         ("cls_token", 2), ("mask_token", 2), ("position_embeddings", 2)):
@@ -68,7 +68,7 @@ def prepare_vit(config: Any, state: Mapping[str, Tensor], att: SymmetrySpec, arc
         lp = f"{p}{layer}.{i}."
         n = {k: lp + v for k, v in names.items()}
         ff = f"ff.{i}"
-        spec.add_space(ff, ff_group(getattr(config, "hidden_act", None), int(config.intermediate_size)))
+        spec.add_space(ff, ff_group(getattr(config, "hidden_act", None), int(config.intermediate_size)), "ff", i)
         spec.act_on(n["fc1"] + ".weight", ff, 0)
         act_if(spec, s, n["fc1"] + ".bias", ff, 0)
         spec.act_on(n["fc2"] + ".weight", ff, 1, "contra")

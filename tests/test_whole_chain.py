@@ -1,0 +1,166 @@
+"""Weight matching that chains: unit spaces sharing tensors (a plain MLP) are block-coordinate-descended.
+
+Each space is solved against B with every other current element applied (git re-basin's loop). The old
+loop solved every ``ff`` space against B with none of the other unit permutations applied: on an MLP it
+recovered no planted permutation, and on two trained MLPs its result interpolated worse than not aligning.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import nn
+from torch.func import functional_call
+
+from _whole_util import one_thread  # noqa: F401  (autouse fixture)
+from symalign.errors import MatchError
+from symalign.groups import Permutation
+from symalign.match.distance import distance
+from symalign.match.whole import match_whole
+from symalign.spec import SymmetrySpec, apply, invert, sample
+
+WIDTHS = [16, 32, 48, 64, 32, 10]  # 4 hidden layers
+
+
+def mlp_spec(widths: list[int]) -> SymmetrySpec:
+    """``nn.Sequential(Linear, ReLU, ..., Linear)``: hidden layer ``i`` permutes rows of ``{2i}.*`` and
+    columns of ``{2i+2}.weight`` (declared as plain permutations, role ``ff``, named freely)."""
+    spec = SymmetrySpec()
+    n = len(widths) - 1
+    for i in range(n - 1):
+        spec.add_space(f"hidden{i}", Permutation(widths[i + 1]), "ff", i)
+    for i in range(n):
+        if i < n - 1:
+            spec.act_on(f"{2 * i}.weight", f"hidden{i}", 0)
+            spec.act_on(f"{2 * i}.bias", f"hidden{i}", 0)
+        if i > 0:
+            spec.act_on(f"{2 * i}.weight", f"hidden{i - 1}", 1, "contra")
+    return spec
+
+
+def mlp(widths: list[int], seed: int) -> nn.Sequential:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for i in range(len(widths) - 1):
+        layers.append(nn.Linear(widths[i], widths[i + 1]))
+        if i < len(widths) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers).double()
+
+
+def state(m: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+
+def noisy(s: dict, sigma: float, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + sigma * v.std() * torch.randn(v.shape, generator=g, dtype=v.dtype) for k, v in s.items()}
+
+
+def single_space_distances(spec, sa, sb) -> dict[str, float]:
+    """The distance after solving each space alone (all others at the identity)."""
+    return {s: distance(spec, sa, apply(spec, match_whole(spec.restrict([s]), sa, sb, max_sweeps=1).transform, sb))
+            for s in spec.spaces}
+
+
+@pytest.mark.parametrize("order", ["random", "fixed"])
+def test_planted_chain_recovered_exactly(order):
+    """B = g . A + noise: the chained loop returns g^{-1} exactly, in several real sweeps."""
+    spec = mlp_spec(WIDTHS)
+    sa = state(mlp(WIDTHS, 0))
+    g = sample(spec, 7)
+    sb = noisy(apply(spec, g, sa), 1.0, 1)
+    res = match_whole(spec, sa, sb, order=order)
+    want = invert(spec, g)
+    assert all(torch.equal(res.transform[s], want[s]) for s in spec.spaces)
+    assert res.converged and res.sweeps > 2 and res.to_dict()["sweeps"] == res.sweeps
+    assert res.changes[0] == len(spec.spaces) and res.changes[-1] == 0
+    assert res.distances[-1] == pytest.approx(distance(spec, sa, apply(spec, want, sb)), rel=1e-12)
+    assert all(d1 <= d0 for d0, d1 in zip(res.distances, res.distances[1:]))  # monotone
+
+
+def test_fixed_point_is_scipy_assignment_given_the_others():
+    """At convergence (rtol=0) every hidden layer's permutation is scipy's optimal assignment for the
+    cost built here from the weights with the neighbouring permutations applied by hand."""
+    spec = mlp_spec(WIDTHS)
+    sa, sb = state(mlp(WIDTHS, 1)), state(mlp(WIDTHS, 2))
+    res = match_whole(spec, sa, sb, rtol=0.0, max_sweeps=200, seed=3)
+    assert res.converged and res.sweeps > 2
+    perms = [res.transform[f"hidden{i}"] for i in range(len(WIDTHS) - 2)]
+    for i, p in enumerate(perms):
+        w_in_b, b_in_b = sb[f"{2 * i}.weight"], sb[f"{2 * i}.bias"]
+        if i > 0:
+            w_in_b = w_in_b[:, perms[i - 1]]  # the previous layer's units, already matched
+        w_out_b = sb[f"{2 * i + 2}.weight"]
+        if i + 1 < len(perms):
+            w_out_b = w_out_b[perms[i + 1], :]  # the next layer's units, already matched
+        cost = (sa[f"{2 * i}.weight"] @ w_in_b.T + torch.outer(sa[f"{2 * i}.bias"], b_in_b)
+                + sa[f"{2 * i + 2}.weight"].T @ w_out_b)
+        rows, cols = linear_sum_assignment(cost.numpy(), maximize=True)
+        best = float(cost.numpy()[rows, cols].sum())
+        ours = float(cost[torch.arange(len(p)), p].sum())
+        assert ours == pytest.approx(best, rel=1e-12), f"layer {i} is not the assignment optimum given the others"
+        assert np.array_equal(cols, p.numpy())
+
+
+def _task(n: int, seed: int):
+    """Eight Gaussian classes (fixed centres); ``seed`` draws the sample."""
+    centres = torch.randn(8, WIDTHS[0], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 8, (n,), generator=g)
+    return centres[y] + torch.randn(n, WIDTHS[0], generator=g, dtype=torch.float64), y
+
+
+def _train(seed: int, x, y, steps: int = 100) -> nn.Sequential:
+    widths = WIDTHS[:-1] + [8]
+    m = mlp(widths, seed)
+    opt = torch.optim.Adam(m.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        idx = torch.randint(0, len(x), (128,), generator=g)
+        loss = nn.functional.cross_entropy(m(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return m.eval()
+
+
+def test_trained_mlps_chain_beats_unaligned_and_every_single_space():
+    """Two briefly trained 4-hidden-layer MLPs. The seed pair is one where the old loop's result
+    interpolated worse than B itself (test loss barrier 2.11 vs 1.53 unaligned; over seed pairs 1..5 the
+    old loop's barrier was 0.65-1.38x the unaligned one). The chained loop ends at least as close as every
+    single-space solution, cuts the barrier, reports real sweeps and keeps B's function."""
+    x, y = _task(2048, 0)
+    a, b = _train(9, x, y), _train(10, x, y)
+    spec = mlp_spec(WIDTHS[:-1] + [8])
+    sa, sb = state(a), state(b)
+    res = match_whole(spec, sa, sb)
+    sb2 = apply(spec, res.transform, sb)
+    assert res.converged and res.sweeps > 2
+    singles = single_space_distances(spec, sa, sb)
+    assert res.distances[-1] <= min(singles.values())
+    xt, yt = _task(512, 1)
+    with torch.no_grad():
+        yb = functional_call(a, sb, (xt,))
+        assert float((functional_call(a, sb2, (xt,)) - yb).norm() / yb.norm()) <= 1e-12
+
+        def barrier(s2):
+            ts = torch.linspace(0, 1, 11).tolist()
+            ls = [float(nn.functional.cross_entropy(functional_call(a, {k: (1 - t) * sa[k] + t * s2[k] for k in sa},
+                                                                    (xt,)), yt)) for t in ts]
+            return max(v - ((1 - t) * ls[0] + t * ls[-1]) for v, t in zip(ls, ts))
+
+        naive, aligned = barrier(sb), barrier(sb2)
+    print(f"barriers: unaligned {naive:.3f}, aligned {aligned:.3f}")
+    assert naive > 0.5 and aligned < 0.25 * naive
+
+
+def test_bad_order_and_sweeps():
+    spec = mlp_spec(WIDTHS)
+    sa = state(mlp(WIDTHS, 0))
+    with pytest.raises(MatchError, match="unknown sweep order 'reverse'"):
+        match_whole(spec, sa, sa, order="reverse")
+    with pytest.raises(MatchError, match="max_sweeps must be at least 1"):
+        match_whole(spec, sa, sa, max_sweeps=0)
