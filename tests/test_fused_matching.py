@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("transformers")
 
 from hf_tiny import randomize  # noqa: E402
-from _match_util import rel, single_thread  # noqa: E402,F401
+from _match_util import rel  # noqa: E402
 
 from symalign.arch.fused import split_segments  # noqa: E402
 from symalign.data import eval_batches, load_dataset  # noqa: E402
@@ -40,7 +40,7 @@ def fused(spec) -> bool:
     return any(a.segment is not None for acts in spec.tensors.values() for a in acts)
 
 
-def test_attention_matcher_reads_segments(single_thread):
+def test_attention_matcher_reads_segments():
     """Planted B = g . A on GPT-2's fused attention: the matcher on the fused tensors returns what it
     returns on the split view, and recovers A."""
     model, _ = gpt2(3)
@@ -61,7 +61,7 @@ def test_attention_matcher_reads_segments(single_thread):
 
 
 @pytest.mark.parametrize("spaces", [None, ["qk.0", "ff.1"], ["residual"]])
-def test_soft_action_on_segments_is_the_exact_action(spaces, single_thread):
+def test_soft_action_on_segments_is_the_exact_action(spaces):
     """At their starting point the latents act exactly as the group elements do, on the fused tensors too,
     whether the spaces acting on a segment are learned or fixed; the action is differentiable."""
     model, _ = gpt2(4)
@@ -79,7 +79,7 @@ def test_soft_action_on_segments_is_the_exact_action(spaces, single_thread):
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in lat.parameters())
 
 
-def test_learn_matching_on_fused_tensors_restricted_spaces(single_thread):
+def test_learn_matching_on_fused_tensors_restricted_spaces():
     """Learned matching on GPT-2 (fused ``c_attn``), learning only some spaces: runs, and B' computes B's
     function (it used to refuse fused tensors, and to fail with a shape error for fixed spaces)."""
     ma, ds = gpt2(5)

@@ -383,7 +383,7 @@ def test_shakespeare_pair_configs_match_the_builtin_budget():
 
 
 @pytest.mark.parametrize("family", ["gpt2", "modernbert"])
-def test_learned_variant_on_fused_families(family, tmp_path, single_thread):
+def test_learned_variant_on_fused_families(family, tmp_path):
     """GPT-2's ``c_attn`` and ModernBERT's ``Wqkv`` hold Q|K|V side by side: the ``learned`` variant refines
     the ``full`` result through the segments (it used to raise after training the models)."""
     cfg = experiment(family, scopes=["all-attention", "full"], variants=["full", "learned"], learned_steps=3,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _whole_util import inputs, model, one_thread, rel_out  # noqa: F401  (autouse fixture)
+from _whole_util import inputs, model, rel_out
 from symalign.errors import SpecError
 from symalign.experiments.protocol import scope_spaces
 from symalign.groups import GeneralLinear, HeadPermutation, PerHead, Permutation

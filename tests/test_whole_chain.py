@@ -14,7 +14,6 @@ from scipy.optimize import linear_sum_assignment
 from torch import nn
 from torch.func import functional_call
 
-from _whole_util import one_thread  # noqa: F401  (autouse fixture)
 from symalign.errors import MatchError
 from symalign.groups import Permutation
 from symalign.match.distance import distance

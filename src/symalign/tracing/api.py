@@ -294,10 +294,10 @@ def build_spec(walker: Walker) -> tuple[SymmetrySpec, list[Skipped], dict[str, s
         heads, qk, vo = f"heads.{i}", f"qk.{i}", f"vo.{i}"
         h, kv, d = att.n_heads, att.n_kv, att.head_dim
         if att.heads_ok:
-            spec.add_space(heads, HeadPermutation(h, d, kv))
+            spec.add_space(heads, HeadPermutation(h, d, kv), role="heads", layer=i)
         if att.qk is not None:
-            spec.add_space(qk, PerHead(att.qk, kv))
-        spec.add_space(vo, PerHead(GeneralLinear(d), kv))
+            spec.add_space(qk, PerHead(att.qk, kv), role="qk", layer=i)
+        spec.add_space(vo, PerHead(GeneralLinear(d), kv), role="vo", layer=i)
         if att.heads_ok:
             spec.couple(heads, *([qk] if att.qk is not None else []), vo)
         for name in (heads, qk, vo):
@@ -336,7 +336,12 @@ def build_spec(walker: Walker) -> tuple[SymmetrySpec, list[Skipped], dict[str, s
             if group is None:
                 skipped.append(Skipped(s.layer, f"feature axis of width {s.n}: no exact group"))
                 continue
-            spec.add_space(name, group)
+            if kind == "ff":
+                spec.add_space(name, group, role="ff", layer=k)
+            elif name == "residual":
+                spec.add_space(name, group, role="residual")
+            else:  # several separate streams: each solved as a space of its own (by its group)
+                spec.add_space(name, group)
             layers[name] = s.layer
             for tensor, axis, var, seg in acts:
                 spec.act_on(tensor, name, axis, var, None, seg)
