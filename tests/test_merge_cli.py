@@ -159,3 +159,22 @@ def test_bad_arguments(tmp_path, monkeypatch, capsys, tok):
     (tmp_path / "M").mkdir()
     code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, "-o", tmp_path / "M")
     assert code == 2 and "--force" in err and os.listdir(tmp_path / "M") == []
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_universe_merge_of_transformed_copies_is_a(family, tmp_path, monkeypatch, capsys, tok):
+    a, b, da, db = _planted(family, tmp_path, tok if family == "gpt2" else None)
+    spec = get_adapter(a).spec(a)
+    c = make_model(family, seed=0, **({"vocab_size": len(tok)} if family == "gpt2" else {}))
+    c.load_state_dict(apply(spec, sample(spec, 99), a.state_dict()))
+    dc = _save(c, tmp_path / "C", tok if family == "gpt2" else None)
+    code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, dc, "-o", tmp_path / "M", "--universe",
+                                  "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["scope"] == "model" and len(res["universe"]["spread"]) == 3 and res["universe"]["spread"][-1] <= 1e-8
+    x = inputs(a)
+    assert rel(output(_load(a, tmp_path / "M"), x), output(a, x)) <= 1e-5
+    code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, "-o", tmp_path / "M2", "--universe",
+                                  "--scope", "attention")
+    assert code == 2 and "--universe" in err and _nothing_written(tmp_path, "M2")

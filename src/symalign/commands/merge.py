@@ -1,5 +1,8 @@
 """``symalign merge A B [C ...] -o OUT``: align every checkpoint to the first, write their weighted average.
 
+With ``--universe`` the models are aligned to their evolving weighted average
+instead (seed 002's universe matching, :func:`universe_states`).
+
 Steps: check OUT and the weights; load and validate every checkpoint, refuse
 different families, shapes or vocabularies (one line, exit 2, nothing written);
 with ``--eval DATA`` build the evaluation batches first (bad data is refused
@@ -34,9 +37,44 @@ def _parse_weights(text: str | None) -> list[float] | None:
         raise ConfigError(f"--weights expects comma-separated numbers, e.g. 0.5,0.5; got {text!r}") from None
 
 
-def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, scope: str = "attention",
+def universe_states(ckpts: list[Any], weights: list[float], rounds: int = 3, stage2: str = "full"
+                    ) -> tuple[list[dict], bool, list[float]]:
+    r"""Seed 002's universe matching on Hugging Face checkpoints (whole-model symmetries).
+
+    Every checkpoint is rewritten exactly in its own format
+    (:func:`symalign.match.hfmodel.prepare`); with ``U^(0) = theta_1``, round ``r``
+    matches every ``theta_k`` to ``U^(r)`` (:func:`symalign.match.whole.match_whole`,
+    warm-started from its previous transform), ``theta_k' = T_k . theta_k`` and
+    ``U^(r+1) = sum_k w_k theta_k'``. Returns the aligned states of the last round,
+    whether the head was untied, and the spread ``sum_k ||theta_k' - U||^2`` per round.
+    """
+    from symalign.match.distance import distance
+    from symalign.match.hfmodel import prepare
+    from symalign.match.whole import match_whole
+    from symalign.merge import weighted_average
+    from symalign.spec import apply
+
+    if rounds < 1:
+        raise ConfigError(f"--rounds must be at least 1, got {rounds}")
+    prepared = [prepare(c.config, c.state, c.adapter.spec(c.config, c.state.keys())) for c in ckpts]
+    ref = prepared[0].state
+    transforms: list[Any] = [None] * len(prepared)
+    spread: list[float] = []
+    aligned: list[dict] = []
+    for _ in range(rounds):
+        aligned = []
+        for k, p in enumerate(prepared):
+            res = match_whole(p.spec, ref, p.state, spec_b=prepared[0].spec, init=transforms[k], stage2=stage2)
+            transforms[k] = res.transform
+            aligned.append(apply(p.spec, res.transform, p.state))
+        ref = weighted_average(aligned, weights)
+        spread.append(float(sum(distance(prepared[0].spec, ref, a) for a in aligned)))
+    return aligned, any(p.untied for p in prepared), spread
+
+
+def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, scope: str | None = None,
               stage2: str = "full", align: bool = True, force: bool = False, eval_data: str | None = None,
-              eval_opts: Any = None) -> dict[str, Any]:
+              eval_opts: Any = None, universe: bool = False, rounds: int = 3) -> dict[str, Any]:
     """Merge ``dirs`` into ``out`` (see the module docstring); returns the diagnostics."""
     from symalign import hf_io
     from symalign.commands.align import SCOPES, run_align
@@ -46,6 +84,11 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
 
     if len(dirs) < 2:
         raise ConfigError(f"merge needs at least two checkpoints, got {len(dirs)}")
+    if universe and scope == "attention":
+        raise ConfigError("--universe matches whole models; use it with --scope model (or without --scope)")
+    if universe and not align:
+        raise ConfigError("--universe aligns the models; drop --no-align")
+    scope = scope or ("model" if universe else "attention")
     if scope not in SCOPES:
         raise ConfigError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
     w = normalise_weights(weights, len(dirs))
@@ -57,18 +100,25 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     ref_keys = set(ckpts[0].state)
     a_config, a_adapter, a_state = ckpts[0].config, ckpts[0].adapter, ckpts[0].state
     dtype = ckpts[0].dtype
-    del ckpts
 
     evalset = None
     if eval_data is not None:
         evalset = build_eval(dirs[0], load_hf_model(dirs[0]), eval_data, eval_opts)
+    spread: list[float] | None = None
+    if universe:
+        universe_aligned, untied, spread = universe_states(ckpts, w, rounds, stage2)
+    del ckpts
 
     scratch = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.align-", dir=out_path.parent))
     aligned_info: list[dict] = []
     try:
         states = []
         edits: dict[str, Any] = {}
-        if align and scope == "model":  # A in the same exactly rewritten format as the aligned models
+        if universe:
+            states = universe_aligned
+            if untied:
+                edits["tie_word_embeddings"] = False
+        elif align and scope == "model":  # A in the same exactly rewritten format as the aligned models
             from symalign.match.hfmodel import prepare
 
             pa = prepare(a_config, a_state, a_adapter.spec(a_config, a_state.keys()))
@@ -77,7 +127,7 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
                 edits["tie_word_embeddings"] = False
         else:
             states.append(a_state)
-        for k, d in enumerate(dirs[1:], 1):
+        for k, d in enumerate(dirs[1:] if not universe else [], 1):
             if align:
                 info = run_align(dirs[0], d, scratch / str(k), scope=scope, stage2=stage2)
                 aligned_info.append({"model": str(d), "distance": info["distance"], "verify": info["verify"]})
@@ -103,6 +153,7 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
         raise
     res: dict[str, Any] = {
         "models": [str(d) for d in dirs], "weights": w, "out": str(out_path), "scope": scope if align else "none",
+        "universe": {"rounds": rounds, "spread": spread} if universe else None,
         "aligned": aligned_info, "dtype": str(dtype).replace("torch.", ""), "architecture": a_config.model_type,
         "tensors": len(merged), "new_tensors": sorted(set(merged) - ref_keys),
     }
@@ -121,8 +172,11 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "-o", "--out", help="Output directory: the merged checkpoint."),
         weights: Optional[str] = typer.Option(None, "--weights", help="Comma-separated weights, one per model "
                                                                       "(normalised to sum 1; default uniform)."),
-        scope: str = typer.Option("attention", help="attention | model: what is aligned before averaging "
-                                                    "(as in `symalign align`)."),
+        scope: Optional[str] = typer.Option(None, help="attention | model: what is aligned before averaging "
+                                            "(as in `symalign align`; default attention, model with --universe)."),
+        universe: bool = typer.Option(False, "--universe", help="Universe matching (whole model): align all models "
+                                      "to their evolving weighted average instead of to the first."),
+        rounds: int = typer.Option(3, "--rounds", help="Universe matching rounds."),
         stage2: str = typer.Option("full", help="Inside-head alignment: none | orthogonal | full."),
         no_align: bool = typer.Option(False, "--no-align", help="Average the checkpoints as they are (naive merge)."),
         eval_data: Optional[str] = typer.Option(None, "--eval", help="Also evaluate the inputs and the merged model "
@@ -143,12 +197,13 @@ def register(app: typer.Typer) -> None:
         opts = EvalOptions(split=split, text_field=text_field, eval_items=eval_items, context=context,
                            tokenizer=tokenizer)
         res = run_merge(list(models), out, _parse_weights(weights), scope=scope, stage2=stage2, align=not no_align,
-                        force=force, eval_data=eval_data, eval_opts=opts)
+                        force=force, eval_data=eval_data, eval_opts=opts, universe=universe, rounds=rounds)
         if as_json:
             typer.echo(json.dumps(res, default=float))
             return
         typer.echo(f"merged {len(models)} {res['architecture']} checkpoints (weights "
-                   f"{', '.join(f'{x:.3g}' for x in res['weights'])}; aligned: {res['scope']}) -> {res['out']}")
+                   f"{', '.join(f'{x:.3g}' for x in res['weights'])}; aligned: {res['scope']}"
+                   f"{', universe' if res['universe'] else ''}) -> {res['out']}")
         if "eval" in res:
             ev = res["eval"]
             typer.echo(f"{ev['objective']} loss on {ev['data']}:")
