@@ -227,3 +227,27 @@ def test_bad_input_one_line_exit_2(case, monkeypatch, capsys, tmp_path, train_te
     lines = [ln for ln in err.splitlines() if ln.startswith("symalign: error")]
     assert code == 2 and len(lines) == 1 and msg in lines[0] and "Traceback" not in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_saved_image_dataset_and_eval_tokens(tmp_path, train_text):
+    datasets = pytest.importorskip("datasets")
+    from PIL import Image
+
+    root = image_folder(tmp_path / "imgs", classes=("a", "b", "c"), per_class=2)
+    files = sorted(root.rglob("*.png"))
+    ds = datasets.Dataset.from_dict({"image": [Image.open(f) for f in files],
+                                     "label": [["a", "b", "c"].index(f.parent.name) for f in files]},
+                                    features=datasets.Features({"image": datasets.Image(),
+                                                                "label": datasets.ClassLabel(names=["a", "b", "c"])}))
+    ds.save_to_disk(str(tmp_path / "ds"))
+    a = vit(tmp_path / "a", num_labels=3)
+    ev_disk = build_eval(a, load_hf_model(a), str(tmp_path / "ds"), EvalOptions())
+    ev_dir = build_eval(a, load_hf_model(a), str(root), EvalOptions())
+    assert ev_disk.items == 6
+    assert torch.equal(torch.cat([b["labels"] for b in ev_disk.batches]), torch.cat([b["labels"] for b in ev_dir.batches]))
+    assert torch.allclose(torch.cat([b["pixel_values"] for b in ev_disk.batches]),
+                          torch.cat([b["pixel_values"] for b in ev_dir.batches]))
+    tok = TOKENIZERS["bpe"](train_text)
+    g = gpt2(tmp_path / "g", tok)
+    ev = build_eval(g, load_hf_model(g), str(_text_file(tmp_path)), EvalOptions(context=16, eval_tokens=100))
+    assert ev.items == 100 // 16 and ev.info["tokens"] == 6 * 15
