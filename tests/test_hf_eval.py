@@ -251,3 +251,37 @@ def test_saved_image_dataset_and_eval_tokens(tmp_path, train_text):
     g = gpt2(tmp_path / "g", tok)
     ev = build_eval(g, load_hf_model(g), str(_text_file(tmp_path)), EvalOptions(context=16, eval_tokens=100))
     assert ev.items == 100 // 16 and ev.info["tokens"] == 6 * 15
+
+
+def test_interpolate_scope_model_after_whole_model_align(monkeypatch, capsys, tmp_path, train_text):
+    """B aligned with --scope model (folded norms, untied head): refused with the hint as it is, and with
+    --scope model both ends are rewritten exactly: A -> align(g.A) is flat, A -> g.A is not."""
+    from hf_tiny import make_model
+
+    from symalign.arch import get_adapter
+    from symalign.spec import apply, sample
+
+    tok = TOKENIZERS["bpe"](train_text)
+    a = make_model("gpt2", dtype=torch.float32, seed=0, vocab_size=len(tok))
+    spec = get_adapter(a).spec(a)
+    b = make_model("gpt2", dtype=torch.float32, seed=0, vocab_size=len(tok))
+    b.load_state_dict(apply(spec, sample(spec, 3), a.state_dict()))
+    for m, name in ((a, "A"), (b, "B")):
+        m.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    code, out, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",
+                                  tmp_path / "B2", "--scope", "model")
+    assert code == 0, err
+    text = _text_file(tmp_path)
+    args = ["--data", text, "--context", "16", "--points", "3", "--no-progress", "--json"]
+    code, out, err = run_symalign(monkeypatch, capsys, "interpolate", tmp_path / "A", tmp_path / "B2", *args,
+                                  "--out", tmp_path / "o1")
+    assert code == 2 and "--scope model" in err and not (tmp_path / "o1").exists()
+    code, out, err = run_symalign(monkeypatch, capsys, "interpolate", tmp_path / "A", tmp_path / "B2", *args,
+                                  "--scope", "model", "--baseline", tmp_path / "B", "--out", tmp_path / "o2")
+    assert code == 0, err
+    res = json.loads(out)
+    loss = res["curve"]["loss"]
+    assert max(loss) - min(loss) <= 1e-5 * loss[0]  # every point computes A's function
+    assert abs(res["naive"]["loss"][1] - loss[1]) > 1e-3 * loss[1]  # the naive midpoint is another function
+    assert res["naive"]["loss"][0] == pytest.approx(loss[0], rel=1e-5)  # rewritten A: A's loss

@@ -9,6 +9,8 @@ and evaluates ``(1 - t) A + t B`` at every point.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -42,23 +44,59 @@ class HFPair:
     info: dict[str, Any]
 
 
+def load_rewritten(path: str | Path) -> nn.Module:
+    """The checkpoint rewritten exactly in the whole-model format of ``symalign align --scope model``
+    (:func:`symalign.match.hfmodel.prepare`: norm gains folded, GPT-2's head untied), loaded with
+    ``from_pretrained`` from a temporary copy. It computes the checkpoint's function; ``prepare`` leaves
+    a checkpoint that is already in this format (an aligned output) unchanged."""
+    from symalign import hf_io
+    from symalign.match.hfmodel import prepare
+
+    ckpt = hf_io.load_checkpoint(path)
+    prep = prepare(ckpt.config, ckpt.state, ckpt.adapter.spec(ckpt.config, ckpt.state.keys()))
+    edits = {"tie_word_embeddings": False} if prep.untied else None
+    scratch = Path(tempfile.mkdtemp(prefix=".symalign-rewrite-"))
+    try:
+        tmp = hf_io.stage_checkpoint(scratch / "model", prep.state, path, edits)
+        return load_hf_model(tmp)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def load_pair(dir_a: str | Path, dir_b: str | Path, data: str, opts: EvalOptions | None = None,
-              evalset: EvalSet | None = None) -> HFPair:
+              evalset: EvalSet | None = None, scope: str = "attention") -> HFPair:
     """Load A and B (validated, same architecture, same vocabulary) and build the batches from A.
 
-    ``evalset``: reuse batches built before (e.g. for the baseline curve, so both
-    curves see the very same tokens and masks).
+    ``scope="model"``: both are first rewritten exactly in the whole-model format
+    (:func:`load_rewritten`), so a B aligned with ``--scope model`` is interpolated
+    against A in the same parametrisation (and a baseline B too: only the alignment
+    differs between the two curves). ``evalset``: reuse batches built before (e.g.
+    for the baseline curve, so both curves see the very same tokens and masks).
     """
+    from symalign.errors import ConfigError, MatchError
     from symalign.hf_io import check_same_architecture, load_checkpoint
 
-    check_same_architecture(load_checkpoint(dir_a), load_checkpoint(dir_b))
+    if scope not in ("attention", "model"):
+        raise ConfigError(f"unknown scope {scope!r}; use attention or model")
+    try:
+        check_same_architecture(load_checkpoint(dir_a), load_checkpoint(dir_b))
+    except MatchError as exc:
+        if scope == "model" and "exists only in" in str(exc):
+            pass  # e.g. GPT-2's untied head of an aligned output: compared after the rewrite
+        elif "exists only in" in str(exc):
+            raise MatchError(f"{exc}; if B was aligned with --scope model, pass --scope model") from None
+        else:
+            raise
     check_same_vocabulary([dir_a, dir_b])
-    model_a, model_b = load_hf_model(dir_a), load_hf_model(dir_b)
+    load = load_rewritten if scope == "model" else load_hf_model
+    model_a, model_b = load(dir_a), load(dir_b)
     if evalset is None:
         evalset = build_eval(dir_a, model_a, data, opts)
     sa, sb = lmc.full_state(model_a), lmc.full_state(model_b)
+    lmc.check_compatible(sa, sb)
     return HFPair(model_a, sa, sb, evalset,
-                  {"task": evalset.objective, "data": data, "model_type": model_a.config.model_type})
+                  {"task": evalset.objective, "data": data, "model_type": model_a.config.model_type,
+                   "scope": scope})
 
 
 def hf_curve(dir_a: str | Path, dir_b: str | Path, data: str, points: int = 25, opts: EvalOptions | None = None,

@@ -69,6 +69,8 @@ def interpolate_command(
                                             "without one ('bytes': token i is byte i)."),
     image_processor: Optional[str] = typer.Option(None, "--image-processor", help="Image processor folder for "
                                                   "checkpoints saved without one."),
+    scope: str = typer.Option("attention", help="model: rewrite every endpoint exactly in the whole-model format "
+                              "first (for B aligned with `symalign align --scope model`)."),
     points: int = typer.Option(25, help="Evenly spaced interpolation points in [0, 1]."),
     baseline: Optional[Path] = typer.Option(None, help="Also plot A -> BASELINE (e.g. B before alignment)."),
     eval_items: Optional[int] = typer.Option(None, "--eval-items", help="Windows (LM) or examples measured per "
@@ -98,14 +100,14 @@ def interpolate_command(
     opts = EvalOptions(split=split, text_field=text_field, label_field=label_field, eval_items=eval_items,
                        eval_tokens=eval_tokens, context=context, batch_size=batch_size, mask_seed=mask_seed,
                        tokenizer=tokenizer, image_processor=image_processor, data_options=parse_options(data_option))
-    pair = load_pair(a_dir, b_dir, data, opts)
+    pair = load_pair(a_dir, b_dir, data, opts, scope=scope)
     evalset, info = pair.evalset, pair.info
-    base = load_pair(a_dir, baseline, data, opts, evalset=evalset) if baseline is not None else None
+    base = load_pair(a_dir, baseline, data, opts, evalset=evalset, scope=scope) if baseline is not None else None
     with point_progress(points, f"A → {b_dir.name}", not no_progress) as cb:
         curve, metrics = eval_curve(pair.model, pair.state_a, pair.state_b, evalset, points, cb)
     del pair
     res: dict = {**info, "A": str(a_dir), "B": str(b_dir), "family": info["model_type"], "pe": "",
-                 "scope": f"{a_dir.name} → {b_dir.name}", "evaluation": evalset.info,
+                 "scope": f"{a_dir.name} → {b_dir.name}", "rewrite": scope, "evaluation": evalset.info,
                  "points": [m.to_dict() for m in metrics]}
     if base is not None:
         with point_progress(points, f"A → {baseline.name}", not no_progress) as cb:
