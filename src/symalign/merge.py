@@ -29,10 +29,7 @@ import torch
 from torch import Tensor
 
 from symalign.errors import ConfigError
-from symalign.hf_io import INDEX_NAME, WEIGHTS_NAME
-
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".safetensors.index.json",
-                    ".bin.index.json")
+from symalign.hf_io import INDEX_NAME, WEIGHTS_NAME, _is_weight_file
 
 
 def normalise_weights(weights: Sequence[float] | None, n: int) -> list[float]:
@@ -81,7 +78,7 @@ def stage_like(out: Path, state: Mapping[str, Tensor], like: Path,
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         for entry in Path(like).iterdir():
-            if entry.name.endswith(_WEIGHT_SUFFIXES) or entry.name.startswith("."):
+            if _is_weight_file(entry.name) or entry.name.startswith("."):
                 continue
             if entry.is_dir():
                 shutil.copytree(entry, tmp / entry.name)

@@ -36,7 +36,7 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonlines")
 SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 TEXT_FIELDS = ("text", "sentence", "content", "document")
 LABEL_FIELDS = ("label", "labels")
-IMAGE_FIELDS = ("image", "img", "pixel_values")
+IMAGE_FIELDS = ("image", "img")
 SPLIT_ORDER = ("test", "validation", "valid", "val", "train")
 
 

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from symalign.data.tokenize import TOKENIZER_FILES
 from symalign.data.user import UserData, load_user_data
 from symalign.errors import ConfigError, DatasetError, MatchError
 from symalign.evaluate.objective import head_objective
@@ -42,8 +43,6 @@ from symalign.evaluate.text import ByteLevel, Stream, lm_windows, mlm_windows, t
 
 MAX_CONTEXT = 512
 DEFAULT_ITEMS = 256
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
-                   "spiece.model", "sentencepiece.bpe.model")
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 SPLITS = ("train", "val", "test")
 
