@@ -15,6 +15,9 @@ copied, ``config_edits`` merged into ``config.json``, and the tensors in the sam
 safetensors files (``model.safetensors``, or the shards of
 ``model.safetensors.index.json`` with the same file names and tensor-to-shard
 map; a tensor the reference lacks goes to the last shard).
+
+:func:`universe_states` aligns every checkpoint to their evolving weighted
+average instead of to the first (seed 002's universe matching).
 """
 
 from __future__ import annotations
@@ -106,4 +109,38 @@ def stage_like(out: Path, state: Mapping[str, Tensor], like: Path,
     return tmp
 
 
-__all__ = ["normalise_weights", "weighted_average", "stage_like", "shard_map"]
+def universe_states(ckpts: list[Any], weights: list[float], rounds: int = 3, stage2: str = "full"
+                    ) -> tuple[list[dict], bool, list[float]]:
+    r"""Seed 002's universe matching on Hugging Face checkpoints (whole-model symmetries).
+
+    Every checkpoint is rewritten exactly in its own format
+    (:func:`symalign.match.hfmodel.prepare`); with ``U^(0) = theta_1``, round ``r``
+    matches every ``theta_k`` to ``U^(r)`` (:func:`symalign.match.whole.match_whole`,
+    warm-started from its previous transform), ``theta_k' = T_k . theta_k`` and
+    ``U^(r+1) = sum_k w_k theta_k'``. Returns the aligned states of the last round,
+    whether the head was untied, and the spread ``sum_k ||theta_k' - U||^2`` per round.
+    """
+    from symalign.match.distance import distance
+    from symalign.match.hfmodel import prepare
+    from symalign.match.whole import match_whole
+    from symalign.spec import apply
+
+    if rounds < 1:
+        raise ConfigError(f"--rounds must be at least 1, got {rounds}")
+    prepared = [prepare(c.config, c.state, c.adapter.spec(c.config, c.state.keys())) for c in ckpts]
+    ref = prepared[0].state
+    transforms: list[Any] = [None] * len(prepared)
+    spread: list[float] = []
+    aligned: list[dict] = []
+    for _ in range(rounds):
+        aligned = []
+        for k, p in enumerate(prepared):
+            res = match_whole(p.spec, ref, p.state, spec_b=prepared[0].spec, init=transforms[k], stage2=stage2)
+            transforms[k] = res.transform
+            aligned.append(apply(p.spec, res.transform, p.state))
+        ref = weighted_average(aligned, weights)
+        spread.append(float(sum(distance(prepared[0].spec, ref, a) for a in aligned)))
+    return aligned, any(p.untied for p in prepared), spread
+
+
+__all__ = ["normalise_weights", "weighted_average", "stage_like", "shard_map", "universe_states"]

@@ -1,7 +1,7 @@
 """``symalign merge A B [C ...] -o OUT``: align every checkpoint to the first, write their weighted average.
 
 With ``--universe`` the models are aligned to their evolving weighted average
-instead (seed 002's universe matching, :func:`universe_states`).
+instead (seed 002's universe matching, :func:`symalign.merge.universe_states`).
 
 Steps: check OUT and the weights; load and validate every checkpoint, refuse
 different families, shapes or vocabularies (one line, exit 2, nothing written);
@@ -35,41 +35,6 @@ def _parse_weights(text: str | None) -> list[float] | None:
         return [float(x) for x in text.replace(";", ",").split(",") if x.strip()]
     except ValueError:
         raise ConfigError(f"--weights expects comma-separated numbers, e.g. 0.5,0.5; got {text!r}") from None
-
-
-def universe_states(ckpts: list[Any], weights: list[float], rounds: int = 3, stage2: str = "full"
-                    ) -> tuple[list[dict], bool, list[float]]:
-    r"""Seed 002's universe matching on Hugging Face checkpoints (whole-model symmetries).
-
-    Every checkpoint is rewritten exactly in its own format
-    (:func:`symalign.match.hfmodel.prepare`); with ``U^(0) = theta_1``, round ``r``
-    matches every ``theta_k`` to ``U^(r)`` (:func:`symalign.match.whole.match_whole`,
-    warm-started from its previous transform), ``theta_k' = T_k . theta_k`` and
-    ``U^(r+1) = sum_k w_k theta_k'``. Returns the aligned states of the last round,
-    whether the head was untied, and the spread ``sum_k ||theta_k' - U||^2`` per round.
-    """
-    from symalign.match.distance import distance
-    from symalign.match.hfmodel import prepare
-    from symalign.match.whole import match_whole
-    from symalign.merge import weighted_average
-    from symalign.spec import apply
-
-    if rounds < 1:
-        raise ConfigError(f"--rounds must be at least 1, got {rounds}")
-    prepared = [prepare(c.config, c.state, c.adapter.spec(c.config, c.state.keys())) for c in ckpts]
-    ref = prepared[0].state
-    transforms: list[Any] = [None] * len(prepared)
-    spread: list[float] = []
-    aligned: list[dict] = []
-    for _ in range(rounds):
-        aligned = []
-        for k, p in enumerate(prepared):
-            res = match_whole(p.spec, ref, p.state, spec_b=prepared[0].spec, init=transforms[k], stage2=stage2)
-            transforms[k] = res.transform
-            aligned.append(apply(p.spec, res.transform, p.state))
-        ref = weighted_average(aligned, weights)
-        spread.append(float(sum(distance(prepared[0].spec, ref, a) for a in aligned)))
-    return aligned, any(p.untied for p in prepared), spread
 
 
 def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, scope: str | None = None,
@@ -106,6 +71,8 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
         evalset = build_eval(dirs[0], load_hf_model(dirs[0]), eval_data, eval_opts)
     spread: list[float] | None = None
     if universe:
+        from symalign.merge import universe_states
+
         universe_aligned, untied, spread = universe_states(ckpts, w, rounds, stage2)
     del ckpts
 
