@@ -64,17 +64,12 @@ class ByteLevel:
     eos_token_id = None
     mask_token_id = None
     pad_token_id = 0
-    is_fast = True
 
     def __len__(self) -> int:
         return 256
 
     def get_vocab(self) -> dict[str, int]:
         return {f"<0x{i:02X}>": i for i in range(256)}
-
-    def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]] | None]:
-        data = text.encode("utf-8")
-        return list(data), None
 
 
 def encode_document(tok: Any, text: str) -> tuple[list[int], np.ndarray | None]:
