@@ -285,3 +285,16 @@ def test_interpolate_scope_model_after_whole_model_align(monkeypatch, capsys, tm
     assert max(loss) - min(loss) <= 1e-5 * loss[0]  # every point computes A's function
     assert abs(res["naive"]["loss"][1] - loss[1]) > 1e-3 * loss[1]  # the naive midpoint is another function
     assert res["naive"]["loss"][0] == pytest.approx(loss[0], rel=1e-5)  # rewritten A: A's loss
+
+
+def test_byte_level_tokenizer(tmp_path):
+    torch.manual_seed(0)
+    T.GPT2LMHeadModel(T.GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=256, n_positions=32)).save_pretrained(
+        tmp_path / "a")
+    text_file = _text_file(tmp_path, n_lines=20)
+    model = load_hf_model(tmp_path / "a")
+    ev = build_eval(tmp_path / "a", model, str(text_file), EvalOptions(tokenizer="bytes", eval_items=1000))
+    data = text_file.read_bytes()
+    got = torch.cat([b["input_ids"] for b in ev.batches]).flatten().tolist()
+    assert ev.info["context"] == 32 and got == list(data[:len(data) // 32 * 32])
+    assert ev.n_bytes == len(got) // 32 * 31  # every predicted token is one byte
