@@ -39,7 +39,7 @@ def test_lm_curve_with_baseline(monkeypatch, capsys, tmp_path):
                           "--baseline", str(a), "--out", str(tmp_path / "o"), "--json")
     assert code in (0, None), err
     res = json.loads(out)
-    assert res["task"] == "lm" and len(res["curve"]["t"]) == 5
+    assert res["task"] == "causal-lm" and len(res["curve"]["t"]) == 5
     assert res["naive"]["loss_barrier"] == pytest.approx(0.0, abs=1e-9)  # A -> A
     assert (tmp_path / "o" / "curves.png").stat().st_size > 1000
     on_disk = json.loads((tmp_path / "o" / "results.json").read_text())
@@ -56,9 +56,9 @@ def test_image_classifier_on_digits(monkeypatch, capsys, tmp_path):
 
 @pytest.mark.parametrize("make, data, msg", [
     (lambda p: (_gpt2(p, "a", 0, vocab=100), _gpt2(p, "b", 1, vocab=100)), ["synthetic", "--data-option", "kind=lm"],
-     "does not cover the 256 byte"),
+     "does not cover the 256 tokens"),
     (lambda p: (_vit(p, "a", 0, labels=3), _vit(p, "b", 1, labels=3)), ["digits"], "num_labels=3"),
-    (lambda p: (_gpt2(p, "a", 0), _gpt2(p, "b", 1)), ["digits"], "needs a lm dataset"),
+    (lambda p: (_gpt2(p, "a", 0), _gpt2(p, "b", 1)), ["digits"], "holds images"),
     (lambda p: (_gpt2(p, "a", 0), _vit(p, "b", 1)), ["digits"], "same architecture"),
 ])
 def test_refusals_are_one_line(monkeypatch, capsys, tmp_path, make, data, msg):

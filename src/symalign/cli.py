@@ -24,7 +24,8 @@ app = typer.Typer(
 )
 
 # Modules under symalign.commands that define ``register(app)``; missing ones are skipped.
-COMMAND_MODULES = ("demo", "probe", "tour", "train", "experiment", "report", "align", "interpolate", "sweep", "docs")
+COMMAND_MODULES = ("demo", "probe", "tour", "train", "experiment", "report", "align", "interpolate", "merge",
+                   "sweep", "docs")
 
 for _name in COMMAND_MODULES:
     try:

@@ -1,90 +1,31 @@
-"""LMC curves for Hugging Face checkpoints on symalign's datasets.
+"""LMC curves of two Hugging Face checkpoints, evaluated as the checkpoints are meant to be used.
 
-The checkpoint's task head decides what it is evaluated on:
-
-* ``...ForCausalLM`` / ``...LMHeadModel``: a byte-level language-modelling corpus
-  (``shakespeare``, ``bible``); token ``i`` is byte ``i``, so the vocabulary must
-  cover the 256 byte values; loss in nats per byte, next-byte accuracy.
-* ``...ForSequenceClassification``: a labelled byte-sequence dataset (``wordnet``,
-  ``fortunes``); ``num_labels`` must equal the dataset's classes.
-* ``...ForImageClassification``: an image dataset (``digits``, ``fashion-mnist``);
-  the config's ``image_size``/``num_channels``/``num_labels`` must match it.
-
-Mismatches are refused before anything is evaluated, naming the setting to change.
+The checkpoint's head decides the objective (causal LM, masked LM, sequence or
+image classification) and its tokenizer / image processor how the data is read
+(:mod:`symalign.evaluate`). :func:`hf_curve` loads A and B (validated, same
+architecture, same vocabulary), builds the fixed evaluation batches once from A,
+and evaluates ``(1 - t) A + t B`` at every point.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import torch
 from torch import nn
 
 from symalign import lmc
-from symalign.errors import ConfigError
-
-
-@dataclass
-class HFEvalTask:
-    """What a checkpoint is evaluated on: the symalign task kind and the evaluation batches."""
-
-    task: str  # "lm" | "classification"
-    batches: list
-
-
-def _head_kind(model: nn.Module) -> str:
-    name = type(model).__name__
-    if name.endswith(("ForCausalLM", "LMHeadModel")):
-        return "lm"
-    if name.endswith("ForSequenceClassification"):
-        return "text"
-    if name.endswith("ForImageClassification"):
-        return "image"
-    raise ConfigError(f"{name} has no task head symalign can evaluate; save the model as a ...ForCausalLM, "
-                      "...ForSequenceClassification or ...ForImageClassification")
-
-
-def eval_task(model: nn.Module, data: str, eval_items: int | None = 2000, context: int = 128,
-              batch_size: int = 64, data_options: dict | None = None) -> HFEvalTask:
-    """Check that ``model`` fits dataset ``data`` and build its evaluation batches (test split)."""
-    from symalign.data import eval_batches, load_dataset
-
-    cfg = model.config
-    kind = _head_kind(model)
-    ds = load_dataset(data, **(data_options or {}))
-    want = {"lm": "lm", "text": "text", "image": "image"}[kind]
-    if ds.modality != want:
-        raise ConfigError(f"{type(model).__name__} needs a {want} dataset, but {data!r} is {ds.modality}")
-    if kind == "lm":
-        if int(cfg.vocab_size) < 256:
-            raise ConfigError(f"the model's vocabulary ({cfg.vocab_size}) does not cover the 256 byte tokens of "
-                              f"{data!r}; use a model with vocab_size >= 256")
-        limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
-        if limit is not None:
-            context = min(context, int(limit))
-    else:
-        labels = int(getattr(cfg, "num_labels", 0))
-        if labels != ds.n_classes:
-            raise ConfigError(f"the model has num_labels={labels} but {data!r} has {ds.n_classes} classes")
-        if kind == "image":
-            c, h, w = ds.input_shape
-            if int(cfg.image_size) != h or int(getattr(cfg, "num_channels", c)) != c:
-                raise ConfigError(f"the model expects {cfg.num_channels}x{cfg.image_size}x{cfg.image_size} images, "
-                                  f"{data!r} has {c}x{h}x{w}")
-        elif int(cfg.vocab_size) < 256:
-            raise ConfigError(f"the model's vocabulary ({cfg.vocab_size}) does not cover the 256 byte tokens")
-    dtype = next(model.parameters()).dtype
-    batches = [(x.to(dtype) if x.is_floating_point() else x, y)
-               for x, y in eval_batches(ds, "test", batch_size, context, eval_items)]
-    return HFEvalTask("lm" if kind == "lm" else "classification", batches)
+from symalign.evaluate import EvalOptions, EvalSet, build_eval, check_same_vocabulary, eval_curve
+from symalign.evaluate.run import Metrics
 
 
 def load_hf_model(path: str | Path) -> nn.Module:
     """``from_pretrained`` with the class the checkpoint names (validated by :mod:`symalign.hf_io`)."""
-    from symalign.hf_io import load_config
     from symalign.arch import get_adapter
+    from symalign.hf_io import load_config
 
     config = load_config(path)
     cls = get_adapter(config).model_class(config)
@@ -92,16 +33,76 @@ def load_hf_model(path: str | Path) -> nn.Module:
     return model.eval()
 
 
-def hf_curve(dir_a: str | Path, dir_b: str | Path, data: str, points: int = 25, eval_items: int | None = 2000,
-             context: int = 128, data_options: dict | None = None) -> tuple[lmc.Curve, dict[str, Any]]:
-    """The interpolation curve ``(1 - t) A + t B`` of two HF checkpoints on ``data``."""
+@dataclass
+class HFPair:
+    """A loaded pair: A's model (the architecture), both state dicts, and the fixed evaluation batches."""
+
+    model: nn.Module
+    state_a: dict
+    state_b: dict
+    evalset: EvalSet
+    info: dict[str, Any]
+
+
+def load_rewritten(path: str | Path) -> nn.Module:
+    """The checkpoint rewritten exactly in the whole-model format of ``symalign align --scope model``
+    (:func:`symalign.match.hfmodel.prepare`: norm gains folded, GPT-2's head untied), loaded with
+    ``from_pretrained`` from a temporary copy. It computes the checkpoint's function; ``prepare`` leaves
+    a checkpoint that is already in this format (an aligned output) unchanged."""
+    from symalign import hf_io
+    from symalign.match.hfmodel import prepare
+
+    ckpt = hf_io.load_checkpoint(path)
+    prep = prepare(ckpt.config, ckpt.state, ckpt.adapter.spec(ckpt.config, ckpt.state.keys()))
+    edits = {"tie_word_embeddings": False} if prep.untied else None
+    scratch = Path(tempfile.mkdtemp(prefix=".symalign-rewrite-"))
+    try:
+        tmp = hf_io.stage_checkpoint(scratch / "model", prep.state, path, edits)
+        return load_hf_model(tmp)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def load_pair(dir_a: str | Path, dir_b: str | Path, data: str, opts: EvalOptions | None = None,
+              evalset: EvalSet | None = None, scope: str = "attention") -> HFPair:
+    """Load A and B (validated, same architecture, same vocabulary) and build the batches from A.
+
+    ``scope="model"``: both are first rewritten exactly in the whole-model format
+    (:func:`load_rewritten`), so a B aligned with ``--scope model`` is interpolated
+    against A in the same parametrisation (and a baseline B too: only the alignment
+    differs between the two curves). ``evalset``: reuse batches built before (e.g.
+    for the baseline curve, so both curves see the very same tokens and masks).
+    """
+    from symalign.errors import ConfigError, MatchError
     from symalign.hf_io import check_same_architecture, load_checkpoint
 
-    check_same_architecture(load_checkpoint(dir_a), load_checkpoint(dir_b))
-    model_a, model_b = load_hf_model(dir_a), load_hf_model(dir_b)
-    task = eval_task(model_a, data, eval_items, context, data_options=data_options)
+    if scope not in ("attention", "model"):
+        raise ConfigError(f"unknown scope {scope!r}; use attention or model")
+    try:
+        check_same_architecture(load_checkpoint(dir_a), load_checkpoint(dir_b))
+    except MatchError as exc:
+        if scope == "model" and "exists only in" in str(exc):
+            pass  # e.g. GPT-2's untied head of an aligned output: compared after the rewrite
+        elif "exists only in" in str(exc):
+            raise MatchError(f"{exc}; if B was aligned with --scope model, pass --scope model") from None
+        else:
+            raise
+    check_same_vocabulary([dir_a, dir_b])
+    load = load_rewritten if scope == "model" else load_hf_model
+    model_a, model_b = load(dir_a), load(dir_b)
+    if evalset is None:
+        evalset = build_eval(dir_a, model_a, data, opts)
     sa, sb = lmc.full_state(model_a), lmc.full_state(model_b)
-    del model_b
-    with torch.no_grad():
-        c = lmc.curve(model_a, sa, sb, lambda: task.batches, task.task, points)
-    return c, {"task": task.task, "data": data, "model_type": model_a.config.model_type}
+    lmc.check_compatible(sa, sb)
+    return HFPair(model_a, sa, sb, evalset,
+                  {"task": evalset.objective, "data": data, "model_type": model_a.config.model_type,
+                   "scope": scope})
+
+
+def hf_curve(dir_a: str | Path, dir_b: str | Path, data: str, points: int = 25, opts: EvalOptions | None = None,
+             progress: Callable[[int, float], None] | None = None, evalset: EvalSet | None = None,
+             ) -> tuple[lmc.Curve, list[Metrics], EvalSet, dict[str, Any]]:
+    """The interpolation curve ``(1 - t) A + t B`` of two HF checkpoints on ``data`` (see :func:`load_pair`)."""
+    pair = load_pair(dir_a, dir_b, data, opts, evalset)
+    curve, metrics = eval_curve(pair.model, pair.state_a, pair.state_b, pair.evalset, points, progress)
+    return curve, metrics, pair.evalset, pair.info

@@ -1,12 +1,24 @@
-"""``symalign interpolate A_DIR B_DIR --data DATASET``: LMC curve and barriers of two HF checkpoints."""
+"""``symalign interpolate A_DIR B_DIR --data DATA``: LMC curve and barriers of two HF checkpoints.
+
+The checkpoints are evaluated on their own objective with their own tokenizer or
+image processor (:mod:`symalign.evaluate`); ``--data`` is a built-in dataset name,
+a text file, a JSONL file, an image folder or a saved ``datasets`` dataset.
+Writes ``OUT/results.json`` and ``OUT/curves.png`` (with ``--baseline``, the
+baseline curve and the aligned one in one plot); a progress bar per point on stderr.
+"""
 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
+
+DATA_HELP = ("A built-in dataset (shakespeare, bible, wordnet, fortunes, digits, fashion-mnist, synthetic, ...), "
+             "a plain text file, a .jsonl file (--text-field), a folder of images in class sub-folders, or a "
+             "dataset saved with datasets' save_to_disk (or in its offline cache).")
 
 
 def parse_options(items: list[str]) -> dict:
@@ -22,6 +34,21 @@ def parse_options(items: list[str]) -> dict:
     return out
 
 
+@contextmanager
+def point_progress(total: int, label: str, enabled: bool = True) -> Iterator:
+    """A rich progress bar on stderr advanced once per evaluated point; yields the ``progress(i, t)`` callback."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda i, t: bar.update(task, completed=i + 1, description=f"{label} t={t:.2f}")
+
+
 def register(app: typer.Typer) -> None:
     app.command("interpolate")(interpolate_command)
 
@@ -29,30 +56,64 @@ def register(app: typer.Typer) -> None:
 def interpolate_command(
     a_dir: Path = typer.Argument(..., help="Model A: a save_pretrained directory."),
     b_dir: Path = typer.Argument(..., help="Model B (e.g. the output of `symalign align`)."),
-    data: str = typer.Option(..., "--data", help="Dataset: shakespeare, bible (LM); wordnet, fortunes (text "
-                                                  "classification); digits, fashion-mnist (images)."),
-    data_option: list[str] = typer.Option([], "--data-option", help="KEY=VALUE passed to the dataset loader "
-                                                                     "(e.g. subset=5000, kind=lm for synthetic)."),
+    data: str = typer.Option(..., "--data", help=DATA_HELP),
+    data_option: list[str] = typer.Option([], "--data-option", help="KEY=VALUE passed to a built-in dataset's "
+                                                                     "loader (e.g. kind=lm for synthetic)."),
+    split: Optional[str] = typer.Option(None, "--split", help="Split to measure (default: test, else validation, "
+                                                              "else train)."),
+    text_field: Optional[str] = typer.Option(None, "--text-field", help="JSONL field / dataset column of the text "
+                                                                        "(default: text)."),
+    label_field: Optional[str] = typer.Option(None, "--label-field", help="Field / column of the class label "
+                                                                          "(default: label)."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer folder for checkpoints saved "
+                                            "without one ('bytes': token i is byte i)."),
+    image_processor: Optional[str] = typer.Option(None, "--image-processor", help="Image processor folder for "
+                                                  "checkpoints saved without one."),
+    scope: str = typer.Option("attention", help="model: rewrite every endpoint exactly in the whole-model format "
+                              "first (for B aligned with `symalign align --scope model`)."),
     points: int = typer.Option(25, help="Evenly spaced interpolation points in [0, 1]."),
     baseline: Optional[Path] = typer.Option(None, help="Also plot A -> BASELINE (e.g. B before alignment)."),
-    eval_items: int = typer.Option(2000, "--eval-items", help="Held-out examples (LM: windows) per point."),
-    context: int = typer.Option(128, help="LM context length."),
+    eval_items: Optional[int] = typer.Option(None, "--eval-items", help="Windows (LM) or examples measured per "
+                                                                        "point (default 256)."),
+    eval_tokens: Optional[int] = typer.Option(None, "--eval-tokens", help="LM: tokens measured per point "
+                                                                          "(windows = tokens // context)."),
+    context: Optional[int] = typer.Option(None, help="Window length in tokens (default: the model's maximum, "
+                                                     "at most 512)."),
+    mask_seed: int = typer.Option(0, "--mask-seed", help="Seed of the fixed 15% masking (masked LM)."),
+    batch_size: int = typer.Option(16, "--batch-size", help="Windows or examples per forward pass."),
     out: Path = typer.Option(Path("runs/interpolate"), help="Writes OUT/results.json and OUT/curves.png."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
-    """Evaluate (1-t) A + t B on held-out data: loss and accuracy curves, loss/accuracy barriers, PNG plot."""
+    """Evaluate (1-t) A + t B on held-out data with the checkpoint's own tokenizer and objective:
+    loss and accuracy curves, barriers, PNG plot."""
     from symalign.atomic import write_json
+    from symalign.errors import ConfigError
+    from symalign.evaluate import EvalOptions
     from symalign.experiments.report import plot_curves
-    from symalign.hf_lmc import hf_curve
+    from symalign.evaluate import eval_curve
+    from symalign.hf_lmc import load_pair
     from symalign.lmc import barrier_ratio
 
-    opts = parse_options(data_option)
-    curve, info = hf_curve(a_dir, b_dir, data, points, eval_items, context, opts)
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
+    opts = EvalOptions(split=split, text_field=text_field, label_field=label_field, eval_items=eval_items,
+                       eval_tokens=eval_tokens, context=context, batch_size=batch_size, mask_seed=mask_seed,
+                       tokenizer=tokenizer, image_processor=image_processor, data_options=parse_options(data_option))
+    pair = load_pair(a_dir, b_dir, data, opts, scope=scope)
+    evalset, info = pair.evalset, pair.info
+    base = load_pair(a_dir, baseline, data, opts, evalset=evalset, scope=scope) if baseline is not None else None
+    with point_progress(points, f"A → {b_dir.name}", not no_progress) as cb:
+        curve, metrics = eval_curve(pair.model, pair.state_a, pair.state_b, evalset, points, cb)
+    del pair
     res: dict = {**info, "A": str(a_dir), "B": str(b_dir), "family": info["model_type"], "pe": "",
-                 "scope": f"{a_dir.name} → {b_dir.name}"}
-    if baseline is not None:
-        base_curve, _ = hf_curve(a_dir, baseline, data, points, eval_items, context, opts)
+                 "scope": f"{a_dir.name} → {b_dir.name}", "rewrite": scope, "evaluation": evalset.info,
+                 "points": [m.to_dict() for m in metrics]}
+    if base is not None:
+        with point_progress(points, f"A → {baseline.name}", not no_progress) as cb:
+            base_curve, base_metrics = eval_curve(base.model, base.state_a, base.state_b, evalset, points, cb)
         res.update(naive=base_curve.to_dict(), naive_label=f"A → {baseline.name}",
+                   naive_points=[m.to_dict() for m in base_metrics],
                    variants={b_dir.name: {"curve": curve.to_dict()}},
                    barrier_ratio_percent=barrier_ratio(curve.loss_barrier, base_curve.loss_barrier))
     else:
@@ -61,8 +122,12 @@ def interpolate_command(
     write_json(out / "results.json", res)
     plot_curves(res, out / "curves.png")
     if as_json:
-        typer.echo(json.dumps(res, indent=2))
+        typer.echo(json.dumps(res, indent=2, default=float))
         return
+    unit = {"causal-lm": "nats/token", "masked-lm": "nats/masked token"}.get(evalset.objective, "nats")
+    typer.echo(f"{evalset.objective} on {data}: loss A {metrics[0].loss:.4f}, B {metrics[-1].loss:.4f} ({unit})"
+               + (f"; per byte A {metrics[0].loss_per_byte:.4f}, B {metrics[-1].loss_per_byte:.4f}"
+                  if metrics[0].loss_per_byte is not None else ""))
     typer.echo(f"loss barrier {curve.loss_barrier:.4f}, accuracy barrier {curve.acc_barrier:.4f}, "
                f"midpoint loss barrier {curve.midpoint_loss_barrier:.4f}"
                + (f"; ratio vs baseline {res['barrier_ratio_percent']:.1f}%" if baseline is not None else ""))

@@ -1,0 +1,180 @@
+"""``symalign merge A B [C ...] -o OUT``: align every checkpoint to the first, write their weighted average.
+
+With ``--universe`` the models are aligned to their evolving weighted average
+instead (seed 002's universe matching, :func:`symalign.merge.universe_states`).
+
+Steps: check OUT and the weights; load and validate every checkpoint, refuse
+different families, shapes or vocabularies (one line, exit 2, nothing written);
+with ``--eval DATA`` build the evaluation batches first (bad data is refused
+before any work); align each checkpoint ``k >= 2`` to the first with the
+``symalign align`` pipeline (:func:`symalign.commands.align.run_align`: exact
+symmetries, the aligned model checked to compute checkpoint ``k``'s function)
+into a scratch folder; average (:mod:`symalign.merge`); write OUT atomically,
+laid out like the first checkpoint (family, dtype, shards, config and tokenizer
+files); check that OUT loads with ``from_pretrained``; optionally print the
+merged model's loss beside each input's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from symalign.errors import ConfigError
+
+
+def _parse_weights(text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        return [float(x) for x in text.replace(";", ",").split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--weights expects comma-separated numbers, e.g. 0.5,0.5; got {text!r}") from None
+
+
+def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, scope: str | None = None,
+              stage2: str = "full", align: bool = True, force: bool = False, eval_data: str | None = None,
+              eval_opts: Any = None, universe: bool = False, rounds: int = 3) -> dict[str, Any]:
+    """Merge ``dirs`` into ``out`` (see the module docstring); returns the diagnostics."""
+    from symalign import hf_io
+    from symalign.commands.align import SCOPES, run_align
+    from symalign.evaluate import build_eval, check_same_vocabulary, evaluate_model
+    from symalign.hf_lmc import load_hf_model
+    from symalign.merge import normalise_weights, stage_like, weighted_average
+
+    if len(dirs) < 2:
+        raise ConfigError(f"merge needs at least two checkpoints, got {len(dirs)}")
+    if universe and scope == "attention":
+        raise ConfigError("--universe matches whole models; use it with --scope model (or without --scope)")
+    if universe and not align:
+        raise ConfigError("--universe aligns the models; drop --no-align")
+    scope = scope or ("model" if universe else "attention")
+    if scope not in SCOPES:
+        raise ConfigError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
+    w = normalise_weights(weights, len(dirs))
+    out_path = hf_io.check_output_dir(out, dirs, force)
+    ckpts = [hf_io.load_checkpoint(d) for d in dirs]
+    for c in ckpts[1:]:
+        hf_io.check_same_architecture(ckpts[0], c)
+    check_same_vocabulary(dirs)
+    ref_keys = set(ckpts[0].state)
+    a_config, a_adapter, a_state = ckpts[0].config, ckpts[0].adapter, ckpts[0].state
+    dtype = ckpts[0].dtype
+
+    evalset = None
+    if eval_data is not None:
+        evalset = build_eval(dirs[0], load_hf_model(dirs[0]), eval_data, eval_opts)
+    spread: list[float] | None = None
+    if universe:
+        from symalign.merge import universe_states
+
+        universe_aligned, untied, spread = universe_states(ckpts, w, rounds, stage2)
+    del ckpts
+
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.align-", dir=out_path.parent))
+    aligned_info: list[dict] = []
+    try:
+        states = []
+        edits: dict[str, Any] = {}
+        if universe:
+            states = universe_aligned
+            if untied:
+                edits["tie_word_embeddings"] = False
+        elif align and scope == "model":  # A in the same exactly rewritten format as the aligned models
+            from symalign.match.hfmodel import prepare
+
+            pa = prepare(a_config, a_state, a_adapter.spec(a_config, a_state.keys()))
+            states.append(pa.state)
+            if pa.untied:
+                edits["tie_word_embeddings"] = False
+        else:
+            states.append(a_state)
+        for k, d in enumerate(dirs[1:] if not universe else [], 1):
+            if align:
+                info = run_align(dirs[0], d, scratch / str(k), scope=scope, stage2=stage2)
+                aligned_info.append({"model": str(d), "distance": info["distance"], "verify": info["verify"]})
+                states.append(hf_io.load_checkpoint(scratch / str(k)).state)
+                shutil.rmtree(scratch / str(k), ignore_errors=True)
+            else:
+                states.append(hf_io.load_checkpoint(d).state)
+        keys = set(states[0])
+        for s in states[1:]:
+            if set(s) != keys:
+                raise ConfigError("the aligned checkpoints hold different tensors; merge them with the same --scope")
+        merged = weighted_average(states, w)
+        del states
+        tmp = stage_like(out_path, merged, dirs[0], edits or None)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        hf_io.load_checkpoint(tmp)  # config and tensors agree
+        load_hf_model(tmp)  # and from_pretrained reads it
+        hf_io.commit(tmp, out_path)
+    except BaseException:
+        hf_io.discard(tmp)
+        raise
+    res: dict[str, Any] = {
+        "models": [str(d) for d in dirs], "weights": w, "out": str(out_path), "scope": scope if align else "none",
+        "universe": {"rounds": rounds, "spread": spread} if universe else None,
+        "aligned": aligned_info, "dtype": str(dtype).replace("torch.", ""), "architecture": a_config.model_type,
+        "tensors": len(merged), "new_tensors": sorted(set(merged) - ref_keys),
+    }
+    if evalset is not None:
+        res["eval"] = {"data": eval_data, "objective": evalset.objective, "info": evalset.info,
+                       "models": {str(d): evaluate_model(load_hf_model(d), evalset).to_dict() for d in dirs},
+                       "merged": evaluate_model(load_hf_model(out_path), evalset).to_dict()}
+    return res
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("merge")
+    def merge(
+        models: list[Path] = typer.Argument(..., help="Two or more save_pretrained checkpoints of one family; "
+                                                      "all are aligned to the first."),
+        out: Path = typer.Option(..., "-o", "--out", help="Output directory: the merged checkpoint."),
+        weights: Optional[str] = typer.Option(None, "--weights", help="Comma-separated weights, one per model "
+                                                                      "(normalised to sum 1; default uniform)."),
+        scope: Optional[str] = typer.Option(None, help="attention | model: what is aligned before averaging "
+                                            "(as in `symalign align`; default attention, model with --universe)."),
+        universe: bool = typer.Option(False, "--universe", help="Universe matching (whole model): align all models "
+                                      "to their evolving weighted average instead of to the first."),
+        rounds: int = typer.Option(3, "--rounds", help="Universe matching rounds."),
+        stage2: str = typer.Option("full", help="Inside-head alignment: none | orthogonal | full."),
+        no_align: bool = typer.Option(False, "--no-align", help="Average the checkpoints as they are (naive merge)."),
+        eval_data: Optional[str] = typer.Option(None, "--eval", help="Also evaluate the inputs and the merged model "
+                                                "on DATA (as `symalign interpolate --data`)."),
+        split: Optional[str] = typer.Option(None, "--split", help="Split of the --eval data."),
+        text_field: Optional[str] = typer.Option(None, "--text-field", help="Text field / column of the --eval data."),
+        eval_items: Optional[int] = typer.Option(None, "--eval-items", help="Windows or examples evaluated."),
+        context: Optional[int] = typer.Option(None, help="Window length in tokens (default: the model's maximum, "
+                                                         "at most 512)."),
+        tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer folder for checkpoints saved "
+                                                "without one."),
+        force: bool = typer.Option(False, "--force", help="Replace OUT if it exists (atomically)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
+    ) -> None:
+        """Align checkpoints to the first and write their weighted average as a loadable checkpoint."""
+        from symalign.evaluate import EvalOptions
+
+        opts = EvalOptions(split=split, text_field=text_field, eval_items=eval_items, context=context,
+                           tokenizer=tokenizer)
+        res = run_merge(list(models), out, _parse_weights(weights), scope=scope, stage2=stage2, align=not no_align,
+                        force=force, eval_data=eval_data, eval_opts=opts, universe=universe, rounds=rounds)
+        if as_json:
+            typer.echo(json.dumps(res, default=float))
+            return
+        typer.echo(f"merged {len(models)} {res['architecture']} checkpoints (weights "
+                   f"{', '.join(f'{x:.3g}' for x in res['weights'])}; aligned: {res['scope']}"
+                   f"{', universe' if res['universe'] else ''}) -> {res['out']}")
+        if "eval" in res:
+            ev = res["eval"]
+            typer.echo(f"{ev['objective']} loss on {ev['data']}:")
+            for d, m in ev["models"].items():
+                typer.echo(f"  {d}: {m['loss']:.4f}  (accuracy {m['accuracy']:.3f})")
+            m = ev["merged"]
+            typer.echo(f"  merged: {m['loss']:.4f}  (accuracy {m['accuracy']:.3f})")

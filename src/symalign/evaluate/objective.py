@@ -1,0 +1,93 @@
+r"""The objective a checkpoint is evaluated on, read from its head, and its per-batch statistics.
+
+=========================== ======================== =========================================
+head (class name ends with)  objective                loss (nats), accuracy
+=========================== ======================== =========================================
+``ForCausalLM``,             ``causal-lm``            next-token cross-entropy: logits at
+``LMHeadModel``                                       position ``i`` predict ``labels[i+1]``
+``ForMaskedLM``              ``masked-lm``            cross-entropy at the masked positions
+                                                      (``labels != -100``)
+``ForSequenceClassification`` ``sequence-classification`` cross-entropy of the class logits
+``ForImageClassification``   ``image-classification``  cross-entropy of the class logits
+=========================== ======================== =========================================
+
+The conventions are those of the models' own ``loss`` (Hugging Face
+``ForCausalLMLoss`` / ``ForMaskedLMLoss``: mean over the positions whose label is
+not ``-100``), so ``sum / count`` over one batch equals ``model(**batch).loss``.
+Sums are taken in float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from symalign.errors import ConfigError
+
+IGNORE = -100
+OBJECTIVES = ("causal-lm", "masked-lm", "sequence-classification", "image-classification")
+_SUFFIXES = (
+    (("ForCausalLM", "LMHeadModel"), "causal-lm"),
+    (("ForMaskedLM",), "masked-lm"),
+    (("ForSequenceClassification",), "sequence-classification"),
+    (("ForImageClassification",), "image-classification"),
+)
+
+
+def head_objective(model_or_class: nn.Module | type | str) -> str:
+    """The objective of a model (or class, or class name); :class:`ConfigError` for heads without one."""
+    if isinstance(model_or_class, str):
+        name = model_or_class
+    else:
+        name = (model_or_class if isinstance(model_or_class, type) else type(model_or_class)).__name__
+    for suffixes, objective in _SUFFIXES:
+        if name.endswith(suffixes):
+            return objective
+    raise ConfigError(f"{name} has no task head symalign can evaluate; save the model as a ...ForCausalLM, "
+                      "...ForMaskedLM, ...ForSequenceClassification or ...ForImageClassification")
+
+
+@dataclass
+class Stats:
+    """Summed loss (nats), number of predictions and number correct."""
+
+    loss_sum: float = 0.0
+    count: int = 0
+    correct: int = 0
+
+    def add(self, other: "Stats") -> None:
+        self.loss_sum += other.loss_sum
+        self.count += other.count
+        self.correct += other.correct
+
+
+def batch_stats(objective: str, logits: Tensor, labels: Tensor) -> Stats:
+    """Statistics of one batch. ``logits``: ``(B, T, V)`` (LM) or ``(B, K)``; ``labels``: ``(B, T)`` token ids
+    (causal: the input ids; masked: ``-100`` except at masked positions) or ``(B,)`` classes."""
+    if objective == "causal-lm":
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    if objective in ("causal-lm", "masked-lm"):
+        logits = logits.reshape(-1, logits.shape[-1])
+        labels = labels.reshape(-1)
+        keep = labels != IGNORE
+        logits, labels = logits[keep], labels[keep]
+    loss = F.cross_entropy(logits.double(), labels, reduction="sum")
+    correct = (logits.argmax(-1) == labels).sum()
+    return Stats(float(loss), int(labels.numel()), int(correct))
+
+
+def logits_of(out) -> Tensor:
+    """The logits of a model output (ModelOutput, tuple or tensor)."""
+    if isinstance(out, Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if logits is not None:
+        return logits
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    raise ConfigError(f"cannot find logits in a model output of type {type(out).__name__}")
+
+
+__all__ = ["OBJECTIVES", "IGNORE", "Stats", "head_objective", "batch_stats", "logits_of"]

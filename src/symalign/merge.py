@@ -1,0 +1,146 @@
+r"""Merging checkpoints: the weighted average of aligned state dicts, written like the first checkpoint.
+
+With checkpoints ``theta_1 .. theta_M`` each aligned to the first
+(``theta_k' = T_k . theta_k``, ``T_1 = id``; :mod:`symalign.commands.align`) and
+weights ``w_k >= 0`` normalised to ``sum_k w_k = 1``, the merged model is
+
+    ``theta = sum_k w_k theta_k'``
+
+per floating tensor (summed in float64, cast back to the first checkpoint's dtype
+of that tensor); integer tensors are taken from the first checkpoint.
+
+:func:`stage_like` writes a state as a checkpoint laid out like a reference one:
+its non-weight files (config, tokenizer, image processor, generation config)
+copied, ``config_edits`` merged into ``config.json``, and the tensors in the same
+safetensors files (``model.safetensors``, or the shards of
+``model.safetensors.index.json`` with the same file names and tensor-to-shard
+map; a tensor the reference lacks goes to the last shard).
+
+:func:`universe_states` aligns every checkpoint to their evolving weighted
+average instead of to the first (seed 002's universe matching).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from symalign.errors import ConfigError
+from symalign.hf_io import INDEX_NAME, WEIGHTS_NAME, _is_weight_file
+
+
+def normalise_weights(weights: Sequence[float] | None, n: int) -> list[float]:
+    """``weights`` (default uniform) checked (``n`` of them, non-negative, positive sum) and scaled to sum 1."""
+    if weights is None or len(weights) == 0:
+        return [1.0 / n] * n
+    if len(weights) != n:
+        raise ConfigError(f"--weights has {len(weights)} values for {n} models; give one per model")
+    if any(not (w >= 0) for w in weights):
+        raise ConfigError(f"--weights must be non-negative, got {list(weights)}")
+    total = float(sum(weights))
+    if total <= 0:
+        raise ConfigError("--weights must not all be zero")
+    return [float(w) / total for w in weights]
+
+
+def weighted_average(states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
+    """``sum_k w_k states[k]`` per floating tensor (float64 sum, first state's dtype); others from the first."""
+    out: dict[str, Tensor] = {}
+    for name, ref in states[0].items():
+        if ref.is_floating_point():
+            acc = torch.zeros(ref.shape, dtype=torch.float64)
+            for w, s in zip(weights, states):
+                acc += w * s[name].double()
+            out[name] = acc.to(ref.dtype)
+        else:
+            out[name] = ref
+    return out
+
+
+def shard_map(like: Path) -> dict[str, str] | None:
+    """The reference's tensor -> shard file map, or ``None`` for a single ``model.safetensors``."""
+    index = like / INDEX_NAME
+    if not index.is_file():
+        return None
+    return dict(json.loads(index.read_text())["weight_map"])
+
+
+def stage_like(out: Path, state: Mapping[str, Tensor], like: Path,
+               config_edits: Mapping[str, Any] | None = None) -> Path:
+    """A complete checkpoint laid out like ``like`` in a temporary sibling of ``out`` (removed on failure)."""
+    from safetensors.torch import save_file
+
+    out = Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        for entry in Path(like).iterdir():
+            if _is_weight_file(entry.name) or entry.name.startswith("."):
+                continue
+            if entry.is_dir():
+                shutil.copytree(entry, tmp / entry.name)
+            else:
+                shutil.copy2(entry, tmp / entry.name)
+        if config_edits:
+            cfg_file = tmp / "config.json"
+            cfg_file.write_text(json.dumps({**json.loads(cfg_file.read_text()), **config_edits}, indent=2))
+        tensors = {k: v.detach().contiguous() for k, v in state.items()}
+        layout = shard_map(Path(like))
+        if layout is None:
+            save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+            return tmp
+        files = sorted(set(layout.values()))
+        weight_map = {k: layout.get(k, files[-1]) for k in tensors}
+        for f in files:
+            part = {k: v for k, v in tensors.items() if weight_map[k] == f}
+            save_file(part, str(tmp / f), metadata={"format": "pt"})
+        total = sum(v.numel() * v.element_size() for v in tensors.values())
+        (tmp / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total},
+                                                  "weight_map": dict(sorted(weight_map.items()))}, indent=2))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
+def universe_states(ckpts: list[Any], weights: list[float], rounds: int = 3, stage2: str = "full"
+                    ) -> tuple[list[dict], bool, list[float]]:
+    r"""Seed 002's universe matching on Hugging Face checkpoints (whole-model symmetries).
+
+    Every checkpoint is rewritten exactly in its own format
+    (:func:`symalign.match.hfmodel.prepare`); with ``U^(0) = theta_1``, round ``r``
+    matches every ``theta_k`` to ``U^(r)`` (:func:`symalign.match.whole.match_whole`,
+    warm-started from its previous transform), ``theta_k' = T_k . theta_k`` and
+    ``U^(r+1) = sum_k w_k theta_k'``. Returns the aligned states of the last round,
+    whether the head was untied, and the spread ``sum_k ||theta_k' - U||^2`` per round.
+    """
+    from symalign.match.distance import distance
+    from symalign.match.hfmodel import prepare
+    from symalign.match.whole import match_whole
+    from symalign.spec import apply
+
+    if rounds < 1:
+        raise ConfigError(f"--rounds must be at least 1, got {rounds}")
+    prepared = [prepare(c.config, c.state, c.adapter.spec(c.config, c.state.keys())) for c in ckpts]
+    ref = prepared[0].state
+    transforms: list[Any] = [None] * len(prepared)
+    spread: list[float] = []
+    aligned: list[dict] = []
+    for _ in range(rounds):
+        aligned = []
+        for k, p in enumerate(prepared):
+            res = match_whole(p.spec, ref, p.state, spec_b=prepared[0].spec, init=transforms[k], stage2=stage2)
+            transforms[k] = res.transform
+            aligned.append(apply(p.spec, res.transform, p.state))
+        ref = weighted_average(aligned, weights)
+        spread.append(float(sum(distance(prepared[0].spec, ref, a) for a in aligned)))
+    return aligned, any(p.untied for p in prepared), spread
+
+
+__all__ = ["normalise_weights", "weighted_average", "stage_like", "shard_map", "universe_states"]
