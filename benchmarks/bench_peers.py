@@ -190,10 +190,32 @@ def symalign_align(model, kind, sa, sb, x) -> tuple[dict, dict]:
     return out, info
 
 
+def peers_table(rows: list[dict], peers: list[str]) -> dict:
+    """The docs table: endpoints, unaligned / symalign / peer test-loss barriers, function changes."""
+    from symalign.experiments.docs_tables import make_table
+
+    flat = []
+    for r in rows:
+        f = {"model": r["model"], "acc": f"{100 * r['naive']['acc_a']:.1f} / {100 * r['naive']['acc_b']:.1f} %",
+             "naive": r["naive"]["loss_barrier"], "symalign": r["symalign"]["loss_barrier"],
+             "symalign_fn": r["symalign"]["function_change"]}
+        for p in peers:
+            f[p] = r[p].get("loss_barrier", r[p].get("status"))
+            f[p + "_fn"] = r[p].get("function_change")
+        flat.append(f)
+    cols = [("model", "model"), ("acc", "test acc A / B"), ("naive", "unaligned", ".3f"),
+            ("symalign", "symalign", ".3f"), ("symalign_fn", "function change symalign", ".1e")]
+    for p in peers:
+        cols += [(p, p, ".3f" if all(isinstance(f[p], float) for f in flat) else ""),
+                 (p + "_fn", f"function change {p}", ".1e")]
+    return make_table(flat, cols)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(HERE.parent / "results" / "peers.json"), help="JSON results file")
+    ap.add_argument("--out", default=str(HERE.parent.parent / "results" / "peers.json"),
+                    help="JSON results file (default: the repository's results/peers.json, rendered into docs/results.md)")
     ap.add_argument("--peers-python", default="/work/peers-venv/bin/python",
                     help="python of the environment the peers are installed in")
     ap.add_argument("--mlp-depths", default="2,3,4", help="hidden layers of the MLP rows")
@@ -208,6 +230,7 @@ def main(argv=None) -> None:
         peer_worker(Path(args.peer_worker))
         return
     from symalign.atomic import write_json
+    from symalign.provenance import provenance
 
     torch.set_num_threads(1)
     data = digits(args.seed)
@@ -250,7 +273,8 @@ def main(argv=None) -> None:
         print("; ".join(cells), flush=True)
     meta = {"torch": torch.__version__, "data": "scikit-learn digits, 1300 train / 497 test, seed "
             f"{args.seed}", "points": 25, "threads": 1}
-    write_json(args.out, {"meta": meta, "rows": rows})
+    write_json(args.out, {"meta": meta, "rows": rows, "provenance": provenance(threads=1, seed_pairs=1),
+                          "tables": {"barriers": peers_table(rows, peers)}})
     print(f"wrote {args.out}")
 
 
