@@ -55,3 +55,14 @@ def test_llama_block_nullity():
     attn, block = probe_hf("llama", block=True, ad="forward")
     assert block.site == "block" and block.module == "layers.0" and block.declared is None and block.match is None
     assert block.result.nullity == attn.result.nullity + 16 + 16 + 32
+
+
+@pytest.mark.parametrize("ad", ["forward", "reverse"])
+def test_modernbert_without_float64_upcast_is_refused_in_both_modes(monkeypatch, ad):
+    """ModernBERT rotates Q and K in float32 *before* the scores: without the upcast neither mode is clean."""
+    from symalign.probe import AmbiguousSpectrumError, Float64Mode
+
+    monkeypatch.setattr(Float64Mode, "__torch_function__",
+                        lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {})))
+    with pytest.raises(AmbiguousSpectrumError, match=r"16 lie between .* anywhere from 64 to 80"):
+        probe_hf("modernbert", ad=ad)

@@ -51,7 +51,6 @@ is refused, is :mod:`symalign.probe.spectrum`.
 This module is the engine only; :func:`symalign.probe.probe` puts it together.
 """
 
-
 from __future__ import annotations
 
 import copy
@@ -304,7 +303,9 @@ def matrix_free_nullity(f: _Functional, push: Callable[[Tensor], Tensor], pull: 
                         scale: Tensor, probes: int = 16, gen: torch.Generator | None = None,
                         rtol: float = 1e-6, maxiter: int = 2000,
                         batch: int = 32) -> tuple[float, float, int, list[float], float]:
-    r"""Hutchinson estimate of ``tr(Pi_0)`` for ``A = J S``: ``(mean, stderr, max iterations, samples, worst residual)``.
+    r"""Hutchinson estimate of ``tr(Pi_0)`` for ``A = J S``.
+
+    Returns ``(mean, stderr, max iterations, samples, worst residual)``.
 
     Per probe ``z``: ``b = A z``, ``w = A^+ b`` by CGLS, sample ``P - z^T w``. Probes
     run ``batch`` at a time (vmapped JVPs/VJPs through one linearisation).
