@@ -65,6 +65,11 @@ def prepare(config: Any, state: Mapping[str, Tensor], attention_spec: SymmetrySp
         return prepare_bert(config, state, attention_spec, arch)
     if mt == "modernbert":
         return prepare_modernbert(config, state, attention_spec, arch)
+    from symalign.families import get_family
+
+    family = get_family(config)
+    if family is not None:
+        return family.prepare(config, state, attention_spec, arch)
     raise ConfigError(f"--scope model supports {', '.join(SUPPORTED)}; {mt!r} is not mapped yet "
                       "(use --scope attention)")
 

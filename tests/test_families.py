@@ -1,0 +1,141 @@
+"""The families of :mod:`symalign.families`: declared groups exact, nothing larger, measured on the real layer.
+
+Per family (tiny random float64 models, D=32, 2 layers) and per variant (options that
+change the layout or the symmetry):
+
+* a random element of the attention spec and of the whole-model spec (after the exact
+  rewrite) leaves the model's own forward unchanged: <= 1e-10 with float64-faithful
+  numerics (``float64_numerics``: transformers' RMSNorm/softmax upcast to float32
+  otherwise), <= the family's precision floor through the unmodified forward;
+* a strictly larger group on Q-K (GL / H instead of H / signs, unrestricted O(d) under
+  QK-norm) changes the function;
+* the declared dimension of one layer's attention group (plus the bias-shift gauge
+  directions, named) equals the Jacobian nullity of the real transformers layer.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from hf_families import FAMILIES, AttentionProbe, float64_numerics, make
+from hf_tiny import output, rel
+from _whole_util import one_thread  # noqa: F401  (autouse fixture)
+
+from symalign.arch import get_adapter, layout_spec
+from symalign.families import Family, get_family
+from symalign.groups import GeneralLinear, Orthogonal, PlaneSigns, RotaryPlanes
+from symalign.match.hfmodel import prepare
+from symalign.spec import apply, sample
+
+VARIANTS = [
+    ("gpt_neox", {}), ("gpt_neox", {"attention_bias": False}), ("gpt_neox", {"use_parallel_residual": False}),
+    ("gpt_neox", {"hidden_act": "relu"}), ("gpt_neox", {"tie_word_embeddings": True}),
+    ("qwen3", {}), ("qwen3", {"attention_bias": True}), ("qwen3", {"tie_word_embeddings": True}),
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
+    ("phi3", {}), ("phi3", {"tie_word_embeddings": True}),
+    ("olmo2", {}), ("olmo2", {"attention_bias": True}),
+]
+IDS = [f + "".join(f"-{k}={v}" for k, v in kw.items()) for f, kw in VARIANTS]
+
+
+def _ids(seed=0, batch=2, seq=8):
+    return {"input_ids": torch.randint(0, 64, (batch, seq), generator=torch.Generator().manual_seed(seed))}
+
+
+def _state(model):
+    st = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        st.pop("lm_head.weight", None)
+    return st
+
+
+def _loaded(model, state):
+    m = copy.deepcopy(model)
+    missing, unexpected = m.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    return m
+
+
+@pytest.mark.parametrize("family,kw", VARIANTS, ids=IDS)
+def test_declared_groups_are_exact(family, kw):
+    model = make(family, **kw)
+    fam = get_adapter(model)
+    assert isinstance(fam, Family) and get_family(model) is fam
+    x = _ids()
+    exact = float64_numerics(copy.deepcopy(model))
+    y, y64 = output(model, x), output(exact, x)
+    att = fam.spec(model)
+    st = _state(model)
+    prep = prepare(model.config, st, fam.spec(model.config, st.keys()), type(model).__name__)
+    if prep.untied:  # the head written under its on-disk name; in memory it is lm_head
+        head = [k for k in prep.state if k.endswith(fam.decl.heads[0] + ".weight")][0]
+        prep.state["lm_head.weight"] = prep.state.pop(head)
+        prep.spec.tensors["lm_head.weight"] = prep.spec.tensors.pop(head)
+    untied = make(family, **{**kw, "tie_word_embeddings": False}) if prep.untied else model
+    for seed in (1, 2):
+        a = apply(att, sample(att, seed), model.state_dict())
+        w = apply(prep.spec, sample(prep.spec, seed), prep.state)
+        for name, state, like in (("attention", a, model), ("model", w, untied)):
+            m64 = float64_numerics(_loaded(like, state))
+            assert rel(output(m64, x), y64) <= 1e-10, (name, seed)
+            assert rel(output(_loaded(like, state), x), y) <= max(1e-10, fam.precision_floor), (name, seed)
+
+
+def _widened(lays, how):
+    d = lays[0].head_dim
+    if how == "GL":
+        return [dataclasses.replace(lay, qk=GeneralLinear(d)) for lay in lays]
+    if how == "H":  # RoPE commutant without the QK-norm restriction
+        return [dataclasses.replace(lay, qk=RotaryPlanes(d, lay.qk.pairing, lay.qk.r)) for lay in lays]
+    return [dataclasses.replace(lay, qk=Orthogonal(d)) for lay in lays]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_larger_groups_are_not_symmetries(family):
+    model = float64_numerics(make(family))
+    fam = get_adapter(model)
+    x = _ids()
+    y = output(model, x)
+    from symalign.arch.base import find_prefix
+
+    keys = set(model.state_dict())
+    lays = fam.layouts(model.config, find_prefix(keys, fam.probe, fam.family), keys)
+    cases = ["GL"] + (["H", "O"] if isinstance(lays[0].qk, PlaneSigns) else [])
+    for how in cases:
+        spec = layout_spec(_widened(lays, how))
+        m2 = _loaded(model, apply(spec, sample(spec, 3), model.state_dict()))
+        assert rel(output(m2, x), y) >= 1e-3, how
+
+
+PROBE = [("gpt_neox", {}), ("gpt_neox", {"attention_bias": False}), ("qwen3", {}), ("phi3", {}), ("olmo2", {}),
+         ("qwen3", {"attention_bias": True})]
+
+
+@pytest.mark.parametrize("family,kw", PROBE, ids=[f + "".join(f"-{k}={v}" for k, v in kw.items()) for f, kw in PROBE])
+def test_declared_dimension_equals_probe_nullity(family, kw):
+    """Layer 0 of the real transformers model, float64, generic weights and inputs (small widths: the
+    Jacobian is dense)."""
+    from symalign.probe import probe
+
+    small = dict(hidden_size=16, num_attention_heads=2, intermediate_size=16)
+    if family in ("qwen3",):
+        small.update(head_dim=4, num_key_value_heads=1)
+    elif family in ("phi3", "olmo2"):
+        small.update(num_key_value_heads=1)
+    model = float64_numerics(make(family, **small, **kw))
+    fam = get_adapter(model)
+    spec = fam.spec(model)
+    declared = spec.restrict(fam.layer_spaces(0)).dim
+    gauge = fam.gauge_nullity(model.config, model.state_dict().keys(), 0)
+    mod = AttentionProbe(fam.attention_module(model, 0), fam.rotary_module(model, 0))
+    n_params = sum(p.numel() for p in mod.parameters())
+    batch = -(-3 * n_params // (6 * 16))
+    x = torch.randn(batch, 6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    res = probe(mod, x, method="dense", check_heads=False)
+    print(family, kw, "nullity", res.nullity, "declared", declared, gauge, "gap", res.singular_value_gap)
+    assert res.nullity == declared + sum(gauge.values()), (res.nullity, declared, gauge)
+    assert res.singular_value_gap > 1e4
