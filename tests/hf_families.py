@@ -15,11 +15,21 @@ _TOK = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 def _configs():
     base = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32, vocab_size=64,
                 max_position_embeddings=64)
+
+    def cfg(cls, **fixed):
+        return lambda **kw: cls(**{**base, **_TOK, **fixed, **kw})
+
     return {
-        "gpt_neox": (T.GPTNeoXForCausalLM, lambda: T.GPTNeoXConfig(rotary_pct=0.5, **base, **_TOK)),
-        "qwen3": (T.Qwen3ForCausalLM, lambda: T.Qwen3Config(num_key_value_heads=2, head_dim=8, **base, **_TOK)),
-        "phi3": (T.Phi3ForCausalLM, lambda: T.Phi3Config(num_key_value_heads=2, **base, **_TOK)),
-        "olmo2": (T.Olmo2ForCausalLM, lambda: T.Olmo2Config(num_key_value_heads=2, **base, **_TOK)),
+        "gpt_neox": (T.GPTNeoXForCausalLM, cfg(T.GPTNeoXConfig, rotary_pct=0.5)),
+        "qwen3": (T.Qwen3ForCausalLM, cfg(T.Qwen3Config, num_key_value_heads=2, head_dim=8)),
+        "phi3": (T.Phi3ForCausalLM, cfg(T.Phi3Config, num_key_value_heads=2)),
+        "olmo2": (T.Olmo2ForCausalLM, cfg(T.Olmo2Config, num_key_value_heads=2)),
+        "gemma": (T.GemmaForCausalLM, cfg(T.GemmaConfig, num_key_value_heads=2, head_dim=16)),
+        "gemma2": (T.Gemma2ForCausalLM, cfg(T.Gemma2Config, num_key_value_heads=2, head_dim=16, sliding_window=4,
+                                            query_pre_attn_scalar=16)),
+        "gemma3_text": (T.Gemma3ForCausalLM, cfg(T.Gemma3TextConfig, num_key_value_heads=2, head_dim=16,
+                                                 sliding_window=4, query_pre_attn_scalar=16,
+                                                 layer_types=["sliding_attention", "full_attention"])),
     }
 
 
@@ -28,9 +38,7 @@ FAMILIES = tuple(_configs())
 
 def make(name: str, dtype=torch.float64, seed: int = 0, attn: str = "eager", **overrides):
     cls, cfg_fn = _configs()[name]
-    cfg = cfg_fn()
-    for k, v in overrides.items():
-        setattr(cfg, k, v)
+    cfg = cfg_fn(**overrides)
     torch.manual_seed(seed)
     model = cls._from_config(cfg, attn_implementation=attn).to(dtype)
     randomize(model, seed)
@@ -57,18 +65,16 @@ T.AttentionInterface.register("eager64", eager64)
 
 
 class AttentionProbe(torch.nn.Module):
-    """One real attention layer as ``x -> attn(x)`` (RoPE from the model's own rotary module, no mask)."""
+    """Layer ``i``'s real attention as ``x -> attn(x)`` (RoPE from the model's own rotary module, no mask)."""
 
-    def __init__(self, attn, rotary):
+    def __init__(self, family, model, i: int):
         super().__init__()
-        self.attn = attn
-        self.rotary = [rotary]  # not a submodule: its buffers are not parameters anyway
+        self.attn = family.attention_module(model, i)
+        self.pe = lambda x, pos: family.position_embeddings(model, i, x, pos)  # buffers only: not parameters
 
     def forward(self, x):
         pos = torch.arange(x.shape[1]).unsqueeze(0).expand(x.shape[0], -1)
-        rot = self.rotary[0]
-        pe = rot(x, pos) if rot is not None else None
-        return self.attn(hidden_states=x, position_embeddings=pe, attention_mask=None)[0]
+        return self.attn(hidden_states=x, position_embeddings=self.pe(x, pos), attention_mask=None)[0]
 
 
 def _rms64(self, x):

@@ -38,8 +38,16 @@ VARIANTS = [
     ("qwen3", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
     ("phi3", {}), ("phi3", {"tie_word_embeddings": True}),
     ("olmo2", {}), ("olmo2", {"attention_bias": True}),
+    ("gemma", {}), ("gemma", {"tie_word_embeddings": False}), ("gemma2", {}), ("gemma3_text", {}),
+    ("gemma2", {"attn_logit_softcapping": None, "final_logit_softcapping": None}),
+    # RoPE width and scaling: the declared planes follow the model's own rotary module
+    ("gpt_neox", {"rotary_pct": 1.0}), ("phi3", {"partial_rotary_factor": 0.5}),
+    ("gpt_neox", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0,
+                                      "partial_rotary_factor": 0.25}}),
+    ("qwen3", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}),
 ]
-IDS = [f + "".join(f"-{k}={v}" for k, v in kw.items()) for f, kw in VARIANTS]
+IDS = [f + "".join(f"-{k}={v if not isinstance(v, dict) else v.get('rope_type')}" for k, v in kw.items())
+       for f, kw in VARIANTS]
 
 
 def _ids(seed=0, batch=2, seq=8):
@@ -112,7 +120,7 @@ def test_larger_groups_are_not_symmetries(family):
 
 
 PROBE = [("gpt_neox", {}), ("gpt_neox", {"attention_bias": False}), ("qwen3", {}), ("phi3", {}), ("olmo2", {}),
-         ("qwen3", {"attention_bias": True})]
+         ("qwen3", {"attention_bias": True}), ("gemma", {}), ("gemma2", {}), ("gemma3_text", {})]
 
 
 @pytest.mark.parametrize("family,kw", PROBE, ids=[f + "".join(f"-{k}={v}" for k, v in kw.items()) for f, kw in PROBE])
@@ -122,7 +130,7 @@ def test_declared_dimension_equals_probe_nullity(family, kw):
     from symalign.probe import probe
 
     small = dict(hidden_size=16, num_attention_heads=2, intermediate_size=16)
-    if family in ("qwen3",):
+    if family in ("qwen3", "gemma", "gemma2", "gemma3_text"):
         small.update(head_dim=4, num_key_value_heads=1)
     elif family in ("phi3", "olmo2"):
         small.update(num_key_value_heads=1)
@@ -131,7 +139,7 @@ def test_declared_dimension_equals_probe_nullity(family, kw):
     spec = fam.spec(model)
     declared = spec.restrict(fam.layer_spaces(0)).dim
     gauge = fam.gauge_nullity(model.config, model.state_dict().keys(), 0)
-    mod = AttentionProbe(fam.attention_module(model, 0), fam.rotary_module(model, 0))
+    mod = AttentionProbe(fam, model, 0)
     n_params = sum(p.numel() for p in mod.parameters())
     batch = -(-3 * n_params // (6 * 16))
     x = torch.randn(batch, 6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
@@ -139,3 +147,18 @@ def test_declared_dimension_equals_probe_nullity(family, kw):
     print(family, kw, "nullity", res.nullity, "declared", declared, gauge, "gap", res.singular_value_gap)
     assert res.nullity == declared + sum(gauge.values()), (res.nullity, declared, gauge)
     assert res.singular_value_gap > 1e4
+
+
+@pytest.mark.parametrize("family,kw,qk", [
+    ("gpt_neox", {}, "H(4,half)+GL(4)^4"), ("gpt_neox", {"rotary_pct": 1.0}, "H(8,half)^4"),
+    ("phi3", {"partial_rotary_factor": 0.5}, "H(4,half)+GL(4)^2"), ("phi3", {}, "H(8,half)^2"),
+    ("qwen3", {}, "signs(Z2^4,half)^2"), ("olmo2", {}, "signs(Z2^4,half)^2"), ("gemma2", {}, "H(16,half)^2"),
+])
+def test_declared_groups_follow_the_options(family, kw, qk):
+    """The Q-K group read from the model's own rotary module and QK-norm (the exactness of each is above)."""
+    spec = get_adapter(make(family, **kw)).spec(make(family, **kw))
+    assert spec.describe()["qk.0"] == qk
+    if family in ("qwen3", "olmo2"):
+        n_blocks = 1 if family == "qwen3" else 2  # shared gains: one element per layer; all-heads: per K/V head
+        assert spec.spaces["qkgain.0"].n_blocks == n_blocks and spec.spaces["qkgain.0"].dim == 4 * n_blocks
+

@@ -753,3 +753,24 @@ class PlaneScales(_Diagonal):
 
     def describe(self) -> str:
         return f"scales(R+^{self.units},{self.pairing})"
+
+
+@dataclass(frozen=True)
+class OffsetPerHead(PerHead):
+    r""":class:`PerHead` acting on ``x + offset`` (a gain stored as ``w`` with effective gain ``offset + w``).
+
+    Gemma's RMSNorms multiply by ``1 + w``: scaling the effective gain by ``c`` is the
+    affine map ``w -> c (1 + w) - 1`` of the stored weight, i.e. the linear action on
+    ``1 + w``. Still a group action (``(c_1 c_2) (1 + w) - 1``), of the same dimension.
+    """
+
+    offset: float = 0.0
+
+    def act(self, a: Tensor, x: Tensor, axis: int, variance: Variance, rep: str | None = None) -> Tensor:
+        if not self.offset:
+            return super().act(a, x, axis, variance, rep)
+        return super().act(a, x + self.offset, axis, variance, rep) - self.offset
+
+    def describe(self) -> str:
+        base = super().describe()
+        return f"{base} on (w + {self.offset:g})" if self.offset else base

@@ -16,12 +16,14 @@ from __future__ import annotations
 from typing import Any
 
 from symalign.families.base import Decoder, Family
+from symalign.families.gemma import Gemma2Family, Gemma3Family, GemmaFamily
 from symalign.families.gpt_neox import GPTNeoXFamily
 from symalign.families.olmo2 import Olmo2Family
 from symalign.families.phi3 import Phi3Family
 from symalign.families.qwen3 import Qwen3Family
 
-FAMILIES: tuple[Family, ...] = (GPTNeoXFamily(), Qwen3Family(), Phi3Family(), Olmo2Family())
+FAMILIES: tuple[Family, ...] = (GPTNeoXFamily(), Qwen3Family(), GemmaFamily(), Gemma2Family(), Gemma3Family(),
+                                Phi3Family(), Olmo2Family())
 
 
 def get_family(model_or_config: Any) -> Family | None:

@@ -42,7 +42,8 @@ from symalign.arch.base import Adapter, AttentionLayout, Proj, UnsupportedArchit
     find_prefix, heads_of, layout_spec
 from symalign.arch.rope import rotary_dims
 from symalign.errors import ConfigError, MatchError
-from symalign.groups import GeneralLinear, Orthogonal, PerHead, Permutation, PlaneScales, PlaneSigns, RotaryPlanes
+from symalign.groups import GeneralLinear, OffsetPerHead, Orthogonal, Permutation, PlaneScales, PlaneSigns, \
+    RotaryPlanes
 from symalign.match.hfmodel.common import RESIDUAL, Prepared, back, copy_spec, ff_group, fold_layernorm, to_f64
 from symalign.match.residual import CenteredOrthogonal
 from symalign.spec import SymmetrySpec
@@ -179,15 +180,16 @@ class Family(Adapter):
             qn, kn = p + dec.q_norm + ".weight", p + dec.k_norm + ".weight"  # type: ignore[operator]
             inner = self.gain_group(lay.qk)
             name = f"qkgain.{i}"
+            off = 1.0 if dec.norm == "rms1p" else 0.0
             if dec.qk_norm_over == "all":
-                spec.add_space(name, PerHead(inner, lay.n_kv_heads))
+                spec.add_space(name, OffsetPerHead(inner, lay.n_kv_heads, off))
                 spec.act_on(qn, f"heads.{i}", 0, "co", "query")
                 spec.act_on(kn, f"heads.{i}", 0, "co", "kv")
                 spec.couple(f"heads.{i}", name)
                 spec.act_on(qn, name, 0, "co", "query")
                 spec.act_on(kn, name, 0, "contra", "kv")
             else:
-                spec.add_space(name, PerHead(inner, 1))
+                spec.add_space(name, OffsetPerHead(inner, 1, off))
                 spec.act_on(qn, name, 0, "co")
                 spec.act_on(kn, name, 0, "contra")
 
@@ -205,8 +207,10 @@ class Family(Adapter):
         layer = base.layers[i] if hasattr(base, "layers") else base.h[i]
         return layer.self_attn if hasattr(layer, "self_attn") else layer.attention
 
-    def rotary_module(self, model: nn.Module, i: int) -> nn.Module | None:
-        return getattr(model.base_model, "rotary_emb", None)
+    def position_embeddings(self, model: nn.Module, i: int, x: Tensor, positions: Tensor) -> Any:
+        """What layer ``i``'s attention gets as ``position_embeddings`` (``(cos, sin)``; ``None`` without RoPE)."""
+        rot = getattr(model.base_model, "rotary_emb", None)
+        return rot(x, positions) if rot is not None else None
 
     def gauge_nullity(self, config: Any, keys: Iterable[str], i: int) -> dict[str, int]:
         """Null directions of the layer's Jacobian that are not group orbits (bias shifts).
@@ -243,7 +247,7 @@ class Family(Adapter):
         notes: list[str] = []
         self._ff_spaces(spec, config, s, p)
         head = next((h + ".weight" for h in dec.heads if h + ".weight" in s), None)
-        tied = head is None and bool(getattr(config, "tie_word_embeddings", False))
+        tied = bool(getattr(config, "tie_word_embeddings", False))  # an in-memory state lists the head anyway
         lm = arch is None or arch.endswith("ForCausalLM")
         if (head is None and not tied) or not lm:
             from symalign.match.hfmodel.common import headless_note
@@ -260,7 +264,7 @@ class Family(Adapter):
                          "not folded)")
         else:
             if tied:
-                head = dec.heads[0] + ".weight"
+                head = head or dec.heads[0] + ".weight"
                 s[head] = s[p + dec.embed + ".weight"].clone()
                 dt[head] = dt[p + dec.embed + ".weight"]
                 untied = True

@@ -72,8 +72,11 @@ def _unit_products(spec: SymmetrySpec, space: str, transform: Mapping[str, Tenso
     for t, a in spec.tensors_of(space):
         if a.variance != variance:
             continue
+        off = float(getattr(g, "offset", 0.0))  # gains stored as w with effective gain offset + w
         xa = state_a[t] if a.segment is None else segment_view(state_a[t], a.axis, a.segment)
+        xa = xa + off if off else xa
         xb = _heads_applied(spec, transform, t, state_b[t])
+        xb = xb + off if off else xb
         if a.segment is not None:
             xb = segment_view(xb, a.axis, a.segment)
         va = torch.movedim(xa.to(torch.float64), a.axis, 0)
