@@ -144,7 +144,6 @@ def test_declared_dimension_equals_probe_nullity(family, kw):
     batch = -(-3 * n_params // (6 * 16))
     x = torch.randn(batch, 6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     res = probe(mod, x, method="dense", check_heads=False)
-    print(family, kw, "nullity", res.nullity, "declared", declared, gauge, "gap", res.singular_value_gap)
     assert res.nullity == declared + sum(gauge.values()), (res.nullity, declared, gauge)
     assert res.singular_value_gap > 1e4
 
@@ -162,3 +161,50 @@ def test_declared_groups_follow_the_options(family, kw, qk):
         n_blocks = 1 if family == "qwen3" else 2  # shared gains: one element per layer; all-heads: per K/V head
         assert spec.spaces["qkgain.0"].n_blocks == n_blocks and spec.spaces["qkgain.0"].dim == 4 * n_blocks
 
+
+
+OLDER = {"gpt2": dict(n_embd=8, n_head=2), "llama": dict(hidden_size=16, num_attention_heads=2, num_key_value_heads=1,
+                                                          head_dim=4),
+         "vit": dict(hidden_size=8, num_attention_heads=2)}
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, attn, rotary=None):
+        super().__init__()
+        self.attn = attn
+        self.rotary = [rotary]
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[1]).unsqueeze(0).expand(x.shape[0], -1)
+        kw = {} if self.rotary[0] is None else {"position_embeddings": self.rotary[0](x, pos)}
+        y = self.attn(x, attention_mask=None, **kw)
+        return y[0] if isinstance(y, tuple) else y
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2", "vit"])
+def test_older_families_declared_dimension_equals_probe_nullity(family):
+    """The same measurement for the adapters of symalign.arch (their layer 0, float64, dense Jacobian)."""
+    from hf_tiny import make_model
+
+    from symalign.arch.base import find_prefix
+    from symalign.families.base import bias_gauge
+    from symalign.probe import probe
+
+    model = float64_numerics(make_model(family, **OLDER.get("llama" if family in ("mistral", "qwen2") else family)))
+    ad = get_adapter(model)
+    keys = set(model.state_dict())
+    lay = ad.layouts(model.config, find_prefix(keys, ad.probe, ad.family), keys)[0]
+    declared = ad.spec(model).restrict(["heads.0", "qk.0", "vo.0"]).dim
+    if family == "gpt2":
+        mod = _Layer(model.transformer.h[0].attn)
+    elif family == "vit":
+        mod = _Layer(model.vit.layers[0].attention)
+    else:
+        mod = _Layer(model.model.layers[0].self_attn, model.model.rotary_emb)
+    D = model.config.hidden_size
+    n = sum(p.numel() for p in mod.parameters())
+    x = torch.randn(-(-3 * n // (6 * D)), 6, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    res = probe(mod, x, method="dense", check_heads=False)
+    gauge = bias_gauge(lay, keys)
+    assert res.nullity == declared + sum(gauge.values()), (res.nullity, declared, gauge)
+    assert res.singular_value_gap > 1e4

@@ -213,25 +213,9 @@ class Family(Adapter):
         return rot(x, positions) if rot is not None else None
 
     def gauge_nullity(self, config: Any, keys: Iterable[str], i: int) -> dict[str, int]:
-        """Null directions of the layer's Jacobian that are not group orbits (bias shifts).
-
-        ``key bias``: without QK-norm, the unrotated part of the key bias adds
-        ``q^T b_K`` to every score of a query, which the softmax ignores
-        (``h_kv (d - r)`` directions). ``value bias``: with an output bias, a shift
-        ``delta`` of the value bias moves the output by ``W_O delta`` whatever the
-        attention pattern, which the output bias can cancel (``h_kv d``).
-        """
-        _, h, d, kv = heads_of(config)
+        """Null directions of layer ``i``'s Jacobian that are not group orbits (:func:`bias_gauge`)."""
         keys = set(keys)
-        lay = self.layouts(config, find_prefix(keys, self.probe, self.family), keys)[i]
-        r = self.rotary(config, d) or 0
-        out = {}
-        if lay.k.bias and not self.decl.q_norm and d - r:
-            out["key bias (softmax shift)"] = kv * (d - r)
-        o_bias = lay.o.weight[: -len("weight")] + "bias"
-        if lay.v.bias and o_bias in keys:
-            out["value bias -> output bias"] = kv * d
-        return out
+        return bias_gauge(self.layouts(config, find_prefix(keys, self.probe, self.family), keys)[i], keys)
 
     # -- whole model --------------------------------------------------------
     def prepare(self, config: Any, state: Mapping[str, Tensor], att: SymmetrySpec,
@@ -343,6 +327,27 @@ class Family(Adapter):
                 s[norm + ".weight"] = torch.zeros_like(w) if dec.norm == "rms1p" else torch.ones_like(w)
             for r in readers:
                 spec.act_on(r + ".weight", RESIDUAL, 1, "contra")
+
+
+def bias_gauge(lay: AttentionLayout, keys: Iterable[str]) -> dict[str, int]:
+    """Null directions of an attention layer's Jacobian that are not orbits of its group: bias shifts.
+
+    ``key bias``: without QK-norm, the unrotated part of the key bias adds ``q^T b_K`` to
+    every score of a query, which the softmax ignores (``h_kv (d - r)`` directions).
+    ``value bias``: with an output bias, a shift ``delta`` of the value bias moves the
+    output by ``W_O delta`` whatever the attention pattern, which the output bias cancels
+    (``h_kv d``). Keys: the layer's tensor names (the output bias is looked up there).
+    """
+    keys = set(keys)
+    d, kv = lay.head_dim, lay.n_kv_heads
+    r = lay.qk.r if isinstance(lay.qk, RotaryPlanes) else 0
+    out = {}
+    if lay.k.bias and not isinstance(lay.qk, PlaneSigns) and d - r:
+        out["key bias (softmax shift)"] = kv * (d - r)
+    o_bias = lay.o.weight[: -len("weight")] + "bias"
+    if lay.v.bias and o_bias in keys:
+        out["value bias -> output bias"] = kv * d
+    return out
 
 
 def refuse(family: str, option: str, why: str) -> UnsupportedArchitectureError:
