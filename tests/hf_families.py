@@ -30,6 +30,8 @@ def _configs():
         "gemma3_text": (T.Gemma3ForCausalLM, cfg(T.Gemma3TextConfig, num_key_value_heads=2, head_dim=16,
                                                  sliding_window=4, query_pre_attn_scalar=16,
                                                  layer_types=["sliding_attention", "full_attention"])),
+        "gptj": (T.GPTJForCausalLM, cfg(T.GPTJConfig, rotary_dim=4)),
+        "phi": (T.PhiForCausalLM, cfg(T.PhiConfig)),
     }
 
 

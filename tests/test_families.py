@@ -40,6 +40,7 @@ VARIANTS = [
     ("olmo2", {}), ("olmo2", {"attention_bias": True}),
     ("gemma", {}), ("gemma", {"tie_word_embeddings": False}), ("gemma2", {}), ("gemma3_text", {}),
     ("gemma2", {"attn_logit_softcapping": None, "final_logit_softcapping": None}),
+    ("gptj", {}), ("gptj", {"tie_word_embeddings": True}), ("phi", {}), ("phi", {"partial_rotary_factor": 1.0}),
     # RoPE width and scaling: the declared planes follow the model's own rotary module
     ("gpt_neox", {"rotary_pct": 1.0}), ("phi3", {"partial_rotary_factor": 0.5}),
     ("gpt_neox", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0,
@@ -120,7 +121,8 @@ def test_larger_groups_are_not_symmetries(family):
 
 
 PROBE = [("gpt_neox", {}), ("gpt_neox", {"attention_bias": False}), ("qwen3", {}), ("phi3", {}), ("olmo2", {}),
-         ("qwen3", {"attention_bias": True}), ("gemma", {}), ("gemma2", {}), ("gemma3_text", {})]
+         ("qwen3", {"attention_bias": True}), ("gemma", {}), ("gemma2", {}), ("gemma3_text", {}),
+         ("gptj", {}), ("phi", {})]
 
 
 @pytest.mark.parametrize("family,kw", PROBE, ids=[f + "".join(f"-{k}={v}" for k, v in kw.items()) for f, kw in PROBE])
@@ -132,6 +134,8 @@ def test_declared_dimension_equals_probe_nullity(family, kw):
     small = dict(hidden_size=16, num_attention_heads=2, intermediate_size=16)
     if family in ("qwen3", "gemma", "gemma2", "gemma3_text"):
         small.update(head_dim=4, num_key_value_heads=1)
+    elif family == "gptj":
+        small.update(rotary_dim=4)
     elif family in ("phi3", "olmo2"):
         small.update(num_key_value_heads=1)
     model = float64_numerics(make(family, **small, **kw))
@@ -151,7 +155,7 @@ def test_declared_dimension_equals_probe_nullity(family, kw):
 @pytest.mark.parametrize("family,kw,qk", [
     ("gpt_neox", {}, "H(4,half)+GL(4)^4"), ("gpt_neox", {"rotary_pct": 1.0}, "H(8,half)^4"),
     ("phi3", {"partial_rotary_factor": 0.5}, "H(4,half)+GL(4)^2"), ("phi3", {}, "H(8,half)^2"),
-    ("qwen3", {}, "signs(Z2^4,half)^2"), ("olmo2", {}, "signs(Z2^4,half)^2"), ("gemma2", {}, "H(16,half)^2"),
+    ("gptj", {}, "H(4,interleaved)+GL(4)^4"), ("phi", {}, "H(4,half)+GL(4)^4"), ("qwen3", {}, "signs(Z2^4,half)^2"), ("olmo2", {}, "signs(Z2^4,half)^2"), ("gemma2", {}, "H(16,half)^2"),
 ])
 def test_declared_groups_follow_the_options(family, kw, qk):
     """The Q-K group read from the model's own rotary module and QK-norm (the exactness of each is above)."""
@@ -208,3 +212,10 @@ def test_older_families_declared_dimension_equals_probe_nullity(family):
     gauge = bias_gauge(lay, keys)
     assert res.nullity == declared + sum(gauge.values()), (res.nullity, declared, gauge)
     assert res.singular_value_gap > 1e4
+
+
+def test_phi_qk_layernorm_is_refused_naming_the_option():
+    from symalign.arch import UnsupportedArchitectureError
+
+    with pytest.raises(UnsupportedArchitectureError, match="qk_layernorm=True"):
+        get_adapter(make("phi")).spec(make("phi", qk_layernorm=True))

@@ -18,12 +18,14 @@ from typing import Any
 from symalign.families.base import Decoder, Family
 from symalign.families.gemma import Gemma2Family, Gemma3Family, GemmaFamily
 from symalign.families.gpt_neox import GPTNeoXFamily
+from symalign.families.gptj import GPTJFamily
 from symalign.families.olmo2 import Olmo2Family
+from symalign.families.phi import PhiFamily
 from symalign.families.phi3 import Phi3Family
 from symalign.families.qwen3 import Qwen3Family
 
 FAMILIES: tuple[Family, ...] = (GPTNeoXFamily(), Qwen3Family(), GemmaFamily(), Gemma2Family(), Gemma3Family(),
-                                Phi3Family(), Olmo2Family())
+                                Phi3Family(), Olmo2Family(), GPTJFamily(), PhiFamily())
 
 
 def get_family(model_or_config: Any) -> Family | None:

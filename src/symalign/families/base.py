@@ -205,7 +205,7 @@ class Family(Adapter):
         """The real attention module of layer ``i`` of a transformers model."""
         base = model.base_model
         layer = base.layers[i] if hasattr(base, "layers") else base.h[i]
-        return layer.self_attn if hasattr(layer, "self_attn") else layer.attention
+        return next(getattr(layer, n) for n in ("self_attn", "attention", "attn") if hasattr(layer, n))
 
     def position_embeddings(self, model: nn.Module, i: int, x: Tensor, positions: Tensor) -> Any:
         """What layer ``i``'s attention gets as ``position_embeddings`` (``(cos, sin)``; ``None`` without RoPE)."""
@@ -297,7 +297,7 @@ class Family(Adapter):
             for t in self._writers(s, lp):
                 spec.act_on(t, RESIDUAL, 0)
             norms += [lp + n for n in (dec.pre_attn_norm, dec.post_attn_norm, dec.pre_ff_norm, dec.post_ff_norm) if n]
-        for n in norms:
+        for n in dict.fromkeys(norms):  # a norm shared by both branches is listed once
             for t in (n + ".weight", n + ".bias"):
                 if t in s:
                     spec.act_on(t, RESIDUAL, 0)
@@ -311,8 +311,12 @@ class Family(Adapter):
         folds = [(p + dec.final_norm, [head[: -len(".weight")]])]
         for i in range(int(config.num_hidden_layers)):
             lp = p + dec.layer.format(i=i)
-            folds.append((lp + dec.pre_attn_norm, [lp + n for n in dec.readers_attn()]))  # type: ignore[operator]
-            folds.append((lp + dec.pre_ff_norm, [lp + n for n in dec.readers_ff()]))  # type: ignore[operator]
+            attn, ff = [lp + n for n in dec.readers_attn()], [lp + n for n in dec.readers_ff()]
+            if dec.pre_attn_norm == dec.pre_ff_norm:  # one norm read by both branches (GPT-J, Phi)
+                folds.append((lp + dec.pre_attn_norm, attn + ff))  # type: ignore[operator]
+            else:
+                folds.append((lp + dec.pre_attn_norm, attn))  # type: ignore[operator]
+                folds.append((lp + dec.pre_ff_norm, ff))  # type: ignore[operator]
             for t in self._writers(s, lp):
                 spec.act_on(t, RESIDUAL, 0, "co")
         for norm, readers in folds:
