@@ -63,6 +63,8 @@ class Decoder:
     ``qk_norm_over``: ``"head"`` (a gain over ``head_dim`` shared by every head) or
     ``"all"`` (one RMSNorm over all heads' concatenation, a gain per entry).
     ``ff_act``: the config attribute naming the FF activation (ReLU units get scales).
+    ``qkv_bias``: whether Q/K/V have biases when only a config is known (``None``: the
+    config's ``attention_bias``); with a checkpoint, the tensors present decide.
     """
 
     layer: str = "layers.{i}."
@@ -72,6 +74,7 @@ class Decoder:
     o: str = "self_attn.o_proj"
     qkv: str | None = None
     qkv_interleaved: bool = False
+    qkv_bias: bool | None = None
     q_norm: str | None = None
     k_norm: str | None = None
     qk_norm_over: str = "head"
@@ -143,8 +146,9 @@ class Family(Adapter):
 
             def bias(name: str) -> str | None:
                 b = p + name + ".bias"
-                if isinstance(keys, _AllKeys):
-                    return b if bool(getattr(config, "attention_bias", False)) else None
+                if isinstance(keys, _AllKeys):  # config only: the declaration, else the config's flag
+                    flag = dec.qkv_bias if dec.qkv_bias is not None else getattr(config, "attention_bias", False)
+                    return b if bool(flag) else None
                 return b if b in keys else None
 
             if dec.qkv and dec.qkv_interleaved:
@@ -229,7 +233,6 @@ class Family(Adapter):
         spec = copy_spec(att)
         D, L = int(config.hidden_size), int(config.num_hidden_layers)
         notes: list[str] = []
-        self._ff_spaces(spec, config, s, p)
         head = next((h + ".weight" for h in dec.heads if h + ".weight" in s), None)
         tied = bool(getattr(config, "tie_word_embeddings", False))  # an in-memory state lists the head anyway
         lm = arch is None or arch.endswith("ForCausalLM")
@@ -238,6 +241,7 @@ class Family(Adapter):
 
             notes.append(headless_note(arch if not lm else None, self.family,
                                        [a for a in (getattr(config, "architectures", None) or []) if lm]))
+            self._ff_spaces(spec, config, s, p)
             return Prepared(back(s, dt, torch.float32), spec, False, notes)
         post = dec.post_attn_norm or dec.post_ff_norm
         untied = False
@@ -255,6 +259,7 @@ class Family(Adapter):
                 notes.append(f"{head} untied from {dec.embed} (tie_word_embeddings=false) to fold the final norm")
             self._folded_stream(spec, config, s, p, head)
             notes.append("norm gains folded into the next linear maps")
+        self._ff_spaces(spec, config, s, p)
         return Prepared(back(s, dt, torch.float32), spec, untied, notes)
 
     def _ff_spaces(self, spec: SymmetrySpec, config: Any, s: Mapping[str, Tensor], p: str) -> None:
