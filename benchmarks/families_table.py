@@ -17,6 +17,9 @@ BASE = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermed
             max_position_embeddings=32, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 GQA = dict(num_key_value_heads=1, head_dim=4)
 ROWS = [
+    ("Llama (GQA)", T.LlamaForCausalLM, T.LlamaConfig(**GQA, **BASE)),
+    ("Mistral (GQA)", T.MistralForCausalLM, T.MistralConfig(**GQA, **BASE)),
+    ("Qwen2 (GQA, Q/K/V biases)", T.Qwen2ForCausalLM, T.Qwen2Config(**GQA, **BASE)),
     ("GPT-NeoX (rotary_pct 0.5, biases)", T.GPTNeoXForCausalLM, T.GPTNeoXConfig(rotary_pct=0.5, **BASE)),
     ("GPT-NeoX (no biases)", T.GPTNeoXForCausalLM, T.GPTNeoXConfig(rotary_pct=0.5, attention_bias=False, **BASE)),
     ("GPT-J (rotary_dim 4)", T.GPTJForCausalLM, T.GPTJConfig(rotary_dim=4, **BASE)),

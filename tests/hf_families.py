@@ -20,6 +20,9 @@ def _configs():
         return lambda **kw: cls(**{**base, **_TOK, **fixed, **kw})
 
     return {
+        "llama": (T.LlamaForCausalLM, cfg(T.LlamaConfig, num_key_value_heads=2)),
+        "mistral": (T.MistralForCausalLM, cfg(T.MistralConfig, num_key_value_heads=2)),
+        "qwen2": (T.Qwen2ForCausalLM, cfg(T.Qwen2Config, num_key_value_heads=2)),
         "gpt_neox": (T.GPTNeoXForCausalLM, cfg(T.GPTNeoXConfig, rotary_pct=0.5)),
         "qwen3": (T.Qwen3ForCausalLM, cfg(T.Qwen3Config, num_key_value_heads=2, head_dim=8)),
         "phi3": (T.Phi3ForCausalLM, cfg(T.Phi3Config, num_key_value_heads=2)),

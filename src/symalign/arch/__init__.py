@@ -12,13 +12,13 @@ from typing import Any
 from symalign.arch.base import DOCS, Adapter, AttentionLayout, Proj, UnsupportedArchitectureError, layout_spec
 from symalign.arch.bert import BertAdapter
 from symalign.arch.gpt2 import GPT2Adapter
-from symalign.arch.llama import LlamaAdapter, MistralAdapter, Qwen2Adapter
 from symalign.arch.modernbert import ModernBertAdapter
 from symalign.arch.roformer import RoFormerAdapter
 from symalign.arch.vit import ViTAdapter
 
-ADAPTERS: tuple[Adapter, ...] = (GPT2Adapter(), LlamaAdapter(), MistralAdapter(), Qwen2Adapter(), BertAdapter(),
-                                 ViTAdapter(), RoFormerAdapter(), ModernBertAdapter())
+# Llama, Mistral, Qwen2 and the later decoder families: symalign.families (one module each, attention and
+# whole model); found by get_adapter after these.
+ADAPTERS: tuple[Adapter, ...] = (GPT2Adapter(), BertAdapter(), ViTAdapter(), RoFormerAdapter(), ModernBertAdapter())
 
 # Known families whose attention breaks the per-head groups: refused with the reason.
 UNSUPPORTED: dict[str, str] = {

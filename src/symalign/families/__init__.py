@@ -4,11 +4,11 @@ Each module declares a :class:`~symalign.families.base.Decoder` (the tensors of 
 layer, norms and where they sit, fusions, QK-norm) and a
 :class:`~symalign.families.base.Family` with its ``model_type`` values; attention
 scope, whole-model scope and the probe read it from there. :func:`get_family` finds
-the family of a config; :data:`FAMILIES` lists them. The families that predate this
-package (GPT-2, Llama, Mistral, Qwen2, BERT, ViT, RoFormer, ModernBERT) still live in
-:mod:`symalign.arch` (attention) and :mod:`symalign.match.hfmodel` (whole model);
-:func:`symalign.arch.get_adapter` and :func:`symalign.match.hfmodel.prepare` dispatch to
-both. Adding a family: docs/adapters.md.
+the family of a config; :data:`FAMILIES` lists them. Llama, Mistral and Qwen2 moved here
+from the older pair of modules; GPT-2, BERT, ViT, RoFormer and ModernBERT (``Conv1D``
+and encoder layouts) still live in :mod:`symalign.arch` (attention) and
+:mod:`symalign.match.hfmodel` (whole model). :func:`symalign.arch.get_adapter` and
+:func:`symalign.match.hfmodel.prepare` dispatch to both. Adding a family: docs/adapters.md.
 """
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ from symalign.families.base import Decoder, Family
 from symalign.families.gemma import Gemma2Family, Gemma3Family, GemmaFamily
 from symalign.families.gpt_neox import GPTNeoXFamily
 from symalign.families.gptj import GPTJFamily
+from symalign.families.llama import LlamaFamily, MistralFamily, Qwen2Family
 from symalign.families.olmo2 import Olmo2Family
 from symalign.families.phi import PhiFamily
 from symalign.families.phi3 import Phi3Family
 from symalign.families.qwen3 import Qwen3Family
 
-FAMILIES: tuple[Family, ...] = (GPTNeoXFamily(), Qwen3Family(), GemmaFamily(), Gemma2Family(), Gemma3Family(),
-                                Phi3Family(), Olmo2Family(), GPTJFamily(), PhiFamily())
+FAMILIES: tuple[Family, ...] = (
+    LlamaFamily(), MistralFamily(), Qwen2Family(), GPTNeoXFamily(), GPTJFamily(), PhiFamily(), Phi3Family(),
+    Qwen3Family(), Olmo2Family(), GemmaFamily(), Gemma2Family(), Gemma3Family(),
+)
 
 
 def get_family(model_or_config: Any) -> Family | None:

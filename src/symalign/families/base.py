@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from symalign.arch.base import Adapter, AttentionLayout, Proj, UnsupportedArchitectureError, _AllKeys, \
     find_prefix, heads_of, layout_spec
 from symalign.arch.rope import rotary_dims
-from symalign.errors import ConfigError, MatchError
+from symalign.errors import ConfigError
 from symalign.groups import GeneralLinear, OffsetPerHead, Orthogonal, Permutation, PlaneScales, PlaneSigns, \
     RotaryPlanes
 from symalign.match.hfmodel.common import RESIDUAL, Prepared, back, copy_spec, ff_group, fold_layernorm, to_f64
@@ -364,4 +364,4 @@ def refuse(family: str, option: str, why: str) -> UnsupportedArchitectureError:
     return UnsupportedArchitectureError(f"{family}: {option} is not supported: {why}")
 
 
-__all__ = ["Decoder", "Family", "MatchError", "refuse"]
+__all__ = ["Decoder", "Family", "bias_gauge", "refuse"]
