@@ -35,6 +35,7 @@ def _configs():
                                                  layer_types=["sliding_attention", "full_attention"])),
         "gptj": (T.GPTJForCausalLM, cfg(T.GPTJConfig, rotary_dim=4)),
         "phi": (T.PhiForCausalLM, cfg(T.PhiConfig)),
+        "falcon": (T.FalconForCausalLM, cfg(T.FalconConfig, tie_word_embeddings=False)),  # multi-query, parallel
     }
 
 

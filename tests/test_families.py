@@ -46,6 +46,10 @@ VARIANTS = [
     ("gemma", {}), ("gemma", {"tie_word_embeddings": False}), ("gemma2", {}), ("gemma3_text", {}),
     ("gemma2", {"attn_logit_softcapping": None, "final_logit_softcapping": None}),
     ("gptj", {}), ("gptj", {"tie_word_embeddings": True}), ("phi", {}), ("phi", {"partial_rotary_factor": 1.0}),
+    ("falcon", {}), ("falcon", {"tie_word_embeddings": True}),
+    ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2}),
+    ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "num_ln_in_parallel_attn": 1}),
+    ("falcon", {"multi_query": False, "bias": True}), ("falcon", {"parallel_attn": False}),
     # RoPE width and scaling: the declared planes follow the model's own rotary module
     ("gpt_neox", {"rotary_pct": 1.0}), ("phi3", {"partial_rotary_factor": 0.5}),
     ("gpt_neox", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0,
@@ -128,7 +132,8 @@ def test_larger_groups_are_not_symmetries(family):
 PROBE = [("llama", {}), ("mistral", {}), ("qwen2", {}), ("gpt_neox", {}), ("gpt_neox", {"attention_bias": False}),
          ("qwen3", {}), ("phi3", {}), ("olmo2", {}),
          ("qwen3", {"attention_bias": True}), ("gemma", {}), ("gemma2", {}), ("gemma3_text", {}),
-         ("gptj", {}), ("phi", {})]
+         ("gptj", {}), ("phi", {}), ("falcon", {}), ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 1}),
+         ("falcon", {"multi_query": False, "bias": True})]
 
 
 @pytest.mark.parametrize("family,kw", PROBE, ids=[f + "".join(f"-{k}={v}" for k, v in kw.items()) for f, kw in PROBE])
@@ -210,3 +215,10 @@ def test_phi_qk_layernorm_is_refused_naming_the_option():
 
     with pytest.raises(UnsupportedArchitectureError, match="qk_layernorm=True"):
         get_adapter(make("phi")).spec(make("phi", qk_layernorm=True))
+
+
+def test_falcon_alibi_is_refused_naming_the_option():
+    from symalign.arch import UnsupportedArchitectureError
+
+    with pytest.raises(UnsupportedArchitectureError, match="alibi=True"):
+        get_adapter(make("falcon")).spec(make("falcon", alibi=True))

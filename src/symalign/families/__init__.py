@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from symalign.families.base import Decoder, Family
+from symalign.families.falcon import FalconFamily
 from symalign.families.gemma import Gemma2Family, Gemma3Family, GemmaFamily
 from symalign.families.gpt_neox import GPTNeoXFamily
 from symalign.families.gptj import GPTJFamily
@@ -27,7 +28,7 @@ from symalign.families.qwen3 import Qwen3Family
 
 FAMILIES: tuple[Family, ...] = (
     LlamaFamily(), MistralFamily(), Qwen2Family(), GPTNeoXFamily(), GPTJFamily(), PhiFamily(), Phi3Family(),
-    Qwen3Family(), Olmo2Family(), GemmaFamily(), Gemma2Family(), Gemma3Family(),
+    Qwen3Family(), Olmo2Family(), GemmaFamily(), Gemma2Family(), Gemma3Family(), FalconFamily(),
 )
 
 

@@ -74,6 +74,7 @@ class Decoder:
     o: str = "self_attn.o_proj"
     qkv: str | None = None
     qkv_interleaved: bool = False
+    qkv_grouped: bool = False
     qkv_bias: bool | None = None
     q_norm: str | None = None
     k_norm: str | None = None
@@ -125,6 +126,14 @@ class Family(Adapter):
     def probe(self) -> str:  # type: ignore[override]
         return self.decl.first_q
 
+    def declaration(self, config: Any) -> Decoder:
+        """The declared layout for ``config`` (:attr:`decl`; a family whose layout depends on the config overrides)."""
+        return self.decl
+
+    def heads(self, config: Any) -> tuple[int, int, int, int]:
+        """``(hidden, n_heads, head_dim, n_kv_heads)``."""
+        return heads_of(config)
+
     # -- attention ----------------------------------------------------------
     def rotary(self, config: Any, d: int) -> int | None:
         """Rotated width per head (``None``: no RoPE)."""
@@ -137,8 +146,8 @@ class Family(Adapter):
         return RotaryPlanes(d, self.pairing, r) if r is not None else GeneralLinear(d)
 
     def layouts(self, config: Any, prefix: str, keys: set[str]) -> list[AttentionLayout]:
-        _, h, d, kv = heads_of(config)
-        dec = self.decl
+        _, h, d, kv = self.heads(config)
+        dec = self.declaration(config)
         qk, vo = self.qk_group(config, d), GeneralLinear(d)
         out = []
         for i in range(int(config.num_hidden_layers)):
@@ -154,6 +163,10 @@ class Family(Adapter):
             if dec.qkv and dec.qkv_interleaved:
                 w, b = p + dec.qkv + ".weight", bias(dec.qkv)
                 q, k, v = (Proj(w, 0, (j * d, d, 3 * d), b) for j in range(3))
+            elif dec.qkv and dec.qkv_grouped:  # per K/V group [q_1 .. q_g | k | v] (Falcon's new layout)
+                w, b, g = p + dec.qkv + ".weight", bias(dec.qkv), h // kv
+                segs = ((0, g * d, (g + 2) * d), (g * d, d, (g + 2) * d), ((g + 1) * d, d, (g + 2) * d))
+                q, k, v = (Proj(w, 0, s_, b) for s_ in segs)
             elif dec.qkv:
                 w, b = p + dec.qkv + ".weight", bias(dec.qkv)
                 segs = ((0, h * d), (h * d, kv * d), (h * d + kv * d, kv * d))
@@ -178,7 +191,7 @@ class Family(Adapter):
 
     def _gain_spaces(self, spec: SymmetrySpec, config: Any, prefix: str, lays: list[AttentionLayout]) -> None:
         """``qkgain.i``: per-plane rescalings of the Q/K norm gains (shared over heads, or per K/V block)."""
-        dec = self.decl
+        dec = self.declaration(config)
         for i, lay in enumerate(lays):
             p = prefix + dec.layer.format(i=i)
             qn, kn = p + dec.q_norm + ".weight", p + dec.k_norm + ".weight"  # type: ignore[operator]
@@ -209,12 +222,17 @@ class Family(Adapter):
         """The real attention module of layer ``i`` of a transformers model."""
         base = model.base_model
         layer = base.layers[i] if hasattr(base, "layers") else base.h[i]
-        return next(getattr(layer, n) for n in ("self_attn", "attention", "attn") if hasattr(layer, n))
+        names = ("self_attn", "self_attention", "attention", "attn")
+        return next(getattr(layer, n) for n in names if hasattr(layer, n))
 
     def position_embeddings(self, model: nn.Module, i: int, x: Tensor, positions: Tensor) -> Any:
         """What layer ``i``'s attention gets as ``position_embeddings`` (``(cos, sin)``; ``None`` without RoPE)."""
         rot = getattr(model.base_model, "rotary_emb", None)
         return rot(x, positions) if rot is not None else None
+
+    def attention_kwargs(self, x: Tensor) -> dict[str, Any]:
+        """Other keyword arguments of the attention module's forward for an unmasked call on ``x``."""
+        return {"attention_mask": None}
 
     def gauge_nullity(self, config: Any, keys: Iterable[str], i: int) -> dict[str, int]:
         """Null directions of layer ``i``'s Jacobian that are not group orbits (:func:`bias_gauge`)."""
@@ -225,7 +243,7 @@ class Family(Adapter):
     def prepare(self, config: Any, state: Mapping[str, Tensor], att: SymmetrySpec,
                 arch: str | None = None) -> Prepared:
         """Rewrite ``state`` exactly and build the whole-model spec (see the module docstring)."""
-        dec = self.decl
+        dec = self.declaration(config)
         if dec.norm not in NORMS:
             raise ConfigError(f"{self.family}: unknown norm kind {dec.norm!r}")
         s, dt = to_f64(state)
@@ -263,7 +281,7 @@ class Family(Adapter):
         return Prepared(back(s, dt, torch.float32), spec, untied, notes)
 
     def _ff_spaces(self, spec: SymmetrySpec, config: Any, s: Mapping[str, Tensor], p: str) -> None:
-        dec = self.decl
+        dec = self.declaration(config)
         for i in range(int(config.num_hidden_layers)):
             lp = p + dec.layer.format(i=i)
             down = lp + dec.down + ".weight"
@@ -289,7 +307,7 @@ class Family(Adapter):
 
     def _permuted_stream(self, spec: SymmetrySpec, config: Any, s: Mapping[str, Tensor], p: str,
                          head: str | None) -> None:
-        dec = self.decl
+        dec = self.declaration(config)
         spec.add_space(RESIDUAL, Permutation(int(config.hidden_size)))
         spec.act_on(p + dec.embed + ".weight", RESIDUAL, 1)
         if head is not None:
@@ -308,7 +326,7 @@ class Family(Adapter):
                     spec.act_on(t, RESIDUAL, 0)
 
     def _folded_stream(self, spec: SymmetrySpec, config: Any, s: dict[str, Tensor], p: str, head: str) -> None:
-        dec = self.decl
+        dec = self.declaration(config)
         D = int(config.hidden_size)
         layer_norm = dec.norm == "layer"
         spec.add_space(RESIDUAL, CenteredOrthogonal(D) if layer_norm else Orthogonal(D))

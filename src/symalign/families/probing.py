@@ -49,14 +49,19 @@ def _rms(self, x):
 
 def float64_numerics(model: nn.Module) -> nn.Module:
     """``model`` (in place) with its RMSNorms and eager softmax evaluated in the weights' dtype (same formulas)."""
+    import sys
+
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION, eager_float64)
+    # only families whose attention goes through transformers' attention interface (Falcon's own eager path
+    # already takes the softmax in the inputs' dtype)
+    interface = hasattr(sys.modules[type(model).__module__], "eager_attention_forward")
     for m in model.modules():
         if type(m).__name__.endswith("RMSNorm"):
             m.forward = types.MethodType(_rms, m)
         cfg = getattr(m, "config", None)
-        if cfg is not None and hasattr(cfg, "_attn_implementation"):
+        if interface and cfg is not None and hasattr(cfg, "_attn_implementation"):
             cfg._attn_implementation = ATTENTION
     return model
 
@@ -68,10 +73,11 @@ class AttentionProbe(nn.Module):
         super().__init__()
         self.attn = family.attention_module(model, i)
         self.pe = lambda x, pos: family.position_embeddings(model, i, x, pos)  # buffers only: not parameters
+        self.kwargs = family.attention_kwargs
 
     def forward(self, x):
         pos = torch.arange(x.shape[1]).unsqueeze(0).expand(x.shape[0], -1)
-        return self.attn(hidden_states=x, position_embeddings=self.pe(x, pos), attention_mask=None)[0]
+        return self.attn(hidden_states=x, position_embeddings=self.pe(x, pos), **self.kwargs(x))[0]
 
 
 @dataclass
