@@ -222,3 +222,24 @@ def test_falcon_alibi_is_refused_naming_the_option():
 
     with pytest.raises(UnsupportedArchitectureError, match="alibi=True"):
         get_adapter(make("falcon")).spec(make("falcon", alibi=True))
+
+
+@pytest.mark.parametrize("cls_name,note", [("Qwen3Model", "outputs the stream itself"),
+                                           ("Qwen3ForSequenceClassification", "is not mapped")])
+def test_models_without_an_lm_head_get_no_residual_space(cls_name, note):
+    """The stream is the output of a bare model (a residual map would change it); other heads are not mapped."""
+    import transformers
+
+    model = getattr(transformers, cls_name)._from_config(make("qwen3").config).double().eval()
+    fam = get_adapter(model)
+    st = _state(model)
+    prep = prepare(model.config, st, fam.spec(model.config, st.keys()), cls_name)
+    assert "residual" not in prep.spec.spaces and note in prep.notes[0]
+    assert {"ff.0", "ff.1", "qkgain.0"} <= set(prep.spec.spaces)
+    x = _ids()
+    out = model(**x)
+    y = (out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state).double()
+    m2 = _loaded(model, apply(prep.spec, sample(prep.spec, 4), prep.state))
+    out2 = m2(**x)
+    y2 = (out2.logits if getattr(out2, "logits", None) is not None else out2.last_hidden_state).double()
+    assert rel(y2, y) <= fam.precision_floor

@@ -22,8 +22,7 @@ ADAPTERS: tuple[Adapter, ...] = (GPT2Adapter(), BertAdapter(), ViTAdapter(), RoF
 
 # Known families whose attention breaks the per-head groups: refused with the reason.
 UNSUPPORTED: dict[str, str] = {
-    "gemma2": "per-head query/key norms and logit soft-capping are not covered",
-    "gemma3": "per-head q_norm/k_norm breaks GL/H on Q-K",
+    "gemma3": "the multimodal Gemma 3 checkpoint is not mapped; its text model (gemma3_text) is",
     "cohere": "optional per-head Q/K layer norms are not covered",
     "bloom": "ALiBi pins every head (no head permutation) and the fused layout is not mapped yet",
     "mpt": "ALiBi pins every head and the fused layout is not mapped yet",

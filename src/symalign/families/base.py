@@ -249,16 +249,17 @@ class Family(Adapter):
         s, dt = to_f64(state)
         p = find_prefix(s.keys(), dec.first_q, self.family)
         spec = copy_spec(att)
-        D, L = int(config.hidden_size), int(config.num_hidden_layers)
+        D = int(config.hidden_size)
         notes: list[str] = []
         head = next((h + ".weight" for h in dec.heads if h + ".weight" in s), None)
         tied = bool(getattr(config, "tie_word_embeddings", False))  # an in-memory state lists the head anyway
         lm = arch is None or arch.endswith("ForCausalLM")
-        if (head is None and not tied) or not lm:
+        bare = arch is not None and arch.endswith("Model") and not arch.endswith("LMHeadModel")
+        if bare or not lm or (head is None and not tied):
             from symalign.match.hfmodel.common import headless_note
 
-            notes.append(headless_note(arch if not lm else None, self.family,
-                                       [a for a in (getattr(config, "architectures", None) or []) if lm]))
+            # a bare model outputs the stream itself; any other head (classification...) is not mapped
+            notes.append(headless_note(arch, self.family, [arch] if bare else ["...ForCausalLM"]))
             self._ff_spaces(spec, config, s, p)
             return Prepared(back(s, dt, torch.float32), spec, False, notes)
         post = dec.post_attn_norm or dec.post_ff_norm
