@@ -243,3 +243,56 @@ def test_models_without_an_lm_head_get_no_residual_space(cls_name, note):
     out2 = m2(**x)
     y2 = (out2.logits if getattr(out2, "logits", None) is not None else out2.last_hidden_state).double()
     assert rel(y2, y) <= fam.precision_floor
+
+
+class _EncoderAttention(torch.nn.Module):
+    """BERT/RoFormer self-attention + output projection (without the post-LayerNorm of the residual sum), or
+    ModernBERT's attention, as ``x -> attn(x)``."""
+
+    def __init__(self, model, family):
+        super().__init__()
+        self.family, self.model = family, [model]
+        if family == "modernbert":
+            self.attn = model.model.layers[0].attn
+        else:
+            block = model.encoder.layer[0].attention
+            self.self_attn, self.dense = block.self, block.output.dense
+
+    def forward(self, x):
+        m = self.model[0]
+        if self.family == "modernbert":
+            pos = torch.arange(x.shape[1]).unsqueeze(0).expand(x.shape[0], -1)
+            kind = m.config.layer_types[0]
+            return self.attn(x, position_embeddings=m.model.rotary_emb(x, pos, kind), attention_mask=None)[0]
+        kw = {"sinusoidal_pos": m.encoder.embed_positions(x.shape[:-1])[None, None]} if self.family == "roformer" else {}
+        return self.dense(self.self_attn(x, attention_mask=None, **kw)[0])
+
+
+@pytest.mark.parametrize("family", ["bert", "roformer", "modernbert"])
+def test_encoder_families_declared_dimension_equals_probe_nullity(family, monkeypatch):
+    """The encoders still in symalign.arch, layer 0. ModernBERT rotates Q/K in float32 whatever the dtype; its
+    rotation is evaluated in float64 here (same formula) so that rounding does not hide null directions."""
+    from hf_tiny import make_model
+    import transformers.models.modernbert.modeling_modernbert as mb
+
+    from symalign.arch.base import find_prefix
+    from symalign.families.base import bias_gauge
+    from symalign.probe import probe
+
+    def rotate(q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim).to(q.dtype), sin.unsqueeze(unsqueeze_dim).to(q.dtype)
+        return q * cos + mb.rotate_half(q) * sin, k * cos + mb.rotate_half(k) * sin
+
+    monkeypatch.setattr(mb, "apply_rotary_pos_emb", rotate)
+    small = dict(hidden_size=8, num_attention_heads=2) | ({"embedding_size": 8} if family == "roformer" else {})
+    model = float64_numerics(make_model(family, **small))
+    ad = get_adapter(model)
+    keys = set(model.state_dict())
+    lay = ad.layouts(model.config, find_prefix(keys, ad.probe, ad.family), keys)[0]
+    declared = ad.spec(model).restrict(["heads.0", "qk.0", "vo.0"]).dim
+    mod = _EncoderAttention(model, family)
+    n = sum(p.numel() for p in mod.parameters())
+    x = torch.randn(-(-3 * n // 48), 6, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    res = probe(mod, x, method="dense", check_heads=False)
+    assert res.nullity == declared + sum(bias_gauge(lay, keys).values())
+    assert res.singular_value_gap > 1e4
