@@ -97,3 +97,28 @@ def test_float32_pair_stays_exact(family, tmp_path, capsys, monkeypatch):
     o = cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
     b = cls.from_pretrained(tmp_path / "B", dtype=torch.float32, attn_implementation="eager").eval()
     assert rel(output(o, _ids()), output(b, _ids())) <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert", "vit", "roformer", "modernbert"])
+def test_older_families_planted_recovery_float64(family, tmp_path, capsys, monkeypatch):
+    """The adapters still in symalign.arch, attention scope, float64 (their whole-model scope: test_whole_hf*.py)."""
+    from hf_tiny import inputs, make_model
+
+    a = make_model(family, dtype=torch.float64, seed=0)
+    spec = get_adapter(a).spec(a)
+    t = sample(spec, 7)
+    b = make_model(family, dtype=torch.float64, seed=0)
+    b.load_state_dict(apply(spec, t, a.state_dict()))
+    a.save_pretrained(tmp_path / "A")
+    b.save_pretrained(tmp_path / "B")
+    code, stdout, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",
+                                     tmp_path / "OUT", "--json")
+    assert code == 0, err
+    info = json.loads(stdout)
+    assert info["distance"]["before"]["total"] > 0.1 and info["distance"]["after"]["total"] <= 1e-8
+    assert [lay["permutation"] for lay in info["match"]["layers"]][0] == torch.argsort(t["heads.0"]).tolist()
+    o = type(b).from_pretrained(tmp_path / "OUT", dtype=torch.float64, attn_implementation="eager").eval()
+    sa, so = a.state_dict(), o.state_dict()
+    assert _rel_state({k: sa[k] for k in spec.tensors}, {k: so[k] for k in spec.tensors}) <= 1e-8
+    x = inputs(b)
+    assert rel(output(o, x), output(b, x)) <= max(1e-10, get_adapter(b).precision_floor)
