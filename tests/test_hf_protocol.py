@@ -93,7 +93,9 @@ def batch(family: str, model, n: int = 4):
 def test_every_adapted_family_is_available():
     from symalign.arch import supported
 
-    assert set(FAMILIES) == set(supported()) == set(TINY)
+    # every hf: protocol family has an adapter; the later families of symalign.families (GPT-NeoX, Qwen3,
+    # Gemma...) are available to align / interpolate / probe but not (yet) as hf: experiment families
+    assert set(FAMILIES) <= set(supported()) and set(FAMILIES) == set(TINY)
     for name, fam in FAMILIES.items():
         assert fam.pe == PE[name]
 
@@ -276,7 +278,8 @@ def test_run_experiment_whole_model_scopes(family, tmp_path):
 
 @pytest.mark.parametrize("model, msg", [
     ({"family": "hf:t5"}, r"no adapter for 't5'; supported: hf:gpt2, hf:llama"),
-    ({"family": "hf:qwen3"}, r"q_norm/k_norm.*supported: hf:gpt2"),
+    ({"family": "hf:bloom"}, r"ALiBi.*supported: hf:gpt2"),
+    ({"family": "hf:qwen3"}, r"has an adapter.*not an hf: experiment family; supported: hf:gpt2"),
     ({"family": "hf:gpt2", "n_embed": 16}, r"unknown key \[model\] 'n_embed'.*GPT2Config"),
     ({"family": "hf:llama", "hidden_size": 16, "num_hidden_layer": 2}, r"'num_hidden_layer'"),
     ({"family": "hf:gpt2", "dtype": "float64"}, r"'dtype' cannot be set.*float32"),

@@ -101,10 +101,21 @@ def test_float32_checkpoints_stay_float32(tmp_path, capsys, monkeypatch):
     assert {t.dtype for t in _load_out(tmp_path / "OUT").values() if t.is_floating_point()} == {torch.float32}
 
 
-def test_tied_llama_refused(tmp_path, capsys, monkeypatch):
-    for name, seed in (("A", 0), ("B", 1)):
-        make_model("llama", dtype=torch.float32, seed=seed, tie_word_embeddings=True).save_pretrained(tmp_path / name)
-    code, _, err = run_cli([tmp_path / "A", tmp_path / "B", "-o", tmp_path / "OUT", "--scope", "model"], capsys,
-                           monkeypatch)
-    assert code == 2 and "tied embeddings" in err
-    assert not (tmp_path / "OUT").exists()
+def test_tied_llama_aligns_its_stream_by_permutations(tmp_path, capsys, monkeypatch):
+    """A tied head cannot take the final RMSNorm gain (it is also the embedding), so the stream gets S_D with
+    every gain permuted along (exact), instead of O(D) after folding."""
+    a = make_model("llama", dtype=torch.float64, seed=0, tie_word_embeddings=True)
+    pa = _prepared(a)
+    assert pa.spec.spaces["residual"].describe() == "S_32" and not pa.untied
+    b = make_model("llama", dtype=torch.float64, seed=0, tie_word_embeddings=True)
+    b.load_state_dict(apply(pa.spec, sample(pa.spec, 5), pa.state), strict=False)
+    for name, m in (("A", a), ("B", b)):
+        m.save_pretrained(tmp_path / name)
+    code, stdout, err = run_cli([tmp_path / "A", tmp_path / "B", "-o", tmp_path / "OUT", "--scope", "model",
+                                 "--json"], capsys, monkeypatch)
+    assert code == 0, err
+    info = json.loads(stdout)
+    assert info["distance"]["after"]["total"] <= 1e-8 and not info["untied_head"]
+    o = type(b).from_pretrained(tmp_path / "OUT", dtype=torch.float64, attn_implementation="eager").eval()
+    x = inputs(b)
+    assert rel(output(o, x), output(b, x)) <= 1e-6

@@ -907,3 +907,135 @@ class PerHead(Group):
         bad = ~torch.isfinite(u).all(-1).all(-1) | ~(cond <= max_cond)
         fallbacks = [(i, float(cond[i])) for i in torch.nonzero(bad).flatten().tolist()]
         return torch.where(bad[:, None, None], start, u), fallbacks
+
+# ----------------------------------------------------------------------------
+# QK-norm groups (see docs/symmetry.md, "QK-norm")
+# ----------------------------------------------------------------------------
+
+
+def _plane_of(n: int, pairing: str, r: int) -> Tensor:
+    """``plane[j]``: the index of the RoPE plane (or unrotated coordinate) holding dimension ``j``."""
+    out = torch.empty(n, dtype=torch.long)
+    j0, j1 = rotary_pairs(r, pairing)
+    out[j0] = torch.arange(r // 2)
+    out[j1] = torch.arange(r // 2)
+    out[r:] = torch.arange(n - r) + r // 2
+    return out
+
+
+@dataclass(frozen=True)
+class _Diagonal(MatrixGroup):
+    """Diagonal matrices constant on each RoPE plane (free on the ``n - r`` unrotated coordinates)."""
+
+    n: int
+    pairing: str = "half"
+    rotary_dims: int | None = None
+
+    @property
+    def r(self) -> int:
+        return self.n if self.rotary_dims is None else int(self.rotary_dims)
+
+    @property
+    def units(self) -> int:
+        """Independent entries: ``r/2`` planes plus ``n - r`` unrotated coordinates."""
+        return self.r // 2 + self.n - self.r
+
+    def plane_index(self) -> Tensor:
+        return _plane_of(self.n, self.pairing, self.r)
+
+    def from_units(self, u: Tensor) -> Tensor:
+        """The diagonal matrix (``(*batch, n, n)``) with entry ``u[plane[j]]`` at ``(j, j)``."""
+        return torch.diag_embed(u[..., self.plane_index()])
+
+    def units_of(self, a: Tensor) -> Tensor:
+        d = torch.diagonal(a, dim1=-2, dim2=-1)
+        idx = torch.zeros(self.units, dtype=torch.long)
+        idx[self.plane_index()] = torch.arange(self.n)
+        return d[..., idx]
+
+    def inverse(self, a: Tensor) -> Tensor:
+        return torch.diag_embed(1.0 / torch.diagonal(a, dim1=-2, dim2=-1))
+
+    def _is_diagonal(self, a: Tensor, atol: float) -> bool:
+        a = a.to(torch.float64)
+        if a.shape[-2:] != (self.n, self.n):
+            return False
+        if (a - torch.diag_embed(torch.diagonal(a, dim1=-2, dim2=-1))).abs().max() > atol:
+            return False
+        return bool((self.from_units(self.units_of(a)) - a).abs().max() <= atol)
+
+
+@dataclass(frozen=True)
+class PlaneSigns(_Diagonal):
+    r"""Signs ``diag(s)``, ``s = +-1`` constant on each RoPE plane: the Q-K group under per-head QK-norm.
+
+    With ``q -> RoPE(g * RMS(q))`` (a learned gain ``g`` over ``head_dim``), a per-head
+    ``T`` must commute with the RMS normalisation (orthogonal), with ``diag(g)`` for a
+    generic gain (diagonal) and with every RoPE rotation (constant on each plane):
+    only ``+-1`` per plane and per unrotated coordinate survives. A finite group
+    (dimension 0) of order ``2^(r/2 + n - r)``.
+    """
+
+    @property
+    def dim(self) -> int:
+        return 0
+
+    def sample(self, gen=None, dtype=torch.float64) -> Tensor:
+        g = _generator(gen)
+        s = torch.randint(0, 2, (self.units,), generator=g).to(torch.float64) * 2 - 1
+        return self.from_units(s).to(dtype)
+
+    def contains(self, a: Tensor, atol: float = 1e-9) -> bool:
+        return self._is_diagonal(a, atol) and bool(
+            ((torch.diagonal(a.to(torch.float64), dim1=-2, dim2=-1).abs() - 1).abs() <= atol).all())
+
+    def describe(self) -> str:
+        tag = f"Z2^{self.units}" if self.r == self.n else f"Z2^{self.r // 2}+Z2^{self.n - self.r}"
+        return f"signs({tag},{self.pairing})"
+
+
+@dataclass(frozen=True)
+class PlaneScales(_Diagonal):
+    r"""Positive ``diag(c)``, constant on each RoPE plane: rescales QK-norm gains.
+
+    Acting covariantly on the query norm's gain and contravariantly on the key
+    norm's gain (``g_q -> c g_q``, ``g_k -> g_k / c``), every plane's contribution
+    ``(c q_p)^T R_p (k_p / c)`` to a score is unchanged (a scalar per plane commutes
+    with the plane's rotation). Dimension ``r/2 + n - r``.
+    """
+
+    @property
+    def dim(self) -> int:
+        return self.units
+
+    def sample(self, gen=None, dtype=torch.float64) -> Tensor:
+        g = _generator(gen)
+        logc = (torch.rand(self.units, generator=g, dtype=torch.float64) * 2 - 1) * 0.5
+        return self.from_units(logc.exp()).to(dtype)
+
+    def contains(self, a: Tensor, atol: float = 1e-9) -> bool:
+        return self._is_diagonal(a, atol) and bool((torch.diagonal(a.to(torch.float64), dim1=-2, dim2=-1) > 0).all())
+
+    def describe(self) -> str:
+        return f"scales(R+^{self.units},{self.pairing})"
+
+
+@dataclass(frozen=True)
+class OffsetPerHead(PerHead):
+    r""":class:`PerHead` acting on ``x + offset`` (a gain stored as ``w`` with effective gain ``offset + w``).
+
+    Gemma's RMSNorms multiply by ``1 + w``: scaling the effective gain by ``c`` is the
+    affine map ``w -> c (1 + w) - 1`` of the stored weight, i.e. the linear action on
+    ``1 + w``. Still a group action (``(c_1 c_2) (1 + w) - 1``), of the same dimension.
+    """
+
+    offset: float = 0.0
+
+    def act(self, a: Tensor, x: Tensor, axis: int, variance: Variance, rep: str | None = None) -> Tensor:
+        if not self.offset:
+            return super().act(a, x, axis, variance, rep)
+        return super().act(a, x + self.offset, axis, variance, rep) - self.offset
+
+    def describe(self) -> str:
+        base = super().describe()
+        return f"{base} on (w + {self.offset:g})" if self.offset else base

@@ -89,16 +89,49 @@ class AxisAction:
     ``segment=(start, length)`` restricts the action to a slice of the axis: fused
     tensors such as GPT-2's ``c_attn`` (columns ``[Q | K | V]``) or ModernBERT's
     ``Wqkv`` carry several spaces side by side on one axis.
+    ``segment=(start, length, period)`` selects ``start .. start + length`` of every
+    consecutive block of ``period`` entries (a per-head interleaved fused tensor such as
+    GPT-NeoX's ``query_key_value``, laid out ``(head, [q | k | v])``: Q is
+    ``(0, d, 3 d)``); the selected entries, in order, form the acted-on axis.
     """
 
     space: str
     axis: int
     variance: Variance = "co"
     rep: str | None = None
-    segment: tuple[int, int] | None = None
+    segment: tuple[int, ...] | None = None
 
     def size_of(self, x: Tensor) -> int:
-        return x.shape[self.axis] if self.segment is None else self.segment[1]
+        return x.shape[self.axis] if self.segment is None else segment_size(self.segment, x.shape[self.axis])
+
+
+def segment_size(segment: tuple[int, ...], n: int) -> int:
+    """Entries a segment selects on an axis of ``n`` entries (see :class:`AxisAction`)."""
+    if len(segment) == 2:
+        return int(segment[1])
+    return (n // int(segment[2])) * int(segment[1])
+
+
+def segment_fits(segment: tuple[int, ...], n: int) -> bool:
+    start, length = int(segment[0]), int(segment[1])
+    period = int(segment[2]) if len(segment) > 2 else n
+    return start >= 0 and start + length <= period and period > 0 and n % period == 0
+
+
+def segment_index(segment: tuple[int, ...], n: int) -> Tensor:
+    """The indices (in order) a segment selects on an axis of ``n`` entries."""
+    start, length = int(segment[0]), int(segment[1])
+    period = int(segment[2]) if len(segment) > 2 else n
+    blocks = torch.arange(n // period).unsqueeze(1) * period if len(segment) > 2 else torch.zeros(1, 1, dtype=torch.long)
+    return (blocks + start + torch.arange(length)).reshape(-1)
+
+
+def segment_view(x: Tensor, axis: int, segment: tuple[int, ...]) -> Tensor:
+    """The entries of ``x`` a segment selects along ``axis`` (a view for plain slices)."""
+    axis = axis % x.dim()
+    if len(segment) == 2:
+        return x.narrow(axis, int(segment[0]), int(segment[1]))
+    return x.index_select(axis, segment_index(segment, x.shape[axis]).to(x.device))
 
 
 @dataclass
@@ -133,7 +166,7 @@ class SymmetrySpec:
             role, None if layer is None else int(layer))
 
     def act_on(self, tensor: str, space: str, axis: int, variance: Variance = "co", rep: str | None = None,
-               segment: tuple[int, int] | None = None) -> None:
+               segment: tuple[int, ...] | None = None) -> None:
         if space not in self.spaces:
             raise SpecError(f"tensor {tensor!r} refers to undeclared space {space!r}")
         self.tensors.setdefault(tensor, []).append(AxisAction(space, axis, variance, rep, segment))
@@ -211,7 +244,7 @@ class SymmetrySpec:
                 if not -x.dim() <= a.axis < x.dim():
                     raise SpecError(f"tensor {t!r} of shape {tuple(x.shape)} has no axis {a.axis} (space {a.space!r})")
                 want = self.spaces[a.space].axis_size(a.rep)
-                if a.segment is not None and (a.segment[0] < 0 or sum(a.segment) > x.shape[a.axis]):
+                if a.segment is not None and not segment_fits(a.segment, x.shape[a.axis]):
                     raise SpecError(f"tensor {t!r} axis {a.axis} has {x.shape[a.axis]} entries; the segment "
                                     f"{a.segment} of space {a.space!r} does not fit")
                 size = a.size_of(x)
@@ -252,11 +285,16 @@ def apply(spec: SymmetrySpec, transform: Mapping[str, Tensor], state: Mapping[st
 
 
 def on_segment(x: Tensor, a: AxisAction, fn) -> Tensor:
-    """``fn(x, axis)`` on the whole tensor, or on the slice ``a.segment`` of axis ``a.axis`` only (the rest
-    is copied unchanged; differentiable). ``fn`` receives the (sliced) tensor and the non-negative axis."""
+    """``fn(x, axis)`` on the whole tensor, or on the entries ``a.segment`` selects on axis ``a.axis`` only
+    (the rest is copied unchanged; differentiable). ``fn`` receives the selected part and the non-negative
+    axis; a strided segment ``(start, length, period)`` is gathered, acted on and scattered back."""
     axis = a.axis % x.dim()
     if a.segment is None:
         return fn(x, axis)
+    if len(a.segment) > 2:
+        idx = segment_index(a.segment, x.shape[axis]).to(x.device)
+        part = fn(x.index_select(axis, idx), axis)
+        return x.index_copy(axis, idx, part.to(x.dtype))
     start, length = a.segment
     part = fn(x.narrow(axis, start, length), axis)
     head = x.narrow(axis, 0, start)

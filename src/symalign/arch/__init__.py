@@ -12,20 +12,17 @@ from typing import Any
 from symalign.arch.base import DOCS, Adapter, AttentionLayout, Proj, UnsupportedArchitectureError, layout_spec
 from symalign.arch.bert import BertAdapter
 from symalign.arch.gpt2 import GPT2Adapter
-from symalign.arch.llama import LlamaAdapter, MistralAdapter, Qwen2Adapter
 from symalign.arch.modernbert import ModernBertAdapter
 from symalign.arch.roformer import RoFormerAdapter
 from symalign.arch.vit import ViTAdapter
 
-ADAPTERS: tuple[Adapter, ...] = (GPT2Adapter(), LlamaAdapter(), MistralAdapter(), Qwen2Adapter(), BertAdapter(),
-                                 ViTAdapter(), RoFormerAdapter(), ModernBertAdapter())
+# Llama, Mistral, Qwen2 and the later decoder families: symalign.families (one module each, attention and
+# whole model); found by get_adapter after these.
+ADAPTERS: tuple[Adapter, ...] = (GPT2Adapter(), BertAdapter(), ViTAdapter(), RoFormerAdapter(), ModernBertAdapter())
 
 # Known families whose attention breaks the per-head groups: refused with the reason.
 UNSUPPORTED: dict[str, str] = {
-    "qwen3": "per-head q_norm/k_norm (RMSNorm over head_dim with a learned gain) breaks GL/H on Q-K",
-    "gemma2": "per-head query/key norms and logit soft-capping are not covered",
-    "gemma3": "per-head q_norm/k_norm breaks GL/H on Q-K",
-    "olmo2": "q_norm/k_norm over all heads breaks the per-head groups",
+    "gemma3": "the multimodal Gemma 3 checkpoint is not mapped; its text model (gemma3_text) is",
     "cohere": "optional per-head Q/K layer norms are not covered",
     "bloom": "ALiBi pins every head (no head permutation) and the fused layout is not mapped yet",
     "mpt": "ALiBi pins every head and the fused layout is not mapped yet",
@@ -33,8 +30,10 @@ UNSUPPORTED: dict[str, str] = {
 
 
 def supported() -> list[str]:
-    """The ``model_type`` values with an adapter."""
-    return [mt for a in ADAPTERS for mt in a.model_types]
+    """The ``model_type`` values with an adapter (here, or a family of :mod:`symalign.families`)."""
+    from symalign.families import model_types
+
+    return [mt for a in ADAPTERS for mt in a.model_types] + model_types()
 
 
 def get_adapter(model_or_config: Any) -> Adapter:
@@ -46,6 +45,11 @@ def get_adapter(model_or_config: Any) -> Adapter:
     for adapter in ADAPTERS:
         if adapter.model_type == model_type or (model_type is not None and adapter.matches(config)):
             return adapter
+    from symalign.families import get_family
+
+    family = get_family(config)
+    if family is not None:
+        return family
     why = f" ({UNSUPPORTED[model_type]})" if model_type in UNSUPPORTED else ""
     raise UnsupportedArchitectureError(
         f"no adapter for architecture {model_type!r}{why}; supported: {', '.join(supported())}. "

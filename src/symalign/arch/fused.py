@@ -16,17 +16,18 @@ from typing import Mapping
 
 from torch import Tensor
 
-from symalign.spec import SymmetrySpec
+from symalign.spec import SymmetrySpec, segment_view
 
 
-def segment_name(tensor: str, segment: tuple[int, int]) -> str:
-    return f"{tensor}[{segment[0]}:{segment[0] + segment[1]}]"
+def segment_name(tensor: str, segment: tuple[int, ...]) -> str:
+    tail = f"::{segment[2]}" if len(segment) > 2 else ""
+    return f"{tensor}[{segment[0]}:{segment[0] + segment[1]}{tail}]"
 
 
 def split_segments(spec: SymmetrySpec, *states: Mapping[str, Tensor]) -> tuple[SymmetrySpec, list[dict[str, Tensor]]]:
     """The spec with one virtual tensor per segment, and each state restricted to the labelled tensors."""
     out = SymmetrySpec(dict(spec.spaces), {}, dict(spec.couplings), dict(spec.info))
-    cuts: dict[str, tuple[str, int, tuple[int, int] | None]] = {}
+    cuts: dict[str, tuple[str, int, tuple[int, ...] | None]] = {}
     for t, acts in spec.tensors.items():
         for a in acts:
             name = t if a.segment is None else segment_name(t, a.segment)
@@ -37,6 +38,6 @@ def split_segments(spec: SymmetrySpec, *states: Mapping[str, Tensor]) -> tuple[S
         view = {}
         for name, (t, axis, seg) in cuts.items():
             x = st[t]
-            view[name] = x if seg is None else x.narrow(axis % x.dim(), seg[0], seg[1])
+            view[name] = x if seg is None else segment_view(x, axis, seg)
         views.append(view)
     return out, views

@@ -25,6 +25,7 @@ from symalign.errors import MatchError, SymalignError
 from symalign.match.heads import assign_heads, head_cost, objective
 from symalign.match.inputs import check_pair, check_spec_fits
 from symalign.match.qk import Grams, solve_gl
+from symalign.match.qknorm import has_qknorm, match_qknorm
 from symalign.match.rope import solve_rope
 from symalign.match.views import AttentionLayer, SpaceSides, block_rows, find_layers, side_gram
 from symalign.match.vo import solve_vo
@@ -244,6 +245,10 @@ def match_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: 
     """
     if stage2 not in STAGE2_MODES:
         raise MatchError(f"unknown stage2={stage2!r}; use one of {', '.join(STAGE2_MODES)}")
+    if has_qknorm(spec):  # signs on Q-K and gain rescalings: solved on top of the relaxed match
+        return match_qknorm(spec, state_a, state_b, stage1=stage1, stage2=stage2, spec_b=spec_b, max_iter=max_iter,
+                            xtol=xtol, ftol=ftol, max_cond=max_cond, rope_grid=rope_grid, t_cap=t_cap,
+                            stage1_dtype=stage1_dtype)
     try:
         layers = find_layers(spec, state_a)
     except SymalignError as e:

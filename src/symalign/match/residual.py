@@ -48,7 +48,7 @@ from torch import Tensor
 
 from symalign.errors import GroupError
 from symalign.groups import Latent, Orthogonal, _generator, polar, polar_st, random_orthogonal
-from symalign.spec import AxisAction
+from symalign.spec import AxisAction, segment_view
 
 
 def centred_basis(n: int) -> Tensor:
@@ -197,7 +197,7 @@ def axis_rows(x: Tensor, a: AxisAction) -> Tensor:
     """The tensor as ``(n, m)`` in float64: the acted-on axis (segment) first, the rest flattened."""
     axis = a.axis % x.dim()
     if a.segment is not None:
-        x = x.narrow(axis, a.segment[0], a.segment[1])
+        x = segment_view(x, axis, a.segment)
     return torch.movedim(x.to(torch.float64), axis, 0).reshape(x.shape[axis], -1)
 
 

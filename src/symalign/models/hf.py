@@ -118,9 +118,14 @@ def family_of(family: str) -> Family:
 
     mt = family[len(HF_PREFIX):] if is_hf_family(family) else family
     if mt not in FAMILIES:
+        from symalign.families import model_types
+
+        listed = ", ".join(f.name for f in FAMILIES.values())
+        if mt in model_types():
+            raise ConfigError(f"[model] family={family!r}: {mt!r} has an adapter (symalign align, interpolate, probe) "
+                              f"but is not an hf: experiment family; supported: {listed}")
         why = f" ({UNSUPPORTED[mt]})" if mt in UNSUPPORTED else ""
-        raise ConfigError(f"[model] family={family!r}: symalign has no adapter for {mt!r}{why}; supported: "
-                          + ", ".join(f.name for f in FAMILIES.values()))
+        raise ConfigError(f"[model] family={family!r}: symalign has no adapter for {mt!r}{why}; supported: {listed}")
     return FAMILIES[mt]
 
 

@@ -8,7 +8,7 @@ stream's group, which depends on where the norm gains sit:
 ==========================  =========================================  ==================================
 family                      rewrite                                    residual group
 ==========================  =========================================  ==================================
-Llama / Mistral / Qwen2     RMSNorm gains folded into the readers      ``O(D)``
+Llama / Mistral / Qwen2     RMSNorm gains folded into the readers      ``O(D)`` (tied head: ``S_D``)
 GPT-2, ViT                  LayerNorm gains/biases folded (GPT-2:      ``O_1(D)`` (rotations with
                             head untied)                               ``O 1 = 1``: they keep the centring)
 BERT, RoFormer (post-LN)    none (gains on the residual path)          ``S_D`` (permutations)
@@ -19,7 +19,9 @@ ModernBERT                  none (the embeddings norm's gain scales    ``S_D``
 A checkpoint whose output *is* the stream (a bare ``BertModel``, ``ViTModel``...) or
 whose head is not mapped gets no residual space (FF and attention only), with a
 note saying so. ReLU FF units get positive per-unit scales as well
-(:class:`~symalign.groups.PositiveMonomial`). One module per family.
+(:class:`~symalign.groups.PositiveMonomial`). One module per family here for GPT-2, ViT,
+BERT/RoFormer and ModernBERT; Llama, Mistral, Qwen2 and the later families are
+:class:`symalign.families.Family` objects (their ``prepare``), dispatched to below.
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ from symalign.errors import ConfigError
 from symalign.match.hfmodel.bert import prepare_bert
 from symalign.match.hfmodel.common import Prepared
 from symalign.match.hfmodel.gpt2 import prepare_gpt2
-from symalign.match.hfmodel.llama import LLAMA_LIKE, prepare_llama
 from symalign.match.hfmodel.modernbert import prepare_modernbert
 from symalign.match.hfmodel.vit import prepare_vit
 from symalign.spec import SymmetrySpec
 
+LLAMA_LIKE = ("llama", "mistral", "qwen2")  # symalign.families.llama (RMSNorm, residual O(D))
 SUPPORTED = LLAMA_LIKE + ("gpt2", "vit", "bert", "roformer", "modernbert")
 
 
@@ -55,8 +57,6 @@ def prepare(config: Any, state: Mapping[str, Tensor], attention_spec: SymmetrySp
     """
     mt = config.model_type
     arch = arch or architecture(config)
-    if mt in LLAMA_LIKE:
-        return prepare_llama(config, state, attention_spec)
     if mt == "gpt2":
         return prepare_gpt2(config, state, attention_spec)
     if mt == "vit":
@@ -65,6 +65,11 @@ def prepare(config: Any, state: Mapping[str, Tensor], attention_spec: SymmetrySp
         return prepare_bert(config, state, attention_spec, arch)
     if mt == "modernbert":
         return prepare_modernbert(config, state, attention_spec, arch)
+    from symalign.families import get_family
+
+    family = get_family(config)
+    if family is not None:
+        return family.prepare(config, state, attention_spec, arch)
     raise ConfigError(f"--scope model supports {', '.join(SUPPORTED)}; {mt!r} is not mapped yet "
                       "(use --scope attention)")
 

@@ -1,0 +1,68 @@
+"""Print the families table of docs/symmetry.md: each family's layer-0 attention, measured vs declared.
+
+Usage: ``.venv/bin/python benchmarks/families_table.py`` (about 30 s). Tiny random transformers models built
+from configs (D=16, 2 heads, head_dim 4 or 8, one K/V head where the family has GQA), O(1) random weights,
+dense float64 Jacobian of the real attention module (``symalign.families.probing.probe_layer``).
+"""
+
+from __future__ import annotations
+
+import torch
+import transformers as T
+
+from symalign.arch import get_adapter
+from symalign.families.probing import probe_layer
+
+BASE = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, vocab_size=32,
+            max_position_embeddings=32, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+GQA = dict(num_key_value_heads=1, head_dim=4)
+ROWS = [
+    ("Llama (GQA)", T.LlamaForCausalLM, T.LlamaConfig(**GQA, **BASE)),
+    ("Mistral (GQA)", T.MistralForCausalLM, T.MistralConfig(**GQA, **BASE)),
+    ("Qwen2 (GQA, Q/K/V biases)", T.Qwen2ForCausalLM, T.Qwen2Config(**GQA, **BASE)),
+    ("GPT-NeoX (rotary_pct 0.5, biases)", T.GPTNeoXForCausalLM, T.GPTNeoXConfig(rotary_pct=0.5, **BASE)),
+    ("GPT-NeoX (no biases)", T.GPTNeoXForCausalLM, T.GPTNeoXConfig(rotary_pct=0.5, attention_bias=False, **BASE)),
+    ("Falcon (multi-query, parallel)", T.FalconForCausalLM, T.FalconConfig(**BASE)),
+    ("Falcon (new decoder, 1 K/V head)", T.FalconForCausalLM,
+     T.FalconConfig(new_decoder_architecture=True, num_kv_heads=1, **BASE)),
+    ("Falcon (per-head fused, biases)", T.FalconForCausalLM, T.FalconConfig(multi_query=False, bias=True, **BASE)),
+    ("GPT-J (rotary_dim 4)", T.GPTJForCausalLM, T.GPTJConfig(rotary_dim=4, **BASE)),
+    ("Phi (partial 0.5, biases)", T.PhiForCausalLM, T.PhiConfig(**BASE)),
+    ("Phi-3 (fused qkv)", T.Phi3ForCausalLM, T.Phi3Config(num_key_value_heads=1, **BASE)),
+    ("Qwen3 (QK-norm per head)", T.Qwen3ForCausalLM, T.Qwen3Config(**GQA, **BASE)),
+    ("Qwen3 + attention_bias", T.Qwen3ForCausalLM, T.Qwen3Config(attention_bias=True, **GQA, **BASE)),
+    ("OLMo 2 (QK-norm over all heads)", T.Olmo2ForCausalLM, T.Olmo2Config(num_key_value_heads=1, **BASE)),
+    ("OLMo 2, h_kv = h", T.Olmo2ForCausalLM, T.Olmo2Config(**BASE)),
+    ("Gemma", T.GemmaForCausalLM, T.GemmaConfig(**GQA, **BASE)),
+    ("Gemma 2 (soft-capping)", T.Gemma2ForCausalLM, T.Gemma2Config(query_pre_attn_scalar=4, **GQA, **BASE)),
+    ("Gemma 3 (QK-norm, 1 + w gains)", T.Gemma3ForCausalLM, T.Gemma3TextConfig(query_pre_attn_scalar=4, **GQA, **BASE)),
+]
+
+
+def randomize(model: torch.nn.Module, seed: int = 0) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            base = 1.0 if "norm" in name and name.endswith("weight") and "Gemma" not in type(model).__name__ else 0.0
+            scale = 1.5 / p.shape[-1] ** 0.5 if p.dim() >= 2 else 0.2
+            p.copy_(base + scale * torch.randn(p.shape, generator=g, dtype=torch.float64))
+
+
+def main() -> None:
+    T.utils.logging.set_verbosity_error()
+    torch.set_num_threads(1)
+    print("| family (config) | params | measured nullity | declared | group terms | bias gauges | gap |")
+    print("|---|---|---|---|---|---|---|")
+    for name, cls, cfg in ROWS:
+        model = cls._from_config(cfg, attn_implementation="eager").to(torch.float64).eval()
+        randomize(model)
+        r = probe_layer(get_adapter(model), model, 0)
+        flag = "" if r.match else " **MISMATCH**"
+        groups = ", ".join(f"{k.split('.')[0]} {v}" for k, v in r.describe.items())
+        gauge = ", ".join(f"{k} {v}" for k, v in r.gauge.items()) or "-"
+        print(f"| {name} | {r.parameters} | {r.nullity}{flag} | {r.declared} | {r.group}: {groups} | {gauge} | "
+              f"{r.gap:.0e} |")
+
+
+if __name__ == "__main__":
+    main()

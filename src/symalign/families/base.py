@@ -1,0 +1,386 @@
+r"""A model family as declared data plus small functions: :class:`Decoder` and :class:`Family`.
+
+A family module declares one :class:`Decoder` (where every tensor of a layer lives,
+which norm it uses and where it sits, how Q/K/V and the FF input are fused, whether
+Q and K are normalised) and a :class:`Family` subclass with its ``model_type`` values.
+Everything else is derived here, once for every family:
+
+* **Attention** (``--scope attention``): :meth:`Family.layouts` -> per layer
+  ``heads.i`` (``S_{h_kv} wr S_g``), ``qk.i`` and ``vo.i`` exactly as
+  :mod:`symalign.arch.base` labels them. Q-K is ``GL(d)`` without RoPE,
+  ``H(r) (+) GL(d - r)`` under RoPE (``r`` read from the family's own rotary module),
+  and :class:`~symalign.groups.PlaneSigns` under QK-norm, whose gains then carry a
+  space ``qkgain.i`` of :class:`~symalign.groups.PlaneScales` (docs/symmetry.md,
+  "QK-norm"). V-O is ``GL(d)``. Fused Q|K|V tensors are labelled by segments:
+  ``[Q | K | V]`` blocks (Phi-3 ``qkv_proj``) or per-head interleaved
+  ``(head, [q | k | v])`` (GPT-NeoX ``query_key_value``, ``segment=(start, d, 3 d)``).
+* **Whole model** (``--scope model``): :meth:`Family.prepare` rewrites the checkpoint
+  exactly and adds ``ff.i`` (FF unit permutations; gated, fused gate|up, or plain with
+  biases) and the residual stream's group ``residual``:
+
+  - pre-norms only, untied head: every norm gain folded into its readers
+    (``RMS``: ``O(D)``; ``LayerNorm``: gains and biases folded, ``O_1(D)``, a bias
+    behind a bias-free reader kept as ``b / g``, covariant);
+  - LayerNorm with a tied head: as above, the head untied (``tie_word_embeddings=false``);
+  - post-norms on the branches (OLMo 2, Gemma 2/3) or an RMSNorm family with a tied
+    head: ``S_D`` (permutations), every norm gain (and bias) permuted with the stream,
+    nothing folded (a permutation commutes with the normalisation and moves the gain
+    entries; the sign flips of the full signed-permutation group are not declared).
+
+  A checkpoint without a language-model head (the bare model) gets no residual space.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from symalign.arch.base import Adapter, AttentionLayout, Proj, UnsupportedArchitectureError, _AllKeys, \
+    find_prefix, heads_of, layout_spec
+from symalign.arch.rope import rotary_dims
+from symalign.errors import ConfigError
+from symalign.groups import GeneralLinear, OffsetPerHead, Orthogonal, Permutation, PlaneScales, PlaneSigns, \
+    RotaryPlanes
+from symalign.match.hfmodel.common import RESIDUAL, Prepared, back, copy_spec, ff_group, fold_layernorm, to_f64
+from symalign.match.residual import CenteredOrthogonal
+from symalign.spec import SymmetrySpec
+
+NORMS = ("rms", "rms1p", "layer")
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """Declared layout of one decoder-only family.
+
+    Names are relative to the base model's prefix (``model.``, ``gpt_neox.``) and the
+    layer's ``layer`` (``{i}`` = index); each names a module (``.weight``/``.bias`` are
+    appended). ``None`` = absent. ``heads``: top-level names of the LM head, the name
+    written when a tied head is untied first. ``norm``: ``"rms"`` (gain ``g``),
+    ``"rms1p"`` (Gemma: gain ``1 + w``) or ``"layer"`` (LayerNorm with bias).
+    ``qk_norm_over``: ``"head"`` (a gain over ``head_dim`` shared by every head) or
+    ``"all"`` (one RMSNorm over all heads' concatenation, a gain per entry).
+    ``ff_act``: the config attribute naming the FF activation (ReLU units get scales).
+    ``qkv_bias``: whether Q/K/V have biases when only a config is known (``None``: the
+    config's ``attention_bias``); with a checkpoint, the tensors present decide.
+    """
+
+    layer: str = "layers.{i}."
+    q: str | None = "self_attn.q_proj"
+    k: str | None = "self_attn.k_proj"
+    v: str | None = "self_attn.v_proj"
+    o: str = "self_attn.o_proj"
+    qkv: str | None = None
+    qkv_interleaved: bool = False
+    qkv_grouped: bool = False
+    qkv_bias: bool | None = None
+    q_norm: str | None = None
+    k_norm: str | None = None
+    qk_norm_over: str = "head"
+    gate: str | None = "mlp.gate_proj"
+    up: str | None = "mlp.up_proj"
+    gate_up: str | None = None
+    ff_in: str | None = None
+    down: str = "mlp.down_proj"
+    ff_act: str = "hidden_act"
+    norm: str = "rms"
+    pre_attn_norm: str | None = "input_layernorm"
+    post_attn_norm: str | None = None
+    pre_ff_norm: str | None = "post_attention_layernorm"
+    post_ff_norm: str | None = None
+    embed: str = "embed_tokens"
+    final_norm: str = "norm"
+    heads: tuple[str, ...] = ("lm_head",)
+    base: str = "model."
+
+    @property
+    def first_q(self) -> str:
+        return self.layer.format(i=0) + (self.qkv or self.q) + ".weight"  # type: ignore[operator]
+
+    def readers_attn(self) -> list[str]:
+        return [self.qkv] if self.qkv else [self.q, self.k, self.v]  # type: ignore[list-item]
+
+    def readers_ff(self) -> list[str]:
+        if self.gate_up:
+            return [self.gate_up]
+        if self.ff_in:
+            return [self.ff_in]
+        return [self.gate, self.up]  # type: ignore[list-item]
+
+
+class Family(Adapter):
+    """An :class:`~symalign.arch.base.Adapter` that also knows the whole model (see the module docstring)."""
+
+    decl: ClassVar[Decoder] = Decoder()
+    pairing: ClassVar[str | None] = "half"
+    auto_classes: ClassVar[tuple[str, ...]] = ("AutoModelForCausalLM", "AutoModel")
+
+    @property
+    def precision_floor(self) -> float:  # type: ignore[override]
+        """transformers' RMSNorm (and QK-norm) normalises in float32 whatever the weights' dtype."""
+        return 1e-6 if self.decl.norm != "layer" or self.decl.q_norm else 0.0
+
+    @property
+    def probe(self) -> str:  # type: ignore[override]
+        return self.decl.first_q
+
+    def declaration(self, config: Any) -> Decoder:
+        """The declared layout for ``config`` (:attr:`decl`; a family whose layout depends on the config overrides)."""
+        return self.decl
+
+    def heads(self, config: Any) -> tuple[int, int, int, int]:
+        """``(hidden, n_heads, head_dim, n_kv_heads)``."""
+        return heads_of(config)
+
+    # -- attention ----------------------------------------------------------
+    def rotary(self, config: Any, d: int) -> int | None:
+        """Rotated width per head (``None``: no RoPE)."""
+        return rotary_dims(config, d) if self.pairing else None
+
+    def qk_group(self, config: Any, d: int):
+        r = self.rotary(config, d)
+        if self.decl.q_norm:
+            return PlaneSigns(d, self.pairing or "half", r if r is not None else 0)
+        return RotaryPlanes(d, self.pairing, r) if r is not None else GeneralLinear(d)
+
+    def layouts(self, config: Any, prefix: str, keys: set[str]) -> list[AttentionLayout]:
+        _, h, d, kv = self.heads(config)
+        dec = self.declaration(config)
+        qk, vo = self.qk_group(config, d), GeneralLinear(d)
+        out = []
+        for i in range(int(config.num_hidden_layers)):
+            p = prefix + dec.layer.format(i=i)
+
+            def bias(name: str) -> str | None:
+                b = p + name + ".bias"
+                if isinstance(keys, _AllKeys):  # config only: the declaration, else the config's flag
+                    flag = dec.qkv_bias if dec.qkv_bias is not None else getattr(config, "attention_bias", False)
+                    return b if bool(flag) else None
+                return b if b in keys else None
+
+            if dec.qkv and dec.qkv_interleaved:
+                w, b = p + dec.qkv + ".weight", bias(dec.qkv)
+                q, k, v = (Proj(w, 0, (j * d, d, 3 * d), b) for j in range(3))
+            elif dec.qkv and dec.qkv_grouped:  # per K/V group [q_1 .. q_g | k | v] (Falcon's new layout)
+                w, b, g = p + dec.qkv + ".weight", bias(dec.qkv), h // kv
+                segs = ((0, g * d, (g + 2) * d), (g * d, d, (g + 2) * d), ((g + 1) * d, d, (g + 2) * d))
+                q, k, v = (Proj(w, 0, s_, b) for s_ in segs)
+            elif dec.qkv:
+                w, b = p + dec.qkv + ".weight", bias(dec.qkv)
+                segs = ((0, h * d), (h * d, kv * d), (h * d + kv * d, kv * d))
+                q, k, v = (Proj(w, 0, s, b) for s in segs)
+            else:
+                q, k, v = (Proj(p + n + ".weight", 0, None, bias(n)) for n in (dec.q, dec.k, dec.v))  # type: ignore
+            out.append(AttentionLayout(q, k, v, Proj(p + dec.o + ".weight", 1), h, d, kv, qk, vo))
+        return out
+
+    def spec(self, source: Any, keys: Iterable[str] | None = None) -> SymmetrySpec:
+        config = getattr(source, "config", source)
+        if keys is None:
+            keys = source.state_dict().keys() if hasattr(source, "state_dict") else None
+        self.check_config(config)
+        key_set = set(keys) if keys is not None else None
+        prefix = self.prefix(key_set) if key_set is not None else ""
+        lays = self.layouts(config, prefix, key_set if key_set is not None else _AllKeys())
+        spec = layout_spec(lays)
+        if self.decl.q_norm:
+            self._gain_spaces(spec, config, prefix, lays)
+        return spec
+
+    def _gain_spaces(self, spec: SymmetrySpec, config: Any, prefix: str, lays: list[AttentionLayout]) -> None:
+        """``qkgain.i``: per-plane rescalings of the Q/K norm gains (shared over heads, or per K/V block)."""
+        dec = self.declaration(config)
+        for i, lay in enumerate(lays):
+            p = prefix + dec.layer.format(i=i)
+            qn, kn = p + dec.q_norm + ".weight", p + dec.k_norm + ".weight"  # type: ignore[operator]
+            inner = self.gain_group(lay.qk)
+            name = f"qkgain.{i}"
+            off = 1.0 if dec.norm == "rms1p" else 0.0
+            if dec.qk_norm_over == "all":
+                spec.add_space(name, OffsetPerHead(inner, lay.n_kv_heads, off))
+                spec.act_on(qn, f"heads.{i}", 0, "co", "query")
+                spec.act_on(kn, f"heads.{i}", 0, "co", "kv")
+                spec.couple(f"heads.{i}", name)
+                spec.act_on(qn, name, 0, "co", "query")
+                spec.act_on(kn, name, 0, "contra", "kv")
+            else:
+                spec.add_space(name, OffsetPerHead(inner, 1, off))
+                spec.act_on(qn, name, 0, "co")
+                spec.act_on(kn, name, 0, "contra")
+
+    def gain_group(self, signs: PlaneSigns) -> PlaneScales:
+        return PlaneScales(signs.n, signs.pairing, signs.r)
+
+    def layer_spaces(self, i: int) -> list[str]:
+        """The attention spaces of layer ``i`` (the group the probe of that layer measures)."""
+        return [f"heads.{i}", f"qk.{i}", f"vo.{i}"] + ([f"qkgain.{i}"] if self.decl.q_norm else [])
+
+    # -- probe --------------------------------------------------------------
+    def attention_module(self, model: nn.Module, i: int) -> nn.Module:
+        """The real attention module of layer ``i`` of a transformers model."""
+        base = model.base_model
+        layer = base.layers[i] if hasattr(base, "layers") else base.h[i]
+        names = ("self_attn", "self_attention", "attention", "attn")
+        return next(getattr(layer, n) for n in names if hasattr(layer, n))
+
+    def position_embeddings(self, model: nn.Module, i: int, x: Tensor, positions: Tensor) -> Any:
+        """What layer ``i``'s attention gets as ``position_embeddings`` (``(cos, sin)``; ``None`` without RoPE)."""
+        rot = getattr(model.base_model, "rotary_emb", None)
+        return rot(x, positions) if rot is not None else None
+
+    def attention_kwargs(self, x: Tensor) -> dict[str, Any]:
+        """Other keyword arguments of the attention module's forward for an unmasked call on ``x``."""
+        return {"attention_mask": None}
+
+    def gauge_nullity(self, config: Any, keys: Iterable[str], i: int) -> dict[str, int]:
+        """Null directions of layer ``i``'s Jacobian that are not group orbits (:func:`bias_gauge`)."""
+        keys = set(keys)
+        return bias_gauge(self.layouts(config, find_prefix(keys, self.probe, self.family), keys)[i], keys)
+
+    # -- whole model --------------------------------------------------------
+    def prepare(self, config: Any, state: Mapping[str, Tensor], att: SymmetrySpec,
+                arch: str | None = None) -> Prepared:
+        """Rewrite ``state`` exactly and build the whole-model spec (see the module docstring)."""
+        dec = self.declaration(config)
+        if dec.norm not in NORMS:
+            raise ConfigError(f"{self.family}: unknown norm kind {dec.norm!r}")
+        s, dt = to_f64(state)
+        p = find_prefix(s.keys(), dec.first_q, self.family)
+        spec = copy_spec(att)
+        D = int(config.hidden_size)
+        notes: list[str] = []
+        head = next((h + ".weight" for h in dec.heads if h + ".weight" in s), None)
+        tied = bool(getattr(config, "tie_word_embeddings", False))  # an in-memory state lists the head anyway
+        lm = arch is None or arch.endswith("ForCausalLM")
+        bare = arch is not None and arch.endswith("Model") and not arch.endswith("LMHeadModel")
+        if bare or not lm or (head is None and not tied):
+            from symalign.match.hfmodel.common import headless_note
+
+            # a bare model outputs the stream itself; any other head (classification...) is not mapped
+            notes.append(headless_note(arch, self.family, [arch] if bare else ["...ForCausalLM"]))
+            self._ff_spaces(spec, config, s, p)
+            return Prepared(back(s, dt, torch.float32), spec, False, notes)
+        post = dec.post_attn_norm or dec.post_ff_norm
+        untied = False
+        if post or (tied and dec.norm != "layer"):
+            why = "post-norms on the branches" if post else "a head tied to the embedding"
+            self._permuted_stream(spec, config, s, p, head)
+            notes.append(f"residual stream: permutations S_{D} ({why}: norm gains are permuted with the stream, "
+                         "not folded)")
+        else:
+            if tied:
+                head = head or dec.heads[0] + ".weight"
+                s[head] = s[p + dec.embed + ".weight"].clone()
+                dt[head] = dt[p + dec.embed + ".weight"]
+                untied = True
+                notes.append(f"{head} untied from {dec.embed} (tie_word_embeddings=false) to fold the final norm")
+            self._folded_stream(spec, config, s, p, head)
+            notes.append("norm gains folded into the next linear maps")
+        self._ff_spaces(spec, config, s, p)
+        return Prepared(back(s, dt, torch.float32), spec, untied, notes)
+
+    def _ff_spaces(self, spec: SymmetrySpec, config: Any, s: Mapping[str, Tensor], p: str) -> None:
+        dec = self.declaration(config)
+        for i in range(int(config.num_hidden_layers)):
+            lp = p + dec.layer.format(i=i)
+            down = lp + dec.down + ".weight"
+            f = int(s[down].shape[1])
+            ff = f"ff.{i}"
+            gated = not dec.ff_in
+            spec.add_space(ff, Permutation(f) if gated else ff_group(getattr(config, dec.ff_act, None), f), "ff", i)
+            if dec.gate_up:
+                for seg in ((0, f), (f, f)):
+                    for t in (lp + dec.gate_up + ".weight", lp + dec.gate_up + ".bias"):
+                        if t in s:
+                            spec.act_on(t, ff, 0, "co", None, seg)
+            else:
+                for n in dec.readers_ff():
+                    for t in (lp + n + ".weight", lp + n + ".bias"):
+                        if t in s:
+                            spec.act_on(t, ff, 0)
+            spec.act_on(down, ff, 1, "contra")
+
+    def _writers(self, s: Mapping[str, Tensor], lp: str) -> list[str]:
+        dec = self.decl
+        return [t for n in (dec.o, dec.down) for t in (lp + n + ".weight", lp + n + ".bias") if t in s]
+
+    def _permuted_stream(self, spec: SymmetrySpec, config: Any, s: Mapping[str, Tensor], p: str,
+                         head: str | None) -> None:
+        dec = self.declaration(config)
+        spec.add_space(RESIDUAL, Permutation(int(config.hidden_size)), "residual")
+        spec.act_on(p + dec.embed + ".weight", RESIDUAL, 1)
+        if head is not None:
+            spec.act_on(head, RESIDUAL, 1)
+        norms = [p + dec.final_norm]
+        for i in range(int(config.num_hidden_layers)):
+            lp = p + dec.layer.format(i=i)
+            for n in dec.readers_attn() + dec.readers_ff():
+                spec.act_on(lp + n + ".weight", RESIDUAL, 1)
+            for t in self._writers(s, lp):
+                spec.act_on(t, RESIDUAL, 0)
+            norms += [lp + n for n in (dec.pre_attn_norm, dec.post_attn_norm, dec.pre_ff_norm, dec.post_ff_norm) if n]
+        for n in dict.fromkeys(norms):  # a norm shared by both branches is listed once
+            for t in (n + ".weight", n + ".bias"):
+                if t in s:
+                    spec.act_on(t, RESIDUAL, 0)
+
+    def _folded_stream(self, spec: SymmetrySpec, config: Any, s: dict[str, Tensor], p: str, head: str) -> None:
+        dec = self.declaration(config)
+        D = int(config.hidden_size)
+        layer_norm = dec.norm == "layer"
+        spec.add_space(RESIDUAL, CenteredOrthogonal(D) if layer_norm else Orthogonal(D), "residual")
+        spec.act_on(p + dec.embed + ".weight", RESIDUAL, 1, "co")
+        folds = [(p + dec.final_norm, [head[: -len(".weight")]])]
+        for i in range(int(config.num_hidden_layers)):
+            lp = p + dec.layer.format(i=i)
+            attn, ff = [lp + n for n in dec.readers_attn()], [lp + n for n in dec.readers_ff()]
+            if dec.pre_attn_norm == dec.pre_ff_norm:  # one norm read by both branches (GPT-J, Phi)
+                folds.append((lp + dec.pre_attn_norm, attn + ff))  # type: ignore[operator]
+            else:
+                folds.append((lp + dec.pre_attn_norm, attn))  # type: ignore[operator]
+                folds.append((lp + dec.pre_ff_norm, ff))  # type: ignore[operator]
+            for t in self._writers(s, lp):
+                spec.act_on(t, RESIDUAL, 0, "co")
+        for norm, readers in folds:
+            if layer_norm:
+                if fold_layernorm(s, norm, readers):
+                    spec.act_on(norm + ".bias", RESIDUAL, 0, "co")
+            else:
+                w = s[norm + ".weight"]
+                g = w + 1.0 if dec.norm == "rms1p" else w
+                for r in readers:
+                    s[r + ".weight"] = s[r + ".weight"] * g
+                s[norm + ".weight"] = torch.zeros_like(w) if dec.norm == "rms1p" else torch.ones_like(w)
+            for r in readers:
+                spec.act_on(r + ".weight", RESIDUAL, 1, "contra")
+
+
+def bias_gauge(lay: AttentionLayout, keys: Iterable[str]) -> dict[str, int]:
+    """Null directions of an attention layer's Jacobian that are not orbits of its group: bias shifts.
+
+    ``key bias``: without QK-norm, the unrotated part of the key bias adds ``q^T b_K`` to
+    every score of a query, which the softmax ignores (``h_kv (d - r)`` directions).
+    ``value bias``: with an output bias, a shift ``delta`` of the value bias moves the
+    output by ``W_O delta`` whatever the attention pattern, which the output bias cancels
+    (``h_kv d``). Keys: the layer's tensor names (the output bias is looked up there).
+    """
+    keys = set(keys)
+    d, kv = lay.head_dim, lay.n_kv_heads
+    r = lay.qk.r if isinstance(lay.qk, RotaryPlanes) else 0
+    out = {}
+    if lay.k.bias and not isinstance(lay.qk, PlaneSigns) and d - r:
+        out["key bias (softmax shift)"] = kv * (d - r)
+    o_bias = lay.o.weight[: -len("weight")] + "bias"
+    if lay.v.bias and o_bias in keys:
+        out["value bias -> output bias"] = kv * d
+    return out
+
+
+def refuse(family: str, option: str, why: str) -> UnsupportedArchitectureError:
+    """The refusal of a config option that leaves no exact symmetry to declare."""
+    return UnsupportedArchitectureError(f"{family}: {option} is not supported: {why}")
+
+
+__all__ = ["Decoder", "Family", "bias_gauge", "refuse"]

@@ -1,0 +1,119 @@
+r"""Measure a family's declared attention group on its real transformers layer (Jacobian nullity, float64).
+
+transformers computes two steps in float32 whatever the weights' dtype: the eager
+softmax (``softmax(..., dtype=float32)``) and the RMSNorm normalisation. Their rounding
+(``~1e-8`` relative) leaves true null directions of the float64 Jacobian at singular
+values ``~1e-8 s_1`` instead of ``~1e-16 s_1``, where a ``1e-9`` threshold counts them
+as rank. :func:`float64_numerics` swaps in the same formulas evaluated in the weights'
+dtype (an attention function registered with transformers' ``AttentionInterface``, and
+the RMSNorm forward ``w * x / sqrt(mean(x^2) + eps)``, ``(1 + w) * ...`` for Gemma), after
+which null singular values sit at ``~1e-16`` with a gap of ``1e8`` or more.
+
+:func:`probe_layer` measures layer ``i``'s attention (``x -> attn(x)``, RoPE from the
+model's rotary module, no mask) and returns it beside the declared dimension: the
+layer's spaces in the family's spec plus the named bias gauges (:func:`bias_gauge`).
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+ATTENTION = "symalign_eager_float64"
+
+
+def eager_float64(module, query, key, value, attention_mask, scaling, dropout=0.0, softcap=None, **kw):
+    """transformers' eager attention (GQA repeat, soft-capping, additive mask) with the softmax in the inputs' dtype."""
+    g = getattr(module, "num_key_value_groups", 1)
+    b, h, s, d = key.shape
+    key = key[:, :, None].expand(b, h, g, s, d).reshape(b, h * g, s, d)
+    value = value[:, :, None].expand(b, h, g, s, d).reshape(b, h * g, s, d)
+    w = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        w = torch.tanh(w / softcap) * softcap
+    if attention_mask is not None:
+        w = w + attention_mask[:, :, :, : key.shape[-2]]
+    w = torch.softmax(w, dim=-1)
+    return torch.matmul(w, value).transpose(1, 2).contiguous(), w
+
+
+def _rms(self, x):
+    eps = getattr(self, "variance_epsilon", None) or getattr(self, "eps", 1e-6)
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return (1.0 + self.weight) * y if "Gemma" in type(self).__name__ else self.weight * y
+
+
+def float64_numerics(model: nn.Module) -> nn.Module:
+    """``model`` (in place) with its RMSNorms and eager softmax evaluated in the weights' dtype (same formulas)."""
+    import sys
+
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, eager_float64)
+    # only families whose attention goes through transformers' attention interface (Falcon's own eager path
+    # already takes the softmax in the inputs' dtype)
+    interface = hasattr(sys.modules[type(model).__module__], "eager_attention_forward")
+    for m in model.modules():
+        if type(m).__name__.endswith("RMSNorm"):
+            m.forward = types.MethodType(_rms, m)
+        cfg = getattr(m, "config", None)
+        if interface and cfg is not None and hasattr(cfg, "_attn_implementation"):
+            cfg._attn_implementation = ATTENTION
+    return model
+
+
+class AttentionProbe(nn.Module):
+    """Layer ``i``'s real attention as ``x -> attn(x)`` (RoPE from the model's own rotary module, no mask)."""
+
+    def __init__(self, family: Any, model: nn.Module, i: int):
+        super().__init__()
+        self.attn = family.attention_module(model, i)
+        self.pe = lambda x, pos: family.position_embeddings(model, i, x, pos)  # buffers only: not parameters
+        self.kwargs = family.attention_kwargs
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[1]).unsqueeze(0).expand(x.shape[0], -1)
+        return self.attn(hidden_states=x, position_embeddings=self.pe(x, pos), **self.kwargs(x))[0]
+
+
+@dataclass
+class LayerProbe:
+    """Measured nullity of one real attention layer beside what the family declares."""
+
+    family: str
+    layer: int
+    parameters: int
+    nullity: int
+    group: int
+    gauge: dict[str, int]
+    gap: float
+    describe: dict[str, str]
+
+    @property
+    def declared(self) -> int:
+        return self.group + sum(self.gauge.values())
+
+    @property
+    def match(self) -> bool:
+        return int(self.nullity) == self.declared
+
+
+def probe_layer(family: Any, model: nn.Module, i: int = 0, seq: int = 6, ratio: int = 3, seed: int = 1) -> LayerProbe:
+    """Dense float64 probe of layer ``i`` of ``model`` (converted in place to float64 numerics)."""
+    from symalign.probe import probe
+
+    model = float64_numerics(model.to(torch.float64))
+    spec = family.spec(model).restrict(family.layer_spaces(i))
+    gauge = family.gauge_nullity(model.config, model.state_dict().keys(), i)
+    mod = AttentionProbe(family, model, i)
+    n = sum(p.numel() for p in mod.parameters())
+    D = int(model.config.hidden_size)
+    x = torch.randn(-(-ratio * n // (seq * D)), seq, D, dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(seed))
+    res = probe(mod, x, method="dense", check_heads=False)
+    return LayerProbe(family.family, i, n, int(res.nullity), spec.dim, gauge, float(res.singular_value_gap or 0.0),
+                      spec.describe())
