@@ -32,7 +32,7 @@ from torch import Tensor
 
 from symalign.errors import MatchError
 from symalign.groups import GeneralLinear, HeadPermutation, PerHead, RotaryPlanes
-from symalign.spec import SymmetrySpec
+from symalign.spec import SymmetrySpec, segment_view
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,9 @@ class Part:
 
     ``homogeneous``: a 1-D tensor (a bias), contributing one row per head.
     ``segment``: ``(start, length)`` on ``axis`` when the tensor is fused (GPT-2's
-    ``c_attn`` holds Q, K and V side by side); :meth:`read` returns that slice.
+    ``c_attn`` holds Q, K and V side by side), or ``(start, length, period)`` for a per-head
+    interleaved one (GPT-NeoX); :meth:`read` returns the selected entries (see
+    :func:`symalign.spec.segment_view`).
     """
 
     tensor: str
@@ -49,14 +51,14 @@ class Part:
     variance: str
     rep: str | None
     homogeneous: bool
-    segment: tuple[int, int] | None = None
+    segment: tuple[int, ...] | None = None
 
     def read(self, state: Mapping[str, Tensor]) -> Tensor:
         """The part's tensor from ``state``: the segment's slice of ``axis`` (a view) or the whole tensor."""
         x = state[self.tensor]
         if self.segment is None:
             return x
-        return x.narrow(self.axis % x.dim(), self.segment[0], self.segment[1])
+        return segment_view(x, self.axis, self.segment)
 
 
 @dataclass(frozen=True)
