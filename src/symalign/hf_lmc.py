@@ -86,22 +86,48 @@ def load_hf_model(path: str | Path) -> nn.Module:
     from symalign.hf_io import load_config
     from symalign.arch import get_adapter
 
+    from transformers.utils import logging
+
     config = load_config(path)
     cls = get_adapter(config).model_class(config)
-    model = cls.from_pretrained(str(path), attn_implementation="eager")
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # no "Loading weights" bars or load reports in symalign's output
+    logging.disable_progress_bar()
+    try:
+        model = cls.from_pretrained(str(path), attn_implementation="eager")
+    finally:
+        logging.set_verbosity(verbosity)
     return model.eval()
 
 
 def hf_curve(dir_a: str | Path, dir_b: str | Path, data: str, points: int = 25, eval_items: int | None = 2000,
              context: int = 128, data_options: dict | None = None) -> tuple[lmc.Curve, dict[str, Any]]:
-    """The interpolation curve ``(1 - t) A + t B`` of two HF checkpoints on ``data``."""
+    """The interpolation curve ``(1 - t) A + t B`` of two HF checkpoints on ``data``.
+
+    When B is marked folded (the output of ``align --scope model``, written in the
+    coordinates it was aligned in: norm gains folded, GPT-2's head untied) and A is not,
+    the curve runs from A's folded form (:mod:`symalign.hf_fold`, checked to compute A's
+    function): the path the alignment made short, ``(1 - t) fold(A) + t B``.
+    """
+    import shutil
+
+    from symalign.hf_fold import folded_copy, is_folded
     from symalign.hf_io import check_same_architecture, load_checkpoint
 
-    check_same_architecture(load_checkpoint(dir_a), load_checkpoint(dir_b))
-    model_a, model_b = load_hf_model(dir_a), load_hf_model(dir_b)
+    scratch = None
+    folded_a = is_folded(dir_b) and not is_folded(dir_a)
+    try:
+        if folded_a:
+            dir_a, scratch = folded_copy(dir_a)
+        check_same_architecture(load_checkpoint(dir_a), load_checkpoint(dir_b))
+        model_a, model_b = load_hf_model(dir_a), load_hf_model(dir_b)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     task = eval_task(model_a, data, eval_items, context, data_options=data_options)
     sa, sb = lmc.full_state(model_a), lmc.full_state(model_b)
     del model_b
     with torch.no_grad():
         c = lmc.curve(model_a, sa, sb, lambda: task.batches, task.task, points)
-    return c, {"task": task.task, "data": data, "model_type": model_a.config.model_type}
+    return c, {"task": task.task, "data": data, "model_type": model_a.config.model_type,
+               "a_folded": folded_a, "threads": torch.get_num_threads()}

@@ -13,25 +13,31 @@ def register(app: typer.Typer) -> None:
 
 
 def demo_command(
-    out: Path = typer.Option(Path("runs/demo"), "--out", help="Output folder: results.json, report.md, curves.png."),
-    steps: int = typer.Option(400, help="Training steps per model (base, A, B)."),
-    threads: int = typer.Option(0, help="torch threads (0: one per core, at most 2 for these tiny models)."),
+    out: Path = typer.Option(Path("runs/demo"), "-o", "--out", help="Output folder: results.json, report.md, "
+                                                                     "curves.png."),
+    steps: int = typer.Option(400, min=1, help="Training steps per model (base, A, B)."),
+    threads: int = typer.Option(0, help="torch threads (0: the default, 1 or $SYMALIGN_THREADS; results depend "
+                                        "on it, see README)."),
+    fresh: bool = typer.Option(False, "--fresh", "--force", help="Discard the runs of a previous demo recorded "
+                                                                 "with other settings, and start over."),
     tour: bool = typer.Option(True, "--tour/--no-tour", help="Print the symmetry-probe tour first."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json instead of tables."),
 ) -> None:
     """Train small ViTs on the embedded digits data with sinusoidal and RoPE encodings, re-initialise
     their attention with two seeds, align B to A with the two-stage matcher, and compare naive and
     aligned interpolation barriers. Resumable: re-running reuses finished checkpoints."""
-    import os
-
     import torch
     from rich.console import Console
     from rich.table import Table
 
     from symalign.experiments.demo import run_demo
 
-    torch.set_num_threads(threads or max(1, min(2, os.cpu_count() or 1)))
-    console = Console(stderr=as_json)
+    from symalign.commands import checks
+
+    checks.threads(threads, allow_zero=True)
+    checks.output_dir(out)
+    torch.set_num_threads(threads or checks.default_threads())
+    console = checks.console(stderr=as_json)
     if tour and not as_json:
         from symalign.commands.tour import render_tour
         from symalign.probe import probe_tour
@@ -42,7 +48,7 @@ def demo_command(
         console.print("[bold]2. Linear mode connectivity after alignment[/] (ViT on digits, "
                       "attention re-initialised with two seeds)")
     log = (lambda s: console.print(f"  {s}")) if not as_json else None
-    summary = run_demo(out, steps=steps, progress=not as_json, log=log)
+    summary = run_demo(out, steps=steps, progress=not as_json, log=log, fresh=fresh)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return

@@ -27,8 +27,8 @@ def register(app: typer.Typer) -> None:
 
 
 def interpolate_command(
-    a_dir: Path = typer.Argument(..., help="Model A: a save_pretrained directory."),
-    b_dir: Path = typer.Argument(..., help="Model B (e.g. the output of `symalign align`)."),
+    a_dir: Path = typer.Argument(..., metavar="A_DIR", help="Model A: a save_pretrained directory."),
+    b_dir: Path = typer.Argument(..., metavar="B_DIR", help="Model B (e.g. the output of `symalign align`)."),
     data: str = typer.Option(..., "--data", help="Dataset: shakespeare, bible (LM); wordnet, fortunes (text "
                                                   "classification); digits, fashion-mnist (images)."),
     data_option: list[str] = typer.Option([], "--data-option", help="KEY=VALUE passed to the dataset loader "
@@ -37,7 +37,7 @@ def interpolate_command(
     baseline: Optional[Path] = typer.Option(None, help="Also plot A -> BASELINE (e.g. B before alignment)."),
     eval_items: int = typer.Option(2000, "--eval-items", help="Held-out examples (LM: windows) per point."),
     context: int = typer.Option(128, help="LM context length."),
-    out: Path = typer.Option(Path("runs/interpolate"), help="Writes OUT/results.json and OUT/curves.png."),
+    out: Path = typer.Option(Path("runs/interpolate"), "-o", "--out", help="Writes OUT/results.json and OUT/curves.png."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
     """Evaluate (1-t) A + t B on held-out data: loss and accuracy curves, loss/accuracy barriers, PNG plot."""
@@ -46,7 +46,21 @@ def interpolate_command(
     from symalign.hf_lmc import hf_curve
     from symalign.lmc import barrier_ratio
 
-    opts = parse_options(data_option)
+    from symalign.commands import checks
+
+    opts = checks.data_options(parse_options(data_option))  # arguments checked before any evaluation
+    checks.positive(context, "--context")
+    checks.positive(eval_items, "--eval-items")
+    if points < 2:
+        from symalign.errors import ConfigError
+
+        raise ConfigError(f"--points must be at least 2 (the two endpoints), got {points}")
+    from symalign.hf_io import load_config
+
+    for path in [a_dir, b_dir] + ([baseline] if baseline is not None else []):
+        load_config(path)  # a missing folder or a typo fails here, not after the first curve
+    checks.output_dir(out)
+    checks.not_inside(out, [a_dir, b_dir] + ([baseline] if baseline is not None else []))
     curve, info = hf_curve(a_dir, b_dir, data, points, eval_items, context, opts)
     res: dict = {**info, "A": str(a_dir), "B": str(b_dir), "family": info["model_type"], "pe": "",
                  "scope": f"{a_dir.name} → {b_dir.name}"}

@@ -30,13 +30,14 @@ def demo_config(pe: str, steps: int = 400) -> dict:
     }
 
 
-def run_demo(out: str | Path = "runs/demo", steps: int = 400, progress: bool = True, log=None) -> dict:
+def run_demo(out: str | Path = "runs/demo", steps: int = 400, progress: bool = True, log=None,
+             fresh: bool = False) -> dict:
     """Run the demo (resumable) and write its three outputs; returns the ``results.json`` object."""
     out = Path(out)
     per_pe, results = {}, []
     for pe in ENCODINGS:
         cfg = parse_config(demo_config(pe, steps))
-        res = run_experiment(cfg, out / "runs", progress=progress, log=log)[0]
+        res = run_experiment(cfg, out / "runs", progress=progress, log=log, fresh=fresh)[0]
         results.append(res)
         full = res["variants"]["full"]
         per_pe[pe] = {
