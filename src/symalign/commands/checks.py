@@ -84,6 +84,7 @@ def default_threads() -> int:
 
 _INT_OPTIONS = ("split_seed", "subset", "seq_len", "n", "image_size", "per_class")
 _BOOL_OPTIONS = ("use_cache", "download")
+_FLOAT_OPTIONS = ("test_fraction",)
 
 
 def data_options(opts: dict, option: str = "--data-option") -> dict:
@@ -102,6 +103,11 @@ def data_options(opts: dict, option: str = "--data-option") -> dict:
         if key in _INT_OPTIONS:
             if not isinstance(value, int) or value < 0 or (value == 0 and key != "split_seed"):
                 raise ConfigError(f"{option} {key}={value!r}: expected a positive integer")
+        if key in _FLOAT_OPTIONS:
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{option} {key}={value!r}: expected a number") from None
         if key in _BOOL_OPTIONS and not isinstance(value, bool):
             low = str(value).lower()
             if low not in ("true", "false", "1", "0", "yes", "no"):
