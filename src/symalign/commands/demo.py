@@ -50,7 +50,17 @@ def demo_command(
 
         console.print("[bold]1. The symmetry group of each attention design, measured[/] "
                       "(Jacobian null space vs theory)")
-        render_tour(probe_tour(seed=0))
+        import os
+
+        rows = probe_tour(seed=0)
+        wide = not console.is_terminal and "COLUMNS" not in os.environ
+        if wide:  # render_tour makes its own Console: let it keep the table's width in a log too
+            os.environ["COLUMNS"] = str(console.width)
+        try:
+            render_tour(rows)
+        finally:
+            if wide:
+                del os.environ["COLUMNS"]
         console.print("[bold]2. Linear mode connectivity after alignment[/] (ViT on digits)")
     log = (lambda s: console.print(f"  {s}")) if not as_json else None
     summary = run_demo(out, steps=steps, progress=not as_json, log=log, fresh=fresh, learned_steps=learned_steps)
