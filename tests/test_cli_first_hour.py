@@ -50,6 +50,7 @@ def afile(tmp_path: Path) -> Path:
     (["demo", "--no-tour", "--threads", "-1", "--out", "{tmp}/d"], ["--threads"]),
     (["train", "--steps", "1", "--patch-size", "3", "--out", "{tmp}/p3"], ["patch size 3", "8x8", "1, 2, 4, 8"]),
     (["report", "{tmp}", "-o", "{tmp}"], ["existing folder"]),
+    (["train", "--steps", "1", "--pe", "none", "--rotary-fraction", "0.5", "--out", "{tmp}/rf"], ["--pe rope"]),
 ])
 def test_bad_arguments_are_one_line(argv, words, tmp_path, afile, monkeypatch, capsys):
     argv = [a.format(afile=afile, tmp=tmp_path) for a in argv]

@@ -66,6 +66,10 @@ def train_command(
     canonical_name(data)  # unknown dataset -> one-line error before anything heavy
     checks.threads(threads)
     checks.output_dir(out)
+    if rotary_fraction != 1.0 and pe != "rope":
+        from symalign.errors import ConfigError
+
+        raise ConfigError(f"--rotary-fraction applies to --pe rope only (got --pe {pe}); drop it or use --pe rope")
     threads = threads or checks.default_threads()
     model = dict(family=family, pe=pe, d_model=d_model, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
                  head_dim=head_dim,
