@@ -83,8 +83,17 @@ def fail(message: str, code: int = 2) -> "typer.Exit":
 
 
 def main() -> None:
-    """Entry point: run the app, turning user errors into one line and exit code 2."""
+    """Entry point: run the app, turning user errors into one line and exit code 2.
+
+    torch runs single-threaded unless ``$SYMALIGN_THREADS`` or a command's ``--threads`` says
+    otherwise (:func:`symalign.commands.checks.default_threads`: faster on shared machines, and
+    the thread count changes results, so it is fixed and recorded)."""
     try:
+        import torch
+
+        from symalign.commands.checks import default_threads
+
+        torch.set_num_threads(default_threads())
         app(standalone_mode=False)
     except SymalignError as exc:
         typer.echo(f"symalign: error: {exc}", err=True)
