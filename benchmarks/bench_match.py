@@ -272,13 +272,24 @@ def batched(shape: str, dtype: str | None = None) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def parse_args(argv: list[str] | None = None):
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Batched two-stage attention matcher vs a per-head scipy loop "
+                                             "(GPT-2-small and Llama-7B attention shapes; about 10 minutes).")
+    ap.add_argument("--only", nargs="+", choices=list(SHAPES), default=list(SHAPES), help="Shapes to run.")
+    ap.add_argument("--quick", action="store_true", help="Skip the float64 and Gram-based loop variants.")
+    ap.add_argument("--batched", nargs="+", metavar="ARG", help=argparse.SUPPRESS)  # internal: one subprocess
+    return ap.parse_args(argv)
+
+
 def main() -> None:
+    args = parse_args()
     torch.set_num_threads(int(_THREADS))
-    if len(sys.argv) > 2 and sys.argv[1] == "--batched":
-        print(json.dumps(run_batched(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)))
+    if args.batched:
+        print(json.dumps(run_batched(args.batched[0], args.batched[1] if len(args.batched) > 1 else None)))
         return
-    only = [a for a in sys.argv[sys.argv.index("--only") + 1:] if not a.startswith("--")] if "--only" in sys.argv \
-        else list(SHAPES)
+    only = args.only
     for shape in only:
         s = SHAPES[shape]
         print(f"== {shape}: {s['layers']} layers, {s['cfg']}  (load average before: {load()})", flush=True)
@@ -305,14 +316,14 @@ def main() -> None:
               f"loop {fl:.10g}, (batched - loop) / loop = {(fb - fl) / fl:.2e}")
         print(f"speed-up batched vs loop: {lp['extrapolated_total_s'] / b['wall_s']:.1f}x wall, "
               f"{lp['extrapolated_cpu_s'] / b['cpu_s']:.1f}x CPU", flush=True)
-        if "--quick" not in sys.argv:
+        if not args.quick:
             b64 = batched(shape, "float64")
             print(f"  with float64 stage-1 products: wall {b64['wall_s']:.1f} s, CPU {b64['cpu_s']:.1f} s "
                   f"(stage 1 {b64['totals']['time_stage1_s']:.1f} s), same permutation of layer 0: "
                   f"{b64['pi0'] == b['pi0']}, distance after {b64['totals']['distance_after']:.10g}; speed-up "
                   f"{lp['extrapolated_total_s'] / b64['wall_s']:.1f}x wall, "
                   f"{lp['extrapolated_cpu_s'] / b64['cpu_s']:.1f}x CPU", flush=True)
-        if "--quick" not in sys.argv:
+        if not args.quick:
             lg = run_loop(shape, *SUBSETS[shape], b["pi0"], gl=loop_gl_grams)
             fg = sum(lg["objective"])
             print(f"  loop with Gram-based scipy L-BFGS-B: stage 2 {lg['stage2_s_per_layer']:.1f} s/layer, total wall "

@@ -76,9 +76,16 @@ def one(name: str, full: bool) -> dict:
 
 
 def main() -> None:
-    full = "--full" in sys.argv
-    if len(sys.argv) > 2 and sys.argv[1] == "--one":
-        print(json.dumps(one(sys.argv[2], full)))
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Whole-model weight matching on random GPTs (small and GPT-2-small "
+                                             "shapes), each in a fresh subprocess.")
+    ap.add_argument("--full", action="store_true", help="GPT-2: the full stage 2 instead of the orthogonal one.")
+    ap.add_argument("--one", choices=list(SHAPES), help=argparse.SUPPRESS)  # internal: one shape per subprocess
+    args = ap.parse_args()
+    full = args.full
+    if args.one:
+        print(json.dumps(one(args.one, full)))
         return
     for name in SHAPES:
         cmd = [sys.executable, __file__, "--one", name] + (["--full"] if full else [])

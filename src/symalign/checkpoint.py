@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from symalign.atomic import file_digest, write_text
+from symalign.atomic import file_digest, fix_modes, make_temp_dir, write_text
 from symalign.errors import CheckpointError, SymalignError
 
 FORMAT = "symalign.checkpoint"
@@ -70,7 +70,7 @@ def save_checkpoint(run_dir: str | Path, model: nn.Module, meta: dict, optim: di
     run_dir.mkdir(parents=True, exist_ok=True)
     name = f"ckpt-{int(meta['step']):08d}"
     final = run_dir / name
-    tmp = Path(tempfile.mkdtemp(dir=run_dir, prefix=f".{name}."))
+    tmp = make_temp_dir(run_dir, f".{name}.")
     try:
         unique, aliases = dedupe_state(model.state_dict())
         save_file(unique, str(tmp / MODEL_FILE), metadata={"format": FORMAT})
@@ -81,6 +81,7 @@ def save_checkpoint(run_dir: str | Path, model: nn.Module, meta: dict, optim: di
             f.write("\n")
         if optim is not None:
             torch.save(optim, tmp / OPTIM_FILE)
+        fix_modes(tmp)
         if final.exists():  # same step saved again (e.g. stop, then final): replace it
             old = run_dir / f".{name}.old"
             shutil.rmtree(old, ignore_errors=True)

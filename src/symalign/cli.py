@@ -9,11 +9,17 @@ exit code 2 and no traceback.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import typer
+import typer.core
 
 from symalign.errors import SymalignError
+
+# Hugging Face's load reports would mix into symalign's own output (its "Loading weights" bars are
+# switched off where symalign loads a model: symalign.hf_lmc.load_hf_model, symalign.arch.check).
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 app = typer.Typer(
     name="symalign",
@@ -21,7 +27,41 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _hide_flag_types() -> None:
+    """On ``--help``, show no ``<bool>`` type for on/off flags (typer >= 0.20 shows one)."""
+    cls = typer.core.TyperOption
+    show = getattr(cls, "display_type_rich", None)
+    if show is None or getattr(show, "_symalign", False):
+        return
+
+    def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
+        if getattr(self, "is_flag", False) or getattr(self, "is_bool_flag", False):
+            return None
+        return show(self, ctx)
+
+    display_type_rich._symalign = True  # type: ignore[attr-defined]
+    cls.display_type_rich = display_type_rich
+
+
+_hide_flag_types()
+
+
+def _version(value: bool) -> None:
+    if value:
+        from symalign import __version__
+
+        typer.echo(f"symalign {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Align Transformers through their exact parameter symmetries and measure linear mode connectivity."""
 
 # Modules under symalign.commands that define ``register(app)``; missing ones are skipped.
 COMMAND_MODULES = ("demo", "probe", "tour", "train", "experiment", "report", "align", "interpolate", "merge",
@@ -44,8 +84,17 @@ def fail(message: str, code: int = 2) -> "typer.Exit":
 
 
 def main() -> None:
-    """Entry point: run the app, turning user errors into one line and exit code 2."""
+    """Entry point: run the app, turning user errors into one line and exit code 2.
+
+    torch runs single-threaded unless ``$SYMALIGN_THREADS`` or a command's ``--threads`` says
+    otherwise (:func:`symalign.commands.checks.default_threads`: faster on shared machines, and
+    the thread count changes results, so it is fixed and recorded)."""
     try:
+        import torch
+
+        from symalign.commands.checks import default_threads
+
+        torch.set_num_threads(default_threads())
         app(standalone_mode=False)
     except SymalignError as exc:
         typer.echo(f"symalign: error: {exc}", err=True)

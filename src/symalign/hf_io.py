@@ -23,10 +23,14 @@ import torch
 from torch import Tensor
 
 from symalign.arch import Adapter, get_adapter
+from symalign.atomic import fix_modes, make_temp_dir
 from symalign.errors import CheckpointError, MatchError
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
+# Written into every checkpoint folder symalign produces: marks it as replaceable with --force and
+# records how it was made (command, scope, whether its weights are in folded form).
+MARKER_NAME = "symalign.json"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".safetensors.index.json",
                     ".bin.index.json")
 
@@ -166,6 +170,7 @@ def check_same_architecture(a: Checkpoint, b: Checkpoint) -> None:
     ta, tb = a.config.model_type, b.config.model_type
     if ta != tb:
         raise MatchError(f"{a.path} is a {ta} model but {b.path} is a {tb} model: both must be the same architecture")
+    check_same_heads(a.config, b.config, a.path, b.path)
     only_a, only_b = sorted(set(a.state) - set(b.state)), sorted(set(b.state) - set(a.state))
     if only_a or only_b:
         name, side = (only_a[0], a.path) if only_a else (only_b[0], b.path)
@@ -174,6 +179,39 @@ def check_same_architecture(a: Checkpoint, b: Checkpoint) -> None:
         if t.shape != b.state[name].shape:
             raise MatchError(f"tensor {name!r} has shape {tuple(t.shape)} in {a.path} but "
                              f"{tuple(b.state[name].shape)} in {b.path}: the models differ in size")
+
+
+def head_config(config: Any) -> dict[str, int | None]:
+    """``{"heads", "kv_heads", "head_dim"}`` of a transformers config (``None`` where the model
+    has no attention heads): query heads, key/value heads (GQA; = heads without it) and the
+    per-head width (``head_dim`` when the config sets it, else ``hidden_size // heads``)."""
+    heads = getattr(config, "num_attention_heads", None)
+    if heads is None:
+        return {"heads": None, "kv_heads": None, "head_dim": None}
+    heads = int(heads)
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    hd = getattr(config, "head_dim", None)
+    if not isinstance(hd, int) or hd <= 0:
+        width = getattr(config, "hidden_size", None)
+        hd = int(width) // heads if width and heads else None
+    return {"heads": heads, "kv_heads": int(kv), "head_dim": hd}
+
+
+def check_same_heads(config_a: Any, config_b: Any, path_a: Any = "A", path_b: Any = "B") -> None:
+    """Refuse two checkpoints whose attention heads differ (count, K/V heads, head width).
+
+    Tensor shapes alone do not show it (4 heads of 16 and 8 heads of 8 have the same
+    ``D x D`` projections), but the attention symmetry group -- and so every alignment and
+    every interpolation that assumes one -- depends on the head structure.
+    """
+    ha, hb = head_config(config_a), head_config(config_b)
+    if ha != hb:
+        def fmt(h: dict) -> str:
+            return f"{h['heads']} attention heads ({h['kv_heads']} key/value heads, head_dim {h['head_dim']})"
+
+        raise MatchError(f"A ({path_a}) has {fmt(ha)} but B ({path_b}) has {fmt(hb)}: the models differ in their "
+                         "head structure, so they have different attention symmetries; use two checkpoints with "
+                         "the same head configuration")
 
 
 # ----------------------------------------------------------------------------
@@ -194,9 +232,31 @@ def check_output_dir(out: str | os.PathLike, inputs: Iterable[str | os.PathLike]
             raise CheckpointError(f"the output directory {out} is inside the input directory {src}; pick another")
         if _inside(src_r, out_r):
             raise CheckpointError(f"the input directory {src} is inside the output directory {out}; pick another")
+    if out_r.exists() and not out_r.is_dir():
+        raise CheckpointError(f"{out} is an existing file, not a folder; pick another output folder")
     if out_r.exists() and not force:
         raise CheckpointError(f"{out} already exists; pass --force to replace it")
+    if out_r.exists() and not is_symalign_output(out_r):
+        raise CheckpointError(f"{out} exists and is not an output of symalign (no {MARKER_NAME}); --force only "
+                              "replaces symalign's own outputs: remove it yourself or pick another folder")
     return out_r
+
+
+def is_symalign_output(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a folder symalign wrote (it holds the marker file :data:`MARKER_NAME`)."""
+    return (Path(path) / MARKER_NAME).is_file()
+
+
+def read_marker(path: str | os.PathLike) -> dict[str, Any]:
+    """The metadata symalign recorded in an output folder (``{}`` for any other checkpoint)."""
+    f = Path(path) / MARKER_NAME
+    if not f.is_file():
+        return {}
+    try:
+        obj = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
 
 
 def _is_weight_file(name: str) -> bool:
@@ -217,15 +277,17 @@ def write_checkpoint(out: str | os.PathLike, state: Mapping[str, Tensor], like: 
 
 
 def stage_checkpoint(out: str | os.PathLike, state: Mapping[str, Tensor], like: str | os.PathLike,
-                     config_edits: Mapping[str, Any] | None = None) -> Path:
+                     config_edits: Mapping[str, Any] | None = None, marker: Mapping[str, Any] | None = None
+                     ) -> Path:
     """A complete checkpoint in a temporary sibling directory of ``out`` (removed on failure):
-    ``like``'s non-weight files, ``config_edits`` merged into its ``config.json``, and ``state``."""
+    ``like``'s non-weight files, ``config_edits`` merged into its ``config.json``, ``state``,
+    and the marker file :data:`MARKER_NAME` holding ``{"tool": "symalign", **marker}``."""
     from safetensors.torch import save_file
 
     out = Path(out).resolve()
     like = Path(like)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = make_temp_dir(out.parent, f".{out.name}.tmp-")
     try:
         for entry in like.iterdir():
             if _is_weight_file(entry.name):
@@ -237,8 +299,10 @@ def stage_checkpoint(out: str | os.PathLike, state: Mapping[str, Tensor], like: 
         if config_edits:
             cfg_file = tmp / "config.json"
             cfg_file.write_text(json.dumps({**json.loads(cfg_file.read_text()), **config_edits}, indent=2))
+        (tmp / MARKER_NAME).write_text(json.dumps({"tool": "symalign", **(marker or {})}, indent=2) + "\n")
         tensors = {k: v.detach().contiguous() for k, v in state.items()}
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+        fix_modes(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

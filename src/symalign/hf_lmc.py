@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
 from symalign import lmc
@@ -27,9 +28,17 @@ def load_hf_model(path: str | Path) -> nn.Module:
     from symalign.arch import get_adapter
     from symalign.hf_io import load_config
 
+    from transformers.utils import logging
+
     config = load_config(path)
     cls = get_adapter(config).model_class(config)
-    model = cls.from_pretrained(str(path), attn_implementation="eager")
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # no "Loading weights" bars or load reports in symalign's output
+    logging.disable_progress_bar()
+    try:
+        model = cls.from_pretrained(str(path), attn_implementation="eager")
+    finally:
+        logging.set_verbosity(verbosity)
     return model.eval()
 
 
@@ -78,6 +87,11 @@ def load_pair(dir_a: str | Path, dir_b: str | Path, data: str, opts: EvalOptions
 
     if scope not in ("attention", "model"):
         raise ConfigError(f"unknown scope {scope!r}; use attention or model")
+    from symalign.hf_fold import is_folded
+
+    a_folded = scope == "attention" and is_folded(dir_b) and not is_folded(dir_a)
+    if a_folded:  # B' is an `align --scope model` output, marked folded: measure the path that was aligned
+        scope = "model"
     try:
         check_same_architecture(load_checkpoint(dir_a), load_checkpoint(dir_b))
     except MatchError as exc:
@@ -96,7 +110,8 @@ def load_pair(dir_a: str | Path, dir_b: str | Path, data: str, opts: EvalOptions
     lmc.check_compatible(sa, sb)
     return HFPair(model_a, sa, sb, evalset,
                   {"task": evalset.objective, "data": data, "model_type": model_a.config.model_type,
-                   "scope": scope})
+                   "scope": scope, "a_folded": a_folded or scope == "model",
+                   "threads": torch.get_num_threads()})
 
 
 def hf_curve(dir_a: str | Path, dir_b: str | Path, data: str, points: int = 25, opts: EvalOptions | None = None,

@@ -8,7 +8,7 @@ taken from A. The model is evaluated with :func:`torch.func.functional_call`, so
 at any time memory holds the two endpoint state dicts plus one interpolated set
 -- never a model copy per point.
 
-Barriers (ALGORITHMS.md section 6), with ``L_t`` the held-out loss and ``a_t``
+Barriers, with ``L_t`` the held-out loss and ``a_t``
 the accuracy at ``t``:
 
 * loss barrier ``B_L = max_t [L_t - ((1 - t) L_0 + t L_1)]``;

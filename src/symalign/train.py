@@ -126,8 +126,13 @@ def fit_config(model: dict, ds: Dataset, context: int) -> ModelConfig | HFConfig
     m = dict(model)
     if ds.modality == "image":
         m.update(channels=ds.input_shape[0], image_size=ds.input_shape[1], n_classes=ds.n_classes)
-        if "patch_size" not in m or ds.input_shape[1] % m["patch_size"]:
-            m["patch_size"] = next(p for p in (7, 4, 2, 1) if ds.input_shape[1] % p == 0)
+        size = ds.input_shape[1]
+        if m.get("patch_size") is None:
+            m["patch_size"] = next(p for p in (7, 4, 2, 1) if size % p == 0)
+        elif not isinstance(m["patch_size"], int) or m["patch_size"] <= 0 or size % m["patch_size"]:
+            fits = ", ".join(str(p) for p in range(1, size + 1) if size % p == 0)
+            raise ConfigError(f"patch size {m['patch_size']} does not divide the {size}x{size} images of "
+                              f"{ds.name!r}; use one of {fits}")
         m.setdefault("max_len", 128)
         n_tok = (ds.input_shape[1] // m["patch_size"]) ** 2 + 1
         m["max_len"] = max(m["max_len"], n_tok)
@@ -257,7 +262,7 @@ def _train(model_cfg, data: str, tc: TrainConfig, out_dir: Path, data_options: d
         raise ConfigError(f"context={tc.context} exceeds max_len={cfg.max_len}")
     out_dir = Path(out_dir)
     meta = {"model": cfg.to_dict(), "data": {"name": ds.name, "options": data_options}, "train": tc.to_dict(),
-            "seed": tc.seed, "step": 0, "metrics": {}, "history": []}
+            "seed": tc.seed, "step": 0, "metrics": {}, "history": [], "threads": torch.get_num_threads()}
     if init is not None:
         meta["init"] = dict(init)
     start, resumed_from = 0, None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -32,8 +32,12 @@ def load_matcher() -> Callable[..., Any]:
 
 
 def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention", stage2: str = "full",
-              stage1: bool = True, force: bool = False) -> dict[str, Any]:
-    """Align B to A and write OUT; returns the diagnostics (see the module docstring)."""
+              stage1: bool = True, force: bool = False, max_sweeps: int = 20,
+              write_reference: Path | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Align B to A and write OUT; returns the diagnostics (see the module docstring).
+
+    ``max_sweeps`` and ``write_reference`` apply to ``scope="model"`` (see
+    :func:`symalign.commands.align_model.run_align_model`); ``say`` receives progress lines."""
     from symalign import hf_io
     from symalign.match.distance import attention_distance
     from symalign.spec import apply
@@ -44,7 +48,11 @@ def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention",
     if scope == "model":
         from symalign.commands.align_model import run_align_model
 
-        return run_align_model(a_dir, b_dir, out_dir, stage2=stage2, stage1=stage1, force=force)
+        return run_align_model(a_dir, b_dir, out_dir, stage2=stage2, stage1=stage1, force=force,
+                               max_iter=max_sweeps, write_reference=write_reference, say=say)
+    if write_reference is not None:
+        raise ConfigError("--write-reference applies to --scope model (attention alignment keeps A's format: "
+                          "interpolate with A itself)")
     if stage2 not in STAGE2:
         raise ConfigError(f"unknown --stage2 {stage2!r}; use one of {', '.join(STAGE2)}")
     out_path = hf_io.check_output_dir(out_dir, [a_dir, b_dir], force)
@@ -64,7 +72,9 @@ def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention",
     del a
     t_match = time.perf_counter()
 
-    tmp = hf_io.stage_checkpoint(out_path, out_state, b_dir)
+    tmp = hf_io.stage_checkpoint(out_path, out_state, b_dir, marker={
+        "command": "align", "scope": scope, "folded": False,
+        "a": str(Path(a_dir).resolve()), "b": str(Path(b_dir).resolve())})
     del out_state
     t_check = time.perf_counter()
     verify = hf_io.verify_and_commit(tmp, out_path, b, b_dir, f"the {b.adapter.family} adapter or the matcher")
@@ -85,25 +95,39 @@ def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention",
 def register(app: typer.Typer) -> None:
     @app.command("align")
     def align(
-        a_dir: Path = typer.Argument(..., help="Reference checkpoint A (save_pretrained directory)."),
-        b_dir: Path = typer.Argument(..., help="Checkpoint B, to be aligned to A."),
+        a_dir: Path = typer.Argument(..., metavar="A_DIR", help="Reference checkpoint A (save_pretrained "
+                                                                  "directory)."),
+        b_dir: Path = typer.Argument(..., metavar="B_DIR", help="Checkpoint B, to be aligned to A."),
         out: Path = typer.Option(..., "-o", "--out", help="Output directory: B aligned to A."),
         scope: str = typer.Option("attention", help="attention | model (model: residual stream, FF units and "
-                                  "attention, in the checkpoint's own format; see docs/whole-model.md)."),
+                                  "attention; OUT is written in folded form, see --write-reference and "
+                                  "docs/whole-model.md)."),
+        max_sweeps: int = typer.Option(20, "--max-sweeps", help="--scope model: sweeps of the alternating "
+                                                                "solver (a warning says when it did not converge)."),
+        write_reference: Optional[Path] = typer.Option(None, "--write-reference", metavar="DIR",
+                                                       help="--scope model: also write A's folded form to DIR "
+                                                            "(interpolate DIR with OUT)."),
         stage2: str = typer.Option("full", help="Inside-head alignment: none | orthogonal | full."),
         no_stage1: bool = typer.Option(False, "--no-stage1", help="Keep B's head order (skip the head assignment)."),
-        force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists (atomically)."),
+        force: bool = typer.Option(False, "--force", help="Replace OUT if it is a previous symalign output "
+                                                          "(atomically); other folders are never replaced."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
-        module: str = typer.Option(None, "--module", help="pkg.mod:factory returning any nn.Module: A_DIR, B_DIR and "
+        module: Optional[str] = typer.Option(None, "--module", help="pkg.mod:factory returning any nn.Module: A_DIR, B_DIR and "
                                    "OUT are then state-dict files (torch.save); spec traced (docs/tracing.md)."),
     ) -> None:
-        """Align checkpoint B to A through exact attention symmetries; OUT computes B's function."""
+        """Align checkpoint B to A through exact symmetries -- of the attention layers (--scope attention) or
+        of the whole model: residual stream, FF units and attention (--scope model); OUT computes B's function."""
+        from rich.console import Console
+
+        err = Console(stderr=True)
+        say = (lambda s: err.print(f"[dim]align:[/] {s}")) if not as_json else None
         if module:
             from symalign.commands.align_module import run_align_module
 
             info = run_align_module(module, a_dir, b_dir, out, scope, stage2, not no_stage1, force)
         else:
-            info = run_align(a_dir, b_dir, out, scope=scope, stage2=stage2, stage1=not no_stage1, force=force)
+            info = run_align(a_dir, b_dir, out, scope=scope, stage2=stage2, stage1=not no_stage1, force=force,
+                             max_sweeps=max_sweeps, write_reference=write_reference, say=say)
         if as_json:
             typer.echo(json.dumps(info, default=_jsonable))
             return
@@ -114,6 +138,11 @@ def register(app: typer.Typer) -> None:
                    f"{info['verify']['relative_output_change']:.1e}; {info['timing_s']['total']:.1f} s")
         for note in info.get("notes", []):
             typer.echo(f"note: {note}")
+        if info.get("reference"):
+            typer.echo(f"wrote A's folded form -> {info['reference']['path']} (interpolate it with OUT)")
+        if info.get("converged") is False:
+            typer.echo(f"symalign: warning: matching did not converge in {info['max_sweeps']} sweeps; "
+                       "raise --max-sweeps for a closer alignment", err=True)
 
 
 def _jsonable(x: Any) -> Any:

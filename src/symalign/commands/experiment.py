@@ -14,9 +14,14 @@ def register(app: typer.Typer) -> None:
 
 
 def experiment_command(
-    config: Path = typer.Argument(..., help="Experiment config (TOML), e.g. configs/vit-digits-rope.toml."),
-    out: Path = typer.Option(Path("runs/experiments"), help="Runs directory; the run goes to OUT/<name>."),
-    threads: Optional[int] = typer.Option(None, help="torch.set_num_threads for training and evaluation."),
+    config: Path = typer.Argument(..., metavar="CONFIG", help="Experiment config (TOML), e.g. configs/vit-digits-rope.toml."),
+    out: Path = typer.Option(Path("runs/experiments"), "-o", "--out", help="Runs directory; the run goes to "
+                                                                          "OUT/<name>."),
+    threads: Optional[int] = typer.Option(None, help="torch threads for training and evaluation (default 1, or "
+                                                     "$SYMALIGN_THREADS; results depend on it, see README)."),
+    fresh: bool = typer.Option(False, "--fresh", "--force",
+                               help="Discard OUT/<name> (a previous run of this experiment, recorded with another "
+                                    "config) and start over."),
     scope: list[str] = typer.Option([], "--scope", help="Run only these scopes (repeatable); default: the "
                                                        "config's protocol.scopes."),
     seeds: list[int] = typer.Option([], "--seeds", help="The seeds of models A and B, overriding protocol.seeds "
@@ -35,7 +40,8 @@ def experiment_command(
 ) -> None:
     """Train the base, re-initialise each scope with two seeds, train, align, and record LMC curves.
 
-    Re-running skips finished work (checkpoints, per-scope results.json).
+    Re-running skips finished work (checkpoints, per-scope results.json) recorded with the same config;
+    results recorded with another config are refused (use another --out, or --fresh to start over).
     """
     import torch
     from rich.console import Console
@@ -44,6 +50,11 @@ def experiment_command(
     from symalign.experiments.report import markdown_table
     from symalign.experiments.protocol import summary_row
 
+    from symalign.commands import checks
+
+    checks.input_file(config, "experiment config (TOML)")
+    checks.threads(threads)
+    checks.output_dir(out)
     cfg = load_config(config)  # every key validated before any training
     over = {**({"scopes": list(scope)} if scope else {}), **({"seeds": list(seeds)} if seeds else {}),
             **({"variants": list(variant)} if variant else {}),
@@ -53,11 +64,10 @@ def experiment_command(
         from symalign.experiments.config import Protocol
 
         cfg.protocol = Protocol(**{**vars(cfg.protocol), **over})  # validated again
-    if threads:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(threads or checks.default_threads())
     console = Console(stderr=True)
     log = None if quiet else (lambda s: console.print(f"[bold]{cfg.name}[/]: {s}"))
-    results = run_experiment(cfg, out, progress=not quiet, log=log)
+    results = run_experiment(cfg, out, progress=not quiet, log=log, fresh=fresh)
     rows = [summary_row(cfg.name, r) for r in results]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))

@@ -54,8 +54,8 @@ def register(app: typer.Typer) -> None:
 
 
 def interpolate_command(
-    a_dir: Path = typer.Argument(..., help="Model A: a save_pretrained directory."),
-    b_dir: Path = typer.Argument(..., help="Model B (e.g. the output of `symalign align`)."),
+    a_dir: Path = typer.Argument(..., metavar="A_DIR", help="Model A: a save_pretrained directory."),
+    b_dir: Path = typer.Argument(..., metavar="B_DIR", help="Model B (e.g. the output of `symalign align`)."),
     data: str = typer.Option(..., "--data", help=DATA_HELP),
     data_option: list[str] = typer.Option([], "--data-option", help="KEY=VALUE passed to a built-in dataset's "
                                                                      "loader (e.g. kind=lm for synthetic)."),
@@ -81,7 +81,7 @@ def interpolate_command(
                                                      "at most 512)."),
     mask_seed: int = typer.Option(0, "--mask-seed", help="Seed of the fixed 15% masking (masked LM)."),
     batch_size: int = typer.Option(16, "--batch-size", help="Windows or examples per forward pass."),
-    out: Path = typer.Option(Path("runs/interpolate"), help="Writes OUT/results.json and OUT/curves.png."),
+    out: Path = typer.Option(Path("runs/interpolate"), "-o", "--out", help="Writes OUT/results.json and OUT/curves.png."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
@@ -95,14 +95,32 @@ def interpolate_command(
     from symalign.hf_lmc import load_pair
     from symalign.lmc import barrier_ratio
 
+    from symalign.commands import checks
+
+    data_options = checks.data_options(parse_options(data_option))  # arguments checked before any evaluation
+    if context is not None:
+        checks.positive(context, "--context")
+    if eval_items is not None:
+        checks.positive(eval_items, "--eval-items")
+    if eval_tokens is not None:
+        checks.positive(eval_tokens, "--eval-tokens")
     if batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
+    if points < 2:
+        raise ConfigError(f"--points must be at least 2 (the two endpoints), got {points}")
+    from symalign.hf_io import load_config
+
+    for path in [a_dir, b_dir] + ([baseline] if baseline is not None else []):
+        load_config(path)  # a missing folder or a typo fails here, not after the first curve
+    checks.output_dir(out)
+    checks.not_inside(out, [a_dir, b_dir] + ([baseline] if baseline is not None else []))
     opts = EvalOptions(split=split, text_field=text_field, label_field=label_field, eval_items=eval_items,
                        eval_tokens=eval_tokens, context=context, batch_size=batch_size, mask_seed=mask_seed,
-                       tokenizer=tokenizer, image_processor=image_processor, data_options=parse_options(data_option))
+                       tokenizer=tokenizer, image_processor=image_processor, data_options=data_options)
     pair = load_pair(a_dir, b_dir, data, opts, scope=scope)
     evalset, info = pair.evalset, pair.info
-    base = load_pair(a_dir, baseline, data, opts, evalset=evalset, scope=scope) if baseline is not None else None
+    base = load_pair(a_dir, baseline, data, opts, evalset=evalset, scope=pair.info["scope"]) \
+        if baseline is not None else None
     with point_progress(points, f"A → {b_dir.name}", not no_progress) as cb:
         curve, metrics = eval_curve(pair.model, pair.state_a, pair.state_b, evalset, points, cb)
     del pair

@@ -13,12 +13,15 @@ def register(app: typer.Typer) -> None:
 
 
 def report_command(
-    runs_dir: Path = typer.Argument(..., help="A directory holding experiment runs (any depth)."),
+    runs_dir: Path = typer.Argument(..., metavar="RUNS_DIR", help="A directory holding experiment runs (any depth)."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Report path (default RUNS_DIR/report.md)."),
 ) -> None:
     """Collect every results.json under RUNS_DIR into one Markdown report with tables and plots."""
+    from symalign.commands import checks
     from symalign.experiments.report import write_report, write_summary
 
+    if out is not None:
+        checks.output_file(out, "--out")
     write_summary(runs_dir)
     path = write_report(runs_dir, out)
     typer.echo(str(path))

@@ -46,9 +46,10 @@ def train_command(
     weight_decay: float = typer.Option(0.1, "--weight-decay", help="AdamW weight decay on matrices."),
     grad_clip: float = typer.Option(1.0, "--grad-clip", help="Clip the global gradient norm (0: off)."),
     seed: int = typer.Option(0, help="Seed for initialisation, data order and dropout."),
-    out: Path = typer.Option(Path("runs/train"), help="Run directory (checkpoints go here)."),
+    out: Path = typer.Option(Path("runs/train"), "-o", "--out", help="Run directory (checkpoints go here)."),
     resume: bool = typer.Option(False, help="Continue from the latest checkpoint in --out."),
-    threads: Optional[int] = typer.Option(None, help="torch.set_num_threads."),
+    threads: Optional[int] = typer.Option(None, help="torch threads (default 1, or $SYMALIGN_THREADS; results "
+                                          "depend on it, see README)."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     eval_every: int = typer.Option(200, "--eval-every", help="Evaluate and checkpoint every K steps."),
     eval_items: Optional[int] = typer.Option(None, "--eval-items", help="Cap on evaluation examples/windows."),
@@ -60,7 +61,16 @@ def train_command(
     from symalign.models.config import ModelConfig
     from symalign.train import TrainConfig, train
 
+    from symalign.commands import checks
+
     canonical_name(data)  # unknown dataset -> one-line error before anything heavy
+    checks.threads(threads)
+    checks.output_dir(out)
+    if rotary_fraction != 1.0 and pe != "rope":
+        from symalign.errors import ConfigError
+
+        raise ConfigError(f"--rotary-fraction applies to --pe rope only (got --pe {pe}); drop it or use --pe rope")
+    threads = threads or checks.default_threads()
     model = dict(family=family, pe=pe, d_model=d_model, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
                  head_dim=head_dim,
                  d_ff=d_ff, norm=norm, activation=activation, pooling=pooling, rope_pairing=rope_pairing,

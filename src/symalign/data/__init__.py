@@ -102,7 +102,8 @@ def canonical_name(name: str) -> str:
 def load_dataset(name: str, split_seed: int = 0, subset: int | None = None, seq_len: int | None = None,
                  kind: str = "image", n: int = 256, use_cache: bool = True, root: str | None = None,
                  download: bool = False, tokenizer: str | Tokenizer | None = None, image_size: int | None = None,
-                 labels: str | None = None, per_class: int | None = None) -> Dataset:
+                 labels: str | None = None, per_class: int | None = None,
+                 test_fraction: float | None = None) -> Dataset:
     """Load ``name`` (see the module table) as a :class:`Dataset`.
 
     ``subset`` keeps the first ``subset`` training examples (LM: training tokens).
@@ -125,6 +126,8 @@ def load_dataset(name: str, split_seed: int = 0, subset: int | None = None, seq_
         if subset is not None:
             opts = {**opts, "subset": int(subset)}
         return _to_dataset(name, arrays, opts, subset)
+    if test_fraction is not None and name != "digits":
+        raise DatasetError(f"dataset {name!r} takes no test_fraction option (only digits does)")
     given = {k: v for k, v in (("root", root if name != "fashion-mnist" else None), ("image_size", image_size),
                                ("labels", labels), ("per_class", per_class), ("download", download or None))
              if v is not None}
@@ -138,7 +141,12 @@ def load_dataset(name: str, split_seed: int = 0, subset: int | None = None, seq_
     if name == "digits":
         from symalign.data.images import load_digits_arrays
 
-        arrays = cached(name, {**opts, "v": 1}, lambda: load_digits_arrays(split_seed), use_cache)
+        if test_fraction is not None:
+            if not 0.05 <= float(test_fraction) <= 0.5:
+                raise DatasetError(f"test_fraction must be between 0.05 and 0.5, got {test_fraction}")
+            opts.update(test_fraction=float(test_fraction))
+        arrays = cached(name, {**opts, "v": 1},
+                        lambda: load_digits_arrays(split_seed, opts.get("test_fraction", 0.1)), use_cache)
     elif name == "fashion-mnist":
         from symalign.data.images import FASHION_DIR, load_fashion_arrays
 

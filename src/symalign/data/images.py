@@ -14,8 +14,10 @@ FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_INSTALL = "apt-get install -y dataset-fashion-mnist"
 
 
-def load_digits_arrays(seed: int = 0) -> dict[str, np.ndarray]:
-    """sklearn's 1,797 8x8 digits, scaled ``x / 16`` to [0, 1], shape ``(N, 1, 8, 8)``; 80/10/10 split."""
+def load_digits_arrays(seed: int = 0, test_fraction: float = 0.1) -> dict[str, np.ndarray]:
+    """sklearn's 1,797 8x8 digits, scaled ``x / 16`` to [0, 1], shape ``(N, 1, 8, 8)``; a seeded
+    split with 10 % validation and ``test_fraction`` test images (default 80/10/10: 180 test images;
+    ``test_fraction=0.25``: 449 test images for curves measured on a few hundred items)."""
     try:
         from sklearn.datasets import load_digits
     except ImportError as exc:  # pragma: no cover
@@ -23,7 +25,7 @@ def load_digits_arrays(seed: int = 0) -> dict[str, np.ndarray]:
     d = load_digits()
     x = (d.images.astype(np.float32) / 16.0)[:, None]
     y = d.target.astype(np.int64)
-    tr, va, te = split_indices(len(y), seed)
+    tr, va, te = split_indices(len(y), seed, (0.1, test_fraction))
     return {"x_train": x[tr], "y_train": y[tr], "x_val": x[va], "y_val": y[va], "x_test": x[te], "y_test": y[te]}
 
 

@@ -357,13 +357,106 @@ def check_reusable(done: dict, seeds: list[int], scope_dir: Path, eval_split: st
                           "give each evaluation split its own runs directory (--out)")
 
 
+# What the checkpoints of a run depend on: a run directory recorded with other values is stale.
+TRAINING_KEYS = ("name", "data", "data_options", "model", "train")
+TRAINING_PROTOCOL_KEYS = ("base_seed", "freeze")
+
+
+def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """The differing leaves of two JSON-like configs, as ``"model.d_model 16 -> 32"``."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for k in sorted(set(old) | set(new), key=str):
+            out += config_diff(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [f"{prefix.rstrip('.')} {old!r} -> {new!r}"]
+
+
+def _training_part(d: dict) -> dict:
+    proto = d.get("protocol") or {}
+    return {**{k: d.get(k) for k in TRAINING_KEYS}, "protocol": {k: proto.get(k) for k in TRAINING_PROTOCOL_KEYS}}
+
+
+def _result_part(d: dict) -> dict:
+    """The config less ``protocol.scopes``, with the protocol's defaults filled in (``to_dict``
+    leaves out optional settings at their defaults)."""
+    from dataclasses import asdict
+
+    from symalign.experiments.config import Protocol
+
+    proto = {**asdict(Protocol()), **(d.get("protocol") or {})}
+    return {**d, "protocol": {k: v for k, v in proto.items() if k != "scopes"}}
+
+
+def _stale(what: Path, diff: list[str]) -> ConfigError:
+    shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
+    return ConfigError(f"{what} was recorded with a different config ({shown}); use another --out, or --fresh "
+                       "to discard the old run and start over")
+
+
+def check_recorded(cfg: ExperimentConfig, root: Path) -> None:
+    """Refuse to reuse a run directory whose checkpoints or results were made with another config.
+
+    ``root/config.json`` must agree with ``cfg`` on everything the checkpoints depend on
+    (:data:`TRAINING_KEYS`, ``protocol.base_seed``/``freeze``); each existing
+    ``root/<scope>/results.json`` on the whole config except ``protocol.scopes`` (results
+    written before configs were recorded in them: the seed pair and evaluation split,
+    :func:`check_reusable`).
+    """
+    new = cfg.to_dict()
+    recorded = root / "config.json"
+    if recorded.is_file():
+        try:
+            old = json.loads(recorded.read_text())
+        except ValueError:
+            old = {}
+        diff = config_diff(_training_part(old), _training_part(new))
+        if diff:
+            raise _stale(root, diff)
+    for scope in cfg.protocol.scopes:
+        res_path = root / scope / "results.json"
+        if not res_path.is_file():
+            continue
+        done = json.loads(res_path.read_text())
+        check_reusable(done, cfg.protocol.seeds, root / scope, cfg.protocol.eval_split)
+        if "config" in done:
+            diff = config_diff(_result_part(done["config"]), _result_part(new))
+            if diff:
+                raise _stale(res_path, diff)
+
+
+def discard_run(root: Path) -> None:
+    """``--fresh``: remove a previous run directory -- only one symalign wrote (it holds ``config.json``
+    with a ``protocol`` section), never an arbitrary folder."""
+    import shutil
+
+    if not root.exists():
+        return
+    try:
+        ok = root.is_dir() and "protocol" in json.loads((root / "config.json").read_text())
+    except (OSError, ValueError):
+        ok = False
+    if not ok:
+        raise ConfigError(f"{root} is not a symalign experiment run (no config.json with a protocol); "
+                          "remove it yourself or use another --out")
+    shutil.rmtree(root)
+
+
 def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = True,
-                   log: Callable[[str], None] | None = None) -> list[dict]:
-    """Run (or resume) every scope of ``cfg`` under ``out_dir/cfg.name``; returns the per-scope results."""
+                   log: Callable[[str], None] | None = None, fresh: bool = False) -> list[dict]:
+    """Run (or resume) every scope of ``cfg`` under ``out_dir/cfg.name``; returns the per-scope results.
+
+    A run directory recorded with another config is refused (:func:`check_recorded`) unless
+    ``fresh``, which discards it first. Every result records the torch thread count
+    (``"threads"``): float reductions, and so the trained weights and barriers, depend on it.
+    """
     from symalign.experiments.report import plot_curves, write_summary
 
     check_inputs(cfg)
     root = Path(out_dir) / cfg.name
+    if fresh:
+        discard_run(root)
+    check_recorded(cfg, root)
     root.mkdir(parents=True, exist_ok=True)
     write_json_atomic(root / "config.json", cfg.to_dict())
     say = log or (lambda s: None)
@@ -374,8 +467,7 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = 
         res_path = root / scope / "results.json"
         if res_path.exists():
             done = json.loads(res_path.read_text())
-            check_reusable(done, p.seeds, root / scope, p.eval_split)
-            say(f"{scope}: results exist, skipping")
+            say(f"{scope}: results exist (same config), reusing them")
             results.append(done)
             continue
         dirs = []
@@ -392,6 +484,8 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = 
         res = align_and_measure(cfg, dirs[0], dirs[1], scope, progress=say, bars=progress)
         res["experiment"] = cfg.name
         res["seeds"] = list(p.seeds)
+        res["threads"] = torch.get_num_threads()
+        res["config"] = cfg.to_dict()
         plot_curves(res, root / scope / "curves.png")
         write_json_atomic(res_path, res)
         results.append(res)

@@ -1,4 +1,4 @@
-"""Data-free two-stage weight matching of attention layers (paper 000, ALGORITHMS.md section 4).
+"""Data-free two-stage weight matching of attention layers (the ICML 2026 paper's two-stage matcher).
 
 * :func:`match_attention` / :func:`align_models` -- the matcher;
 * :mod:`~symalign.match.views` -- canonical per-head views read from a spec;

@@ -38,9 +38,17 @@ def rope_angles(seq_len: int, rotary_dims: int, base: float = 10000.0, offset: i
 def apply_rope(x: Tensor, angles: Tensor, pairing: str) -> Tensor:
     """Rotate the first ``2 * angles.shape[-1]`` dims of ``x`` (``(..., T, d_h)``) plane by plane."""
     r = 2 * angles.shape[-1]
-    j0, j1 = rotary_pairs(r, pairing)
     cos = angles.cos().to(x.dtype)
     sin = angles.sin().to(x.dtype)
+    if pairing == "half":  # planes (j, j + r/2): slices, no gather/scatter (the planes of rotary_pairs)
+        x0, x1 = x[..., : r // 2], x[..., r // 2: r]
+        parts = [x0 * cos - x1 * sin, x1 * cos + x0 * sin]
+        return torch.cat(parts + ([x[..., r:]] if r < x.shape[-1] else []), dim=-1)
+    if pairing == "interleaved":  # planes (2j, 2j + 1)
+        x0, x1 = x[..., 0:r:2], x[..., 1:r:2]
+        rot = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(-2)
+        return torch.cat([rot, x[..., r:]], dim=-1) if r < x.shape[-1] else rot
+    j0, j1 = rotary_pairs(r, pairing)  # raises for an unknown pairing
     x0, x1 = x[..., j0], x[..., j1]
     y = x.clone()
     y[..., j0] = x0 * cos - x1 * sin

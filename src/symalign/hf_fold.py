@@ -1,0 +1,66 @@
+"""A checkpoint's *folded* form: the coordinates in which ``align --scope model`` aligns.
+
+Whole-model alignment first rewrites both checkpoints exactly
+(:func:`symalign.match.hfmodel.prepare`): norm gains folded into the weights that read
+the normalised stream, and -- GPT-2 -- ``lm_head`` untied from ``wte``. The aligned
+output B' is written in those coordinates. Interpolating B' with A itself would mix two
+parametrisations of A's function: ``(1 - t) A + t B'`` is not the path the matcher made
+short; ``(1 - t) fold(A) + t B'`` is. :func:`write_folded` writes ``fold(A)`` as a
+loadable checkpoint (``align --write-reference``); :func:`folded_copy` makes a temporary
+one for ``interpolate`` when B' is marked folded and A is not. Both are checked to
+compute A's function before they are used.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from symalign import hf_io
+
+# Llama-style RMSNorm computes in float32 whatever the weights' dtype (see align_model).
+RMSNORM_FLOOR = 1e-6
+
+
+def fold(ckpt: hf_io.Checkpoint):
+    """The :class:`~symalign.match.hfmodel.common.Prepared` rewrite of a loaded checkpoint."""
+    from symalign.match.hfmodel import prepare
+
+    return prepare(ckpt.config, ckpt.state, ckpt.adapter.spec(ckpt.config, ckpt.state.keys()))
+
+
+def stage_folded(ckpt: hf_io.Checkpoint, out: str | os.PathLike, marker: dict[str, Any] | None = None) -> Path:
+    """``fold(ckpt)`` staged as a checkpoint beside ``out`` (see :func:`hf_io.stage_checkpoint`),
+    marked ``{"folded": true}``; returns the staging folder."""
+    p = fold(ckpt)
+    edits = {"tie_word_embeddings": False} if p.untied else None
+    mark = {"command": "align --write-reference", "folded": True, "folded_from": str(Path(ckpt.path).resolve()),
+            "untied_head": p.untied, **(marker or {})}
+    return hf_io.stage_checkpoint(out, p.state, ckpt.path, edits, marker=mark)
+
+
+def write_folded(ckpt: hf_io.Checkpoint, out: str | os.PathLike, marker: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """Write ``fold(ckpt)`` to ``out`` (checked first with :func:`hf_io.check_output_dir`) only
+    if it computes ``ckpt``'s function; returns the check's numbers."""
+    from symalign.match.hfmodel import LLAMA_LIKE
+
+    floor = RMSNORM_FLOOR if ckpt.config.model_type in LLAMA_LIKE else 0.0
+    tmp = stage_folded(ckpt, out, marker)
+    return hf_io.verify_and_commit(tmp, Path(out).resolve(), ckpt, ckpt.path, "the folded reference", floor)
+
+
+def is_folded(path: str | os.PathLike) -> bool:
+    """Whether symalign marked the checkpoint at ``path`` as being in folded form."""
+    return bool(hf_io.read_marker(path).get("folded"))
+
+
+def folded_copy(a_dir: str | os.PathLike, parent: str | os.PathLike | None = None) -> tuple[Path, Path]:
+    """``fold(A)`` written to a fresh temporary folder (under ``parent``, default the system's);
+    returns ``(checkpoint folder, folder to remove afterwards)``."""
+    scratch = Path(tempfile.mkdtemp(prefix="symalign-folded-", dir=parent))
+    out = scratch / "folded"
+    write_folded(hf_io.load_checkpoint(a_dir), out, {"command": "interpolate (temporary)"})
+    return out, scratch
