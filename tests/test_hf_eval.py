@@ -276,7 +276,15 @@ def test_interpolate_scope_model_after_whole_model_align(monkeypatch, capsys, tm
     args = ["--data", text, "--context", "16", "--points", "3", "--no-progress", "--json"]
     code, out, err = run_symalign(monkeypatch, capsys, "interpolate", tmp_path / "A", tmp_path / "B2", *args,
                                   "--out", tmp_path / "o1")
-    assert code == 2 and "--scope model" in err and not (tmp_path / "o1").exists()
+    # B2 is marked folded (symalign.json), so interpolate folds A itself: the aligned path, flat here
+    assert code == 0, err
+    auto = json.loads(out)
+    assert auto["a_folded"] is True and auto["rewrite"] == "model"
+    assert max(auto["curve"]["loss"]) - min(auto["curve"]["loss"]) <= 1e-5 * auto["curve"]["loss"][0]
+    (tmp_path / "B2" / "symalign.json").unlink()  # an unmarked folded checkpoint: refused with the hint
+    code, out, err = run_symalign(monkeypatch, capsys, "interpolate", tmp_path / "A", tmp_path / "B2", *args,
+                                  "--out", tmp_path / "o3")
+    assert code == 2 and "--scope model" in err and not (tmp_path / "o3").exists()
     code, out, err = run_symalign(monkeypatch, capsys, "interpolate", tmp_path / "A", tmp_path / "B2", *args,
                                   "--scope", "model", "--baseline", tmp_path / "B", "--out", tmp_path / "o2")
     assert code == 0, err

@@ -133,7 +133,7 @@ def _refusal_pair(kind, tmp_path, tok):
                 _save(make_model("bert"), tmp_path / "B")), "same architecture"
     if kind == "shape":
         return (_save(make_model("gpt2", vocab_size=len(tok)), tmp_path / "A", tok),
-                _save(make_model("gpt2", vocab_size=len(tok), n_embd=32), tmp_path / "B", tok)), "differ in size"
+                _save(make_model("gpt2", vocab_size=len(tok), n_embd=32), tmp_path / "B", tok)), "head structure"
     other = TOKENIZERS["bpe"](corpus(300, seed=8) + "zq zq xj\n", vocab=64 + 256)
     assert len(other) == len(tok) and other.get_vocab() != tok.get_vocab()
     return (_save(make_model("gpt2", vocab_size=len(tok)), tmp_path / "A", tok),

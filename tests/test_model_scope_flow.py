@@ -27,7 +27,7 @@ def _gpt2(path, seed):
     m = transformers.GPT2LMHeadModel(cfg)
     randomize(m, seed)
     m.save_pretrained(path)
-    return path, ["synthetic", "--data-option", "kind=lm", "--context", "16"]
+    return path, ["synthetic", "--data-option", "kind=lm", "--context", "16", "--tokenizer", "bytes"]
 
 
 def _vit(path, seed):
@@ -44,8 +44,9 @@ def _midpoint_in_solver_coordinates(a_dir, out_dir, tmp, data_args):
     """Loss of 0.5 (fold(A) + OUT), built from the solver's tensors, on the same evaluation batches."""
     from safetensors.torch import load_file, save_file
 
-    from symalign import hf_io, lmc
-    from symalign.hf_lmc import eval_task, load_hf_model
+    from symalign import hf_io
+    from symalign.evaluate import EvalOptions, build_eval, evaluate_model
+    from symalign.hf_lmc import load_hf_model
     from symalign.match.hfmodel import prepare
 
     a = hf_io.load_checkpoint(a_dir)
@@ -57,10 +58,11 @@ def _midpoint_in_solver_coordinates(a_dir, out_dir, tmp, data_args):
     save_file({k: (0.5 * (folded_a[k].double() + out_state[k].double())).to(out_state[k].dtype).contiguous()
                for k in out_state}, str(mid_dir / "model.safetensors"), metadata={"format": "pt"})
     model = load_hf_model(mid_dir)
-    opts = {"kind": "lm"} if data_args[0] == "synthetic" else {}
-    task = eval_task(model, data_args[0], 32, 16, data_options=opts)
+    lm = data_args[0] == "synthetic"
+    opts = EvalOptions(eval_items=32, context=16 if lm else None, tokenizer="bytes" if lm else None,
+                       data_options={"kind": "lm"} if lm else {})
     with torch.no_grad():
-        return lmc.evaluate(model, lmc.full_state(model), lambda: task.batches, task.task)[0]
+        return evaluate_model(model, build_eval(a_dir, model, data_args[0], opts)).loss
 
 
 @pytest.mark.parametrize("make", [_gpt2, _vit], ids=["gpt2", "vit"])

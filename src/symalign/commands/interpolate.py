@@ -125,7 +125,7 @@ def interpolate_command(
         curve, metrics = eval_curve(pair.model, pair.state_a, pair.state_b, evalset, points, cb)
     del pair
     res: dict = {**info, "A": str(a_dir), "B": str(b_dir), "family": info["model_type"], "pe": "",
-                 "scope": f"{a_dir.name} → {b_dir.name}", "rewrite": scope, "evaluation": evalset.info,
+                 "scope": f"{a_dir.name} → {b_dir.name}", "rewrite": info["scope"], "evaluation": evalset.info,
                  "points": [m.to_dict() for m in metrics]}
     if base is not None:
         with point_progress(points, f"A → {baseline.name}", not no_progress) as cb:
