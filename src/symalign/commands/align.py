@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -32,8 +32,13 @@ def load_matcher() -> Callable[..., Any]:
 
 
 def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention", stage2: str = "full",
-              stage1: bool = True, force: bool = False) -> dict[str, Any]:
-    """Align B to A and write OUT; returns the diagnostics (see the module docstring)."""
+              stage1: bool = True, force: bool = False, stream: bool | None = None,
+              progress: bool = True) -> dict[str, Any]:
+    """Align B to A and write OUT; returns the diagnostics (see the module docstring).
+
+    ``stream``: process the checkpoints layer by layer (:mod:`symalign.stream`); ``None``
+    decides by size (:func:`symalign.stream.auto.should_stream`).
+    """
     from symalign import hf_io
     from symalign.arch.fused import split_segments
     from symalign.match.distance import attention_distance
@@ -42,6 +47,13 @@ def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention",
     t0 = time.perf_counter()
     if scope not in SCOPES:
         raise ConfigError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
+    if stage2 not in STAGE2:
+        raise ConfigError(f"unknown --stage2 {stage2!r}; use one of {', '.join(STAGE2)}")
+    from symalign.stream.auto import run_streamed, should_stream
+
+    if should_stream(a_dir, b_dir, scope, stream):
+        return run_streamed(a_dir, b_dir, out_dir, scope, stage2=stage2, stage1=stage1, force=force,
+                            progress=progress)
     if scope == "model":
         from symalign.commands.align_model import run_align_model
 
@@ -97,10 +109,14 @@ def register(app: typer.Typer) -> None:
         stage2: str = typer.Option("full", help="Inside-head alignment: none | orthogonal | full."),
         no_stage1: bool = typer.Option(False, "--no-stage1", help="Keep B's head order (skip the head assignment)."),
         force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists (atomically)."),
+        stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Process the checkpoints one "
+                                              "layer at a time (bounded memory; per-layer function check). Default: "
+                                              "streamed when both checkpoints exceed a quarter of the memory."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
     ) -> None:
         """Align checkpoint B to A through exact attention symmetries; OUT computes B's function."""
-        info = run_align(a_dir, b_dir, out, scope=scope, stage2=stage2, stage1=not no_stage1, force=force)
+        info = run_align(a_dir, b_dir, out, scope=scope, stage2=stage2, stage1=not no_stage1, force=force,
+                         stream=stream)
         if as_json:
             typer.echo(json.dumps(info, default=_jsonable))
             return
