@@ -211,6 +211,24 @@ class LazyCheckpoint:
                                       "it") from None
         return out
 
+    def read_rows(self, name: str, start: int, stop: int, dtype: torch.dtype | None = None,
+                  check_finite: bool = True) -> Tensor:
+        """Rows ``start:stop`` (axis 0) of one tensor, copied (in ``dtype`` if given), checked for NaN/Inf."""
+        from safetensors import safe_open
+
+        info = self.tensors[name]
+        try:
+            with safe_open(str(info.file), framework="pt") as h:
+                t = h.get_slice(name)[start:stop]
+                t = t.to(dtype) if dtype is not None and t.is_floating_point() else t.clone()
+        except Exception as exc:
+            raise CheckpointError(f"{info.file} cannot be read ({str(exc).splitlines()[0]}); re-save or re-download "
+                                  "it") from None
+        self.bytes_read += t.numel() * info.nbytes // max(1, info.numel)
+        if check_finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{self.path}: tensor {name!r} contains NaN or Inf values")
+        return t
+
     def read_raw(self, name: str) -> bytes:
         """The stored bytes of one tensor (no decoding)."""
         info = self.tensors[name]

@@ -117,6 +117,24 @@ class ShardWriter:
             raise SymalignError(f"internal error: tensor {name!r} has shape {tuple(t.shape)}, B has {info.shape}")
         self._write(info, tensor_bytes(t.to(info.dtype)))
 
+    def put_rows(self, name: str, start: int, t: Tensor) -> None:
+        """Write rows ``start:start + len(t)`` (axis 0) of tensor ``name``; the tensor counts as written
+        when its last row is."""
+        info = self._info(name)
+        if tuple(t.shape[1:]) != info.shape[1:] or start + t.shape[0] > info.shape[0]:
+            raise SymalignError(f"internal error: rows {start}..{start + t.shape[0]} of {name!r} do not fit "
+                                f"{info.shape}")
+        row = info.nbytes // max(1, info.shape[0])
+        data = tensor_bytes(t.to(info.dtype))
+        sh = next(s for s in self.like.shards if s.path == info.file)
+        off, view = 8 + sh.header_len + info.start + start * row, data
+        while len(view):
+            n = os.pwrite(self._fds[info.file], view, off)
+            view, off = view[n:], off + n
+        self.bytes_written += len(data)
+        if start + t.shape[0] == info.shape[0]:
+            self._pending.discard(name)
+
     def copy(self, name: str, check_finite: bool = True) -> None:
         """Copy B's tensor ``name`` unchanged (its bytes, checked for NaN/Inf)."""
         info = self._info(name)
