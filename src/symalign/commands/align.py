@@ -33,7 +33,7 @@ def load_matcher() -> Callable[..., Any]:
 
 def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention", stage2: str = "full",
               stage1: bool = True, force: bool = False, stream: bool | None = None,
-              progress: bool = True) -> dict[str, Any]:
+              progress: bool = True, max_iter: int = 20) -> dict[str, Any]:
     """Align B to A and write OUT; returns the diagnostics (see the module docstring).
 
     ``stream``: process the checkpoints layer by layer (:mod:`symalign.stream`); ``None``
@@ -53,11 +53,11 @@ def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention",
 
     if should_stream(a_dir, b_dir, scope, stream):
         return run_streamed(a_dir, b_dir, out_dir, scope, stage2=stage2, stage1=stage1, force=force,
-                            progress=progress)
+                            progress=progress, max_iter=max_iter)
     if scope == "model":
         from symalign.commands.align_model import run_align_model
 
-        return run_align_model(a_dir, b_dir, out_dir, stage2=stage2, stage1=stage1, force=force)
+        return run_align_model(a_dir, b_dir, out_dir, stage2=stage2, stage1=stage1, force=force, max_iter=max_iter)
     if stage2 not in STAGE2:
         raise ConfigError(f"unknown --stage2 {stage2!r}; use one of {', '.join(STAGE2)}")
     out_path = hf_io.check_output_dir(out_dir, [a_dir, b_dir], force)
@@ -112,11 +112,13 @@ def register(app: typer.Typer) -> None:
         stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Process the checkpoints one "
                                               "layer at a time (bounded memory; per-layer function check). Default: "
                                               "streamed when both checkpoints exceed a quarter of the memory."),
+        max_iter: int = typer.Option(20, "--max-iter", min=1, help="--scope model: at most this many sweeps "
+                                     "(streamed: passes over both checkpoints)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
     ) -> None:
         """Align checkpoint B to A through exact attention symmetries; OUT computes B's function."""
         info = run_align(a_dir, b_dir, out, scope=scope, stage2=stage2, stage1=not no_stage1, force=force,
-                         stream=stream)
+                         stream=stream, max_iter=max_iter)
         if as_json:
             typer.echo(json.dumps(info, default=_jsonable))
             return

@@ -31,6 +31,7 @@ import torch
 
 from symalign.errors import SymalignError
 from symalign.stream.layercheck import LayerChecker, layer_prefix
+from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
 from symalign.stream.reader import LazyCheckpoint, check_same_architecture, open_checkpoint
 from symalign.stream.writer import ShardWriter
@@ -69,14 +70,19 @@ def open_pair(a_dir: Path, b_dir: Path) -> tuple[LazyCheckpoint, LazyCheckpoint]
 
 
 def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
-                         force: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Align B's attention to A's layer by layer and write OUT (see the module docstring)."""
+                         force: bool = False, progress: bool = True,
+                         return_transform: bool = False) -> dict[str, Any]:
+    """Align B's attention to A's layer by layer and write OUT (see the module docstring).
+
+    ``return_transform``: add the group element found (``"transform"``: space -> tensor) to the result.
+    """
     from symalign import hf_io
     from symalign.arch.fused import split_segments
     from symalign.match import match_attention
     from symalign.spec import apply
 
     t0 = time.perf_counter()
+    bound_heap()
     out_path = hf_io.check_output_dir(out_dir, [a_dir, b_dir], force)
     a, b = open_pair(a_dir, b_dir)
     spec = b.adapter.spec(b.config, b.keys)
@@ -94,11 +100,13 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
     layers, per_before, per_after, checks = [], [], [], []
     num = {"before": 0.0, "after": 0.0, "norm": 0.0}
     totals: dict[str, float] = {}
+    transform: dict[str, torch.Tensor] = {}
     writer = ShardWriter(out_path, b)
     done: set[str] = set()
     try:
         with progress_bar(total_bytes, "align (attention, streamed)", progress) as bar:
             for i, names in enumerate(names_of):
+                release()
                 bar.update(a.bytes_read + b.bytes_read, f"layer {i + 1}/{L}")
                 sub = spec.restrict(layer_of(spec, i))
                 extra = [n for n in checker.wanted(_layer_keys(b, names[0], i), shapes, i) if n not in names]
@@ -130,6 +138,8 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
                     writer.put(n, stored[n])
                     done.add(n)
                 layers.extend(res.to_dict()["layers"])
+                if return_transform:
+                    transform.update(res.transform)
                 for k, v in res.totals.items():
                     totals[k] = totals.get(k, 0.0) + v
                 del lb, out, stored, ref, res
@@ -145,7 +155,7 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
         raise
     t_end = time.perf_counter()
     rel = lambda x: (x / num["norm"]) ** 0.5 if num["norm"] else x ** 0.5  # noqa: E731
-    return {
+    info = {
         "a": str(a_dir), "b": str(b_dir), "out": str(out_path),
         "architecture": b.config.model_type, "family": b.adapter.family, "scope": "attention",
         "stage1": stage1, "stage2": stage2, "dtype": str(b.dtype).replace("torch.", ""),
@@ -158,9 +168,13 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
                    "per_layer": checks, "kind": "per-layer (one-layer model of the family)"},
         "match": {"stage1": stage1, "stage2": stage2, "totals": totals, "layers": layers},
         "stream": {"passes": 1, "work_dtype": str(dt).replace("torch.", ""), "bytes_read": a.bytes_read + b.bytes_read,
-                   "bytes_written": writer.bytes_written, "shards": len(b.shards)},
+                   "bytes_written": writer.bytes_written, "shards": len(b.shards),
+                   "time_grams_s": totals.get("time_grams_s", 0.0), "peak_rss_bytes": peak_rss()},
         "timing_s": {"total": t_end - t0},
     }
+    if return_transform:
+        info["transform"] = transform
+    return info
 
 
 def _layer_keys(ck: LazyCheckpoint, probe: str, i: int) -> list[str]:

@@ -59,6 +59,7 @@ def run_streamed(a_dir: Path, b_dir: Path, out_dir: Path, scope: str, **kw: Any)
     if scope == "attention":
         from symalign.stream.attention import run_stream_attention
 
+        kw.pop("max_iter", None)
         return run_stream_attention(a_dir, b_dir, out_dir, **kw)
     from symalign.stream.model import run_stream_model
 

@@ -48,6 +48,7 @@ from symalign.groups import Orthogonal, Permutation, PositiveMonomial, apply_on_
 from symalign.spec import SymmetrySpec, apply
 from symalign.stream.attention import EXACT_TOL, layer_of, n_layers, open_pair, sq, stored_tolerance, work_dtype
 from symalign.stream.layercheck import LayerChecker, layer_prefix
+from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
 from symalign.stream.reader import LazyCheckpoint
 from symalign.stream.writer import ShardWriter
@@ -127,6 +128,7 @@ class StreamedWhole:
         self.attention: list[Any] = [None] * self.L
         self.distances: list[float] = []
         self.norm_a = 0.0  # sum_t ||A_t||^2 over the labelled tensors (prepared A)
+        self.t_grams = 0.0  # seconds in the exact Gram products (FF costs, residual cross-Gram, attention)
 
     # -- reading ---------------------------------------------------------------
     def layer(self, ck: LazyCheckpoint, prep: Preparer, i: int, raw: Mapping[str, Tensor] | None = None):
@@ -192,6 +194,7 @@ class StreamedWhole:
         m = torch.zeros_like(self.O)
         acc = d0 = 0.0
         for i in range(self.L):
+            release()
             if bar is not None:
                 bar.update(self.a.bytes_read + self.b.bytes_read, f"layer {i + 1}/{self.L}")
             la, lb = self.layer(self.a, self.prep_a, i), self.layer(self.b, self.prep_b, i)
@@ -210,7 +213,9 @@ class StreamedWhole:
                 if isinstance(g, PositiveMonomial):
                     t_i[s] = match_monomial(pairs, la, cur, g.n)
                 elif isinstance(g, Permutation):
+                    tg = time.perf_counter()
                     c = sum(_rows(la[t], x.axis) @ _rows(cur[t], x.axis).T for t, x in pairs)
+                    self.t_grams += time.perf_counter() - tg
                     t_i[s] = assign(c)
                     del c
                 else:
@@ -220,7 +225,8 @@ class StreamedWhole:
                                   stage1_dtype=torch.float32 if self.b.dtype != torch.float64 else None)
             del va, vb, cur
             t_i.update(att.transform)
-            self.attention[i] = att
+            self.t_grams += att.totals.get("time_grams_s", 0.0)
+            self.attention[i] = att.to_dict()["layers"]
             self.layer_t[i] = t_i
             cur2 = apply(self.layer_spec(i, with_res=False), t_i, lb)
             del lb
@@ -229,8 +235,10 @@ class StreamedWhole:
                 if a is None:
                     acc += sq(la[t] - cur2[t])
                 else:
+                    tg = time.perf_counter()
                     xa, xb = _rows(la[t], a.axis), _rows(cur2[t], a.axis)
                     m += xa @ xb.T
+                    self.t_grams += time.perf_counter() - tg
                     acc += sq(xa) + sq(xb)
                     del xa, xb
             del la, cur2
@@ -273,6 +281,7 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
     from symalign.match.hfmodel import LLAMA_LIKE
 
     t0 = time.perf_counter()
+    bound_heap()
     out_path = hf_io.check_output_dir(out_dir, [a_dir, b_dir], force)
     a, b = open_pair(a_dir, b_dir)
     if b.config.model_type not in LLAMA_LIKE:
@@ -298,6 +307,7 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
     try:
         with progress_bar(b.nbytes, "align (model, streamed) writing", progress) as bar:
             for i in range(w.L):
+                release()
                 bar.update(b.bytes_read, f"layer {i + 1}/{w.L}")
                 raw = b.read(w.layer_names[i])
                 lb = w.layer(b, w.prep_b, i, raw)
@@ -346,10 +356,10 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
         "notes": w.prep_b.notes, "untied_head": w.prep_b.untied,
         "match": {"method": "weight", "iterations": passes, "converged": converged, "distances": d,
                   "relative_distance_after": math.sqrt(d[-1] / d[0]) if d[0] else 0.0,
-                  "attention": {"layers": [x for att in w.attention if att is not None for x in att.to_dict()["layers"]]}},
+                  "attention": {"layers": [x for att in w.attention if att is not None for x in att]}},
         "stream": {"passes": passes, "reads": {"A": passes, "B": passes + 1}, "work_dtype": str(w.dtype).replace("torch.", ""),
                    "bytes_read": bytes_matching + b.bytes_read, "bytes_written": writer.bytes_written,
-                   "shards": len(b.shards)},
+                   "shards": len(b.shards), "time_grams_s": w.t_grams, "peak_rss_bytes": peak_rss()},
         "timing_s": {"match": t_match - t0, "write": t_end - t_match, "total": t_end - t0},
     }
 
