@@ -1,7 +1,8 @@
 """Streamed ``symalign align`` on Llama-shaped bfloat16 checkpoints that need not fit in memory.
 
 Writes two random checkpoints of the chosen shape (bfloat16, ``N(0, 0.02)`` weights, unit
-norm gains; sharded as Hugging Face does: ``huggingface_hub.split_torch_state_dict_into_shards``
+norm gains; each model draws 64M values once and cuts every row chunk of at most 16M values
+from that pool at a random offset -- the two models are independent, the writing is I/O bound; sharded as Hugging Face does: ``huggingface_hub.split_torch_state_dict_into_shards``
 with ``max_shard_size=5GB``, ``model-0000k-of-0000n.safetensors`` + index) tensor by tensor,
 in row chunks, so the benchmark itself stays small. Then, in the same run:
 
@@ -27,6 +28,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,6 +46,7 @@ SHAPES = {
     "7b": (32, 4096, 32, 8, 11008, 32000),
 }
 CHUNK = 1 << 24
+POOL = 1 << 26  # random values per model (64M); chunks of at most CHUNK values are cut from it
 
 
 def llama_config(size: str):
@@ -68,6 +71,9 @@ def write_random(path: Path, config, seed: int, max_shard_size: str = "5GB") -> 
     split = hub.split_torch_state_dict_into_shards(meta, max_shard_size=max_shard_size,
                                                    filename_pattern="model{suffix}.safetensors")
     g = torch.Generator().manual_seed(seed)
+    # a pool of N(0, 0.02) values; each chunk is a slice at a random offset (the writing stays I/O bound)
+    pool = (torch.randn(POOL, generator=g) * 0.02).to(torch.bfloat16)
+    pool = torch.cat([pool, pool])
     total = 0
     for fname, names in split.filename_to_tensors.items():
         names = sorted(names)
@@ -87,9 +93,11 @@ def write_random(path: Path, config, seed: int, max_shard_size: str = "5GB") -> 
                     f.write(torch.ones(shape, dtype=torch.bfloat16).view(torch.uint8).numpy().tobytes())
                     continue
                 rows = max(1, CHUNK // max(1, meta[n].numel() // shape[0]))
+                width = meta[n].numel() // shape[0]
                 for s in range(0, shape[0], rows):
-                    part = torch.randn((min(rows, shape[0] - s), *shape[1:]), generator=g) * 0.02
-                    f.write(part.to(torch.bfloat16).view(torch.uint8).numpy().tobytes())
+                    k = min(rows, shape[0] - s) * width
+                    start = int(torch.randint(0, POOL - k + 1 if k < POOL else 1, (1,), generator=g))
+                    f.write(pool[start:start + k].view(torch.uint8).numpy().tobytes())
         total += (path / fname).stat().st_size
     if split.is_sharded:
         index = {"metadata": {"total_size": sum(v.numel() * 2 for v in meta.values())},
@@ -191,6 +199,7 @@ def main() -> None:
     res: dict = {"shape": dict(zip(("layers", "D", "heads", "kv_heads", "ff", "vocab"), SHAPES[args.llama_size])),
                  "size": args.llama_size, "dtype": "bfloat16", "cpus": os.cpu_count()}
     tmp = Path(tempfile.mkdtemp(prefix="symalign-stream-bench-", dir=args.tmp))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated run still removes its folder
     try:
         t0 = time.perf_counter()
         size = write_random(tmp / "A", cfg, 0) + write_random(tmp / "B", cfg, 1)

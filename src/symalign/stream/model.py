@@ -128,6 +128,7 @@ class StreamedWhole:
         self.attention: list[Any] = [None] * self.L
         self.distances: list[float] = []
         self.norm_a = 0.0  # sum_t ||A_t||^2 over the labelled tensors (prepared A)
+        self.bytes_read = 0  # over all matching passes (pass 0 included)
         self.t_grams = 0.0  # seconds in the exact Gram products (FF costs, residual cross-Gram, attention)
 
     # -- reading ---------------------------------------------------------------
@@ -249,6 +250,7 @@ class StreamedWhole:
 
         self.stage1, self.stage2 = stage1, stage2
         m_free, free_norms, d_glob = self.pass0()
+        self.bytes_read += self.a.bytes_read + self.b.bytes_read
         self.O = procrustes(m_free, self.group)  # initialisation from the free tensors, as match_whole
         converged = False
         d_first = None
@@ -257,6 +259,7 @@ class StreamedWhole:
             self.a.bytes_read = self.b.bytes_read = 0
             with progress_bar(total, f"align (model, streamed) pass {k + 1}", progress) as bar:
                 m, acc, d0 = self.sweep(first=(k == 0), bar=bar)
+            self.bytes_read += self.a.bytes_read + self.b.bytes_read
             if k == 0:
                 d_first = d_glob + d0
                 self.distances.append(d_first)
@@ -291,7 +294,7 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
     converged = w.match(stage1, stage2, max_iter, rtol, progress)
     t_match = time.perf_counter()
     passes = len(w.distances) - 1
-    bytes_matching = a.bytes_read + b.bytes_read
+    bytes_matching = w.bytes_read
 
     # final pass: apply, check per layer, write
     checker = LayerChecker(b.config, b.adapter, w.prefixes[0], shrink_ff=False, layer_params=w.layer_params)
