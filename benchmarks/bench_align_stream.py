@@ -2,7 +2,8 @@
 
 Writes two random checkpoints of the chosen shape (bfloat16, ``N(0, 0.02)`` weights, unit
 norm gains; each model draws 64M values once and cuts every row chunk of at most 16M values
-from that pool at a random offset -- the two models are independent, the writing is I/O bound; sharded as Hugging Face does: ``huggingface_hub.split_torch_state_dict_into_shards``
+from that pool at a random offset -- the two models are independent, the writing is I/O bound;
+sharded as Hugging Face does: ``huggingface_hub.split_torch_state_dict_into_shards``
 with ``max_shard_size=5GB``, ``model-0000k-of-0000n.safetensors`` + index) tensor by tensor,
 in row chunks, so the benchmark itself stays small. Then, in the same run:
 
