@@ -8,8 +8,9 @@ with ``max_shard_size=5GB``, ``model-0000k-of-0000n.safetensors`` + index) tenso
 in row chunks, so the benchmark itself stays small. Then, in the same run:
 
 * the **floor**: reading both checkpoints once (plain sequential reads), writing one
-  (a copy of B), plus the matcher's exact Gram products (the ``time_grams_s`` the run
-  reports);
+  (a copy of B), plus the matcher's exact Gram products (the ``stream.time_grams_s`` the run
+  reports: stage-1 head-pair products, stage-2 Grams; model scope: also the FF cost
+  matrices and the residual cross-Gram);
 * ``symalign align --stream --scope attention`` and ``--scope model --max-iter N``, each in
   its own process: wall time, peak RSS (``ru_maxrss`` of a wrapper's child), bytes read and
   read bandwidth, passes, and the per-layer function checks;
@@ -174,7 +175,7 @@ def summarise(r: dict, floor_s: float, read_bytes_floor: int) -> dict:
         return {"error": r["err"].strip().splitlines()[-1:] if r["err"] else "failed", "wall_s": r["wall_s"]}
     info = json.loads(r["out"])
     st = info["stream"]
-    grams = info.get("match", {}).get("totals", {}).get("time_grams_s") or st.get("time_grams_s", 0.0)
+    grams = st.get("time_grams_s", 0.0)  # stage-1 products (+ its tiny assignment), stage-2 Grams, FF and residual
     v = info["verify"]
     return {"wall_s": round(r["wall_s"], 1), "peak_rss_gb": round(r["peak_rss"] / 2**30, 3),
             "passes": st["passes"], "bytes_read_gb": round(st["bytes_read"] / 2**30, 2),
@@ -185,7 +186,11 @@ def summarise(r: dict, floor_s: float, read_bytes_floor: int) -> dict:
             "check": {"layers": len(v["per_layer"]), "exact_max": v["exact_relative_change"],
                       "stored_max": v["relative_output_change"], "dtype": v["dtype"],
                       "tolerance": v["tolerance"], "exact_tolerance": v["exact_tolerance"]},
-            "converged": info.get("match", {}).get("converged"), "timing_s": info.get("timing_s")}
+            "converged": info.get("match", {}).get("converged"), "timing_s": info.get("timing_s"),
+            "self_reported_peak_rss_gb": round(st.get("peak_rss_bytes", 0) / 2**30, 3),
+            "matcher_totals": info.get("match", {}).get("totals"),
+            "per_layer_time_s": [round(x.get("time_s", 0.0), 2) for x in info.get("match", {}).get("layers", [])
+                                 if isinstance(x, dict)][:64]}
 
 
 def main() -> None:

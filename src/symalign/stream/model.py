@@ -129,7 +129,8 @@ class StreamedWhole:
         self.distances: list[float] = []
         self.norm_a = 0.0  # sum_t ||A_t||^2 over the labelled tensors (prepared A)
         self.bytes_read = 0  # over all matching passes (pass 0 included)
-        self.t_grams = 0.0  # seconds in the exact Gram products (FF costs, residual cross-Gram, attention)
+        self.t_grams = 0.0  # seconds in the exact Gram products (FF costs, residual cross-Gram, attention stage 1
+        #                     -- products and its small head assignment -- and stage-2 Grams)
 
     # -- reading ---------------------------------------------------------------
     def layer(self, ck: LazyCheckpoint, prep: Preparer, i: int, raw: Mapping[str, Tensor] | None = None):
@@ -226,7 +227,7 @@ class StreamedWhole:
                                   stage1_dtype=torch.float32 if self.b.dtype != torch.float64 else None)
             del va, vb, cur
             t_i.update(att.transform)
-            self.t_grams += att.totals.get("time_grams_s", 0.0)
+            self.t_grams += att.totals.get("time_stage1_s", 0.0) + att.totals.get("time_grams_s", 0.0)
             self.attention[i] = att.to_dict()["layers"]
             self.layer_t[i] = t_i
             cur2 = apply(self.layer_spec(i, with_res=False), t_i, lb)
