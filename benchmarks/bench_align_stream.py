@@ -198,6 +198,8 @@ def main() -> None:
     ap.add_argument("--llama-size", choices=tuple(SHAPES), default="7b")
     ap.add_argument("--tmp", default=None, help="Parent folder of the temporary checkpoints (default: system temp).")
     ap.add_argument("--max-iter", type=int, default=2, help="--scope model: passes at most.")
+    ap.add_argument("--max-shard-size", default=None, help="Shard size limit (default 5GB for 7b, else 200MB, so "
+                    "that the smaller shapes are sharded too).")
     ap.add_argument("--scopes", default="attention,model")
     ap.add_argument("--json", default=None, help="Also write the results to this JSON file.")
     args = ap.parse_args()
@@ -208,7 +210,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated run still removes its folder
     try:
         t0 = time.perf_counter()
-        size = write_random(tmp / "A", cfg, 0) + write_random(tmp / "B", cfg, 1)
+        shard = args.max_shard_size or ("5GB" if args.llama_size == "7b" else "200MB")
+        size = write_random(tmp / "A", cfg, 0, shard) + write_random(tmp / "B", cfg, 1, shard)
+        res["max_shard_size"] = shard
         res["write_checkpoints_s"] = round(time.perf_counter() - t0, 1)
         res["checkpoint_gb"] = round(size / 2 / 2**30, 2)
         res["shards"] = sorted(p.name for p in (tmp / "B").glob("*.safetensors"))
