@@ -102,11 +102,12 @@ def test_streamed_output_loads_and_computes_b(tmp_path, capsys, monkeypatch):
             assert info["stream"]["reads"] == {"A": info["stream"]["passes"], "B": info["stream"]["passes"] + 1}
 
 
-def test_streamed_model_scope_matches_in_memory_sweeps(tmp_path):
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: Q/K/V biases, on which no residual acts
+def test_streamed_model_scope_matches_in_memory_sweeps(family, tmp_path):
     """The streamed passes are match_whole's sweeps: the same distance after every pass."""
     from symalign.commands.align import run_align
 
-    _pair(tmp_path, dtype=torch.float64, shard="20KB")
+    _pair(tmp_path, family=family, dtype=torch.float64, shard="20KB", tie_word_embeddings=False)
     s = run_align(tmp_path / "A", tmp_path / "B", tmp_path / "S", scope="model", stream=True, max_iter=4)
     m = run_align(tmp_path / "A", tmp_path / "B", tmp_path / "M", scope="model", stream=False, max_iter=4)
     ds, dm = s["match"]["distances"], m["match"]["distances"]
