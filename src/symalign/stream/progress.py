@@ -12,8 +12,9 @@ class _Bar:
         self.progress, self.task = progress, task
 
     def update(self, completed_bytes: int, what: str) -> None:
-        if self.progress is not None:
-            self.progress.update(self.task, completed=completed_bytes, description=what)
+        if self.progress is not None:  # a few small tensors are read twice (the check, the copy): clamp
+            total = self.progress.tasks[0].total or completed_bytes
+            self.progress.update(self.task, completed=min(completed_bytes, total), description=what)
 
 
 @contextmanager
