@@ -54,6 +54,7 @@ def _align(monkeypatch, capsys, *args):
 def test_sharded_run_bit_identical_to_unsharded_and_to_in_memory(tmp_path, capsys, monkeypatch):
     _, mb, da, db = _pair(tmp_path)
     assert len(list(db.glob("*.safetensors"))) > 2
+    (db / "tokenizer.json").write_text('{"model": "stand-in"}')
     _save(make_model("llama", dtype=torch.float32, seed=0), tmp_path / "A1")
     _save(mb, tmp_path / "B1")
     code, out, err = _align(monkeypatch, capsys, da, db, "-o", tmp_path / "OUT", "--stream", "--json")
@@ -79,6 +80,7 @@ def test_sharded_run_bit_identical_to_unsharded_and_to_in_memory(tmp_path, capsy
         n = int.from_bytes(f.read_bytes()[:8], "little")
         assert (tmp_path / "OUT" / f.name).read_bytes()[:8 + n] == f.read_bytes()[:8 + n]
     assert (tmp_path / "OUT" / "config.json").is_file() and (tmp_path / "OUT" / "generation_config.json").is_file()
+    assert (tmp_path / "OUT" / "tokenizer.json").read_text() == '{"model": "stand-in"}'
 
 
 def test_streamed_output_loads_and_computes_b(tmp_path, capsys, monkeypatch):
