@@ -9,6 +9,11 @@ Pairs (random init, built from configs, saved with ``save_pretrained`` to a temp
 Each ``symalign align`` runs as a subprocess; peak memory is its ``ru_maxrss``
 (children). Goals: GPT-2 small under 60 s and under 3x the size of the two
 checkpoints. Usage: ``python benchmarks/bench_align_hf.py [--llama-size none|small|1b]``.
+
+``--llama-size 7b`` (or ``--stream``) runs the streamed benchmark instead
+(``benchmarks/bench_align_stream.py``: two random bfloat16 checkpoints written to a
+temporary folder, ``symalign align --stream`` with both scopes, wall time, peak RSS,
+read bandwidth and the floor measured in the same run).
 """
 
 from __future__ import annotations
@@ -79,8 +84,18 @@ def run(kind: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--llama-size", choices=("none", "small", "1b"), default="small")
-    args = ap.parse_args()
+    ap.add_argument("--llama-size", choices=("none", "small", "1b", "7b"), default="small")
+    ap.add_argument("--stream", action="store_true", help="Run the streamed benchmark (bench_align_stream.py) at "
+                    "this size; 7b always does. Other options are passed on to it.")
+    args, rest = ap.parse_known_args()
+    if args.llama_size == "7b" or args.stream:
+        from bench_align_stream import main as stream_main
+
+        sys.argv = [sys.argv[0], "--llama-size", "tiny" if args.llama_size == "none" else args.llama_size, *rest]
+        stream_main()
+        return
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
     kinds = ["gpt2"] + ({"small": ["llama-small"], "1b": ["llama-1b"]}.get(args.llama_size, []))
     for kind in kinds:
         print(json.dumps(run(kind)), flush=True)

@@ -33,11 +33,15 @@ def load_matcher() -> Callable[..., Any]:
 
 def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention", stage2: str = "full",
               stage1: bool = True, force: bool = False, max_sweeps: int = 20,
-              write_reference: Path | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+              write_reference: Path | None = None, say: Callable[[str], None] | None = None,
+              stream: bool | None = None, progress: bool = True, max_iter: int | None = None) -> dict[str, Any]:
     """Align B to A and write OUT; returns the diagnostics (see the module docstring).
 
-    ``max_sweeps`` and ``write_reference`` apply to ``scope="model"`` (see
-    :func:`symalign.commands.align_model.run_align_model`); ``say`` receives progress lines."""
+    ``max_sweeps`` (``max_iter``: the same, older name) and ``write_reference`` apply to
+    ``scope="model"`` (see :func:`symalign.commands.align_model.run_align_model`); ``say``
+    receives progress lines. ``stream``: process the checkpoints layer by layer
+    (:mod:`symalign.stream`); ``None`` decides by size (:func:`symalign.stream.auto.should_stream`).
+    """
     from symalign import hf_io
     from symalign.match.distance import attention_distance
     from symalign.spec import apply
@@ -45,6 +49,18 @@ def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention",
     t0 = time.perf_counter()
     if scope not in SCOPES:
         raise ConfigError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
+    if stage2 not in STAGE2:
+        raise ConfigError(f"unknown --stage2 {stage2!r}; use one of {', '.join(STAGE2)}")
+    from symalign.stream.auto import run_streamed, should_stream
+
+    if max_iter is not None:
+        max_sweeps = max_iter
+    if should_stream(a_dir, b_dir, scope, stream):
+        if write_reference is not None:
+            raise ConfigError("--write-reference is not available with --stream yet; align without --stream, "
+                              "or let `symalign interpolate` fold A itself (OUT is marked folded)")
+        return run_streamed(a_dir, b_dir, out_dir, scope, stage2=stage2, stage1=stage1, force=force,
+                            progress=progress, max_iter=max_sweeps)
     if scope == "model":
         from symalign.commands.align_model import run_align_model
 
@@ -102,7 +118,7 @@ def register(app: typer.Typer) -> None:
         scope: str = typer.Option("attention", help="attention | model (model: residual stream, FF units and "
                                   "attention; OUT is written in folded form, see --write-reference and "
                                   "docs/whole-model.md)."),
-        max_sweeps: int = typer.Option(20, "--max-sweeps", help="--scope model: sweeps of the alternating "
+        max_sweeps: int = typer.Option(20, "--max-sweeps", "--max-iter", min=1, help="--scope model: sweeps of the alternating "
                                                                 "solver (a warning says when it did not converge)."),
         write_reference: Optional[Path] = typer.Option(None, "--write-reference", metavar="DIR",
                                                        help="--scope model: also write A's folded form to DIR "
@@ -111,6 +127,9 @@ def register(app: typer.Typer) -> None:
         no_stage1: bool = typer.Option(False, "--no-stage1", help="Keep B's head order (skip the head assignment)."),
         force: bool = typer.Option(False, "--force", help="Replace OUT if it is a previous symalign output "
                                                           "(atomically); other folders are never replaced."),
+        stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Process the checkpoints one "
+                                              "layer at a time (bounded memory; per-layer function check). Default: "
+                                              "streamed when both checkpoints exceed a quarter of the memory."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
         module: Optional[str] = typer.Option(None, "--module", help="pkg.mod:factory returning any nn.Module: A_DIR, B_DIR and "
                                    "OUT are then state-dict files (torch.save); spec traced (docs/tracing.md)."),
@@ -127,7 +146,7 @@ def register(app: typer.Typer) -> None:
             info = run_align_module(module, a_dir, b_dir, out, scope, stage2, not no_stage1, force)
         else:
             info = run_align(a_dir, b_dir, out, scope=scope, stage2=stage2, stage1=not no_stage1, force=force,
-                             max_sweeps=max_sweeps, write_reference=write_reference, say=say)
+                             max_sweeps=max_sweeps, write_reference=write_reference, say=say, stream=stream)
         if as_json:
             typer.echo(json.dumps(info, default=_jsonable))
             return

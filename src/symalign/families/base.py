@@ -199,14 +199,14 @@ class Family(Adapter):
             name = f"qkgain.{i}"
             off = 1.0 if dec.norm == "rms1p" else 0.0
             if dec.qk_norm_over == "all":
-                spec.add_space(name, OffsetPerHead(inner, lay.n_kv_heads, off))
+                spec.add_space(name, OffsetPerHead(inner, lay.n_kv_heads, off), None, i)
                 spec.act_on(qn, f"heads.{i}", 0, "co", "query")
                 spec.act_on(kn, f"heads.{i}", 0, "co", "kv")
                 spec.couple(f"heads.{i}", name)
                 spec.act_on(qn, name, 0, "co", "query")
                 spec.act_on(kn, name, 0, "contra", "kv")
             else:
-                spec.add_space(name, OffsetPerHead(inner, 1, off))
+                spec.add_space(name, OffsetPerHead(inner, 1, off), None, i)
                 spec.act_on(qn, name, 0, "co")
                 spec.act_on(kn, name, 0, "contra")
 

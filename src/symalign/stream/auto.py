@@ -1,0 +1,66 @@
+"""When ``symalign align`` streams, and the dispatch to the streamed engines."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from symalign.errors import ConfigError
+
+STREAM_FRACTION = 0.25  # stream when A + B exceed this fraction of the physical memory
+
+
+def physical_memory() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 16 << 30
+
+
+def weights_bytes(path: Path) -> int:
+    path = Path(path)
+    if not path.is_dir():
+        return 0
+    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
+
+
+def streamable(a_dir: Path, scope: str) -> str | None:
+    """``None`` if the streamed engine covers this checkpoint and scope, else why not."""
+    if scope == "attention":
+        return None
+    from symalign.hf_io import load_config
+    from symalign.match.hfmodel import LLAMA_LIKE
+
+    mt = load_config(a_dir).model_type
+    return None if mt in LLAMA_LIKE else (f"--scope model --stream supports {', '.join(LLAMA_LIKE)}; "
+                                          f"{mt!r} is aligned in memory (use --no-stream)")
+
+
+def should_stream(a_dir: Path, b_dir: Path, scope: str, stream: bool | None) -> bool:
+    """``stream`` if given (an unsupported combination is refused), else by size."""
+    if stream is False:
+        return False
+    if stream is None:
+        big = weights_bytes(a_dir) + weights_bytes(b_dir) > STREAM_FRACTION * physical_memory()
+        if not big:
+            return False
+        try:
+            return streamable(a_dir, scope) is None
+        except Exception:  # unreadable config: let the in-memory path report it
+            return False
+    why = streamable(a_dir, scope)
+    if why is not None:
+        raise ConfigError(why)
+    return True
+
+
+def run_streamed(a_dir: Path, b_dir: Path, out_dir: Path, scope: str, **kw: Any) -> dict[str, Any]:
+    if scope == "attention":
+        from symalign.stream.attention import run_stream_attention
+
+        kw.pop("max_iter", None)
+        return run_stream_attention(a_dir, b_dir, out_dir, **kw)
+    from symalign.stream.model import run_stream_model
+
+    return run_stream_model(a_dir, b_dir, out_dir, **kw)

@@ -1,0 +1,171 @@
+r"""Per-layer function check of a streamed alignment, through the family's own Hugging Face code.
+
+A 7B model cannot be run in float64 on a small machine, but one of its layers can.
+:class:`LayerChecker` builds, once, a one-layer model of B's family from B's config
+(``num_hidden_layers = 1``, a tiny vocabulary; for the attention scope also a tiny
+FF width, since the FF is not touched), randomly initialised in the check's dtype
+(float64 when the layer fits, else float32). To check layer ``i`` it loads B's layer
+``i`` into the model's layer 0 -- every tensor of that layer whose shape fits; the
+rest keeps the (seeded, shared) random values -- runs the model's own forward on a
+random batch, then loads the aligned layer (and, for the model scope, the rotated
+embedding/head of the one-layer model) and runs again:
+
+``rel = ||f_{B'_i}(x) - f_{B_i}(x)|| / ||f_{B_i}(x)||``, with ``f`` the hidden states the
+layer outputs (captured by a forward hook, before any final norm: HF's RMSNorm
+computes in float32 and would hide differences below float32 resolution).
+
+With the embedding ``E`` and head ``H`` of the one-layer model, a residual rotation
+``O`` of the model scope is checked by giving the aligned run ``E O^T`` and
+``H O^T`` (the actions of the residual space on those tensors): the output is the
+same iff ``layer'(O x) = O layer(x)`` on the inputs, i.e. iff the aligned layer is
+the exact image of B's layer.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from symalign.errors import ConfigError
+
+FLOAT64_MAX_LAYER_PARAMS = 100_000_000  # a one-layer model above this (0.8 GB in float64) is checked in float32
+TINY_VOCAB = 64
+TINY_FF = 8
+
+
+def layer_prefix(name: str, i: int) -> str:
+    """``"model.layers.3."`` from ``"model.layers.3.self_attn.q_proj.weight"`` and ``i = 3``."""
+    key = f".{i}."
+    at = name.find(key)
+    if at < 0:
+        raise ConfigError(f"cannot find the layer index {i} in tensor name {name!r}")
+    return name[: at + len(key)]
+
+
+def disk_names(model: torch.nn.Module, state: Mapping[str, Tensor]) -> dict[str, str]:
+    """Saved name -> module name of each tensor (transformers 5.x renames some families on save, e.g. ViT)."""
+    same = {k: k for k in state}
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+
+        on_disk = revert_weight_conversion(model, dict(state))
+    except Exception:  # pragma: no cover - older transformers save names as in memory
+        return same
+    if len(on_disk) != len(state):
+        return same
+    by_id = {id(v): k for k, v in state.items()}
+    out = {d: by_id[id(v)] for d, v in on_disk.items() if id(v) in by_id}
+    return out if len(out) == len(state) else same
+
+
+class LayerChecker:
+    """Runs single layers of B's family (see the module docstring).
+
+    ``shrink_ff``: replace the FF width by :data:`TINY_FF` (attention scope: the FF
+    is unchanged, so its tensors are not loaded and need no memory).
+    """
+
+    def __init__(self, config: Any, adapter: Any, layer0: str, shrink_ff: bool, layer_params: int, seed: int = 0):
+        cfg = copy.deepcopy(config)
+        cfg.num_hidden_layers = 1
+        for attr in ("layer_types",):  # per-layer tables must have one entry
+            v = getattr(cfg, attr, None)
+            if isinstance(v, list) and v:
+                setattr(cfg, attr, v[:1])
+        if hasattr(cfg, "vocab_size"):
+            cfg.vocab_size = TINY_VOCAB
+        if shrink_ff:
+            if getattr(cfg, "intermediate_size", None) is not None:
+                cfg.intermediate_size = TINY_FF
+            if cfg.model_type == "gpt2":
+                cfg.n_inner = TINY_FF
+            layer_params = min(layer_params, FLOAT64_MAX_LAYER_PARAMS)
+        cfg._attn_implementation = "eager"
+        self.config = cfg
+        self.adapter = adapter
+        self.dtype = torch.float64 if layer_params <= FLOAT64_MAX_LAYER_PARAMS else torch.float32
+        cls = adapter.model_class(cfg)
+        torch.manual_seed(seed)
+        from transformers.utils import logging
+
+        verbosity = logging.get_verbosity()
+        logging.set_verbosity_error()
+        try:
+            model = cls._from_config(cfg)
+        finally:
+            logging.set_verbosity(verbosity)
+        self.model = model.to(self.dtype).eval()
+        self.names = self.model.state_dict()
+        self.disk = disk_names(self.model, self.names)
+        self.layer0 = layer0
+        probe = next((m for d, m in self.disk.items() if d.startswith(layer0)), None)
+        try:
+            if probe is None:
+                raise AttributeError(layer0)
+            self.layer_module = self.model.get_submodule(layer_prefix(probe, 0).rstrip("."))
+        except (AttributeError, ConfigError):
+            raise ConfigError(f"the {adapter.family} model has no layer {layer0.rstrip('.')!r}: the per-layer "
+                              "check cannot run (use --no-stream)") from None
+        # the tensors outside the layer (embedding, final norm, head): restored before each run
+        inside = layer_prefix(probe, 0)
+        self.base = {k: v.detach().clone() for k, v in self.names.items() if not k.startswith(inside)}
+        inputs = adapter.dummy_inputs(cfg, seed=seed)
+        self.inputs = {k: (v.to(self.dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
+
+    def local_names(self, names, i: int) -> dict[str, str]:
+        """On-disk names of layer ``i`` -> the one-layer model's names, for the tensors whose shapes fit."""
+        out = {}
+        for n in names:
+            p = layer_prefix(n, i)
+            local = self.disk.get(self.layer0 + n[len(p):])
+            if local is not None:
+                out[n] = local
+        return out
+
+    def wanted(self, names, shapes: Mapping[str, tuple[int, ...]], i: int) -> list[str]:
+        """Layer ``i``'s tensors the check loads (those whose shapes the one-layer model shares)."""
+        loc = self.local_names(names, i)
+        return [n for n, ln in loc.items() if tuple(self.names[ln].shape) == tuple(shapes[n])]
+
+    @torch.no_grad()
+    def run(self, layer: Mapping[str, Tensor], i: int, overrides: Mapping[str, Tensor] | None = None) -> Tensor:
+        """Output of the one-layer model with ``layer`` (on-disk names of layer ``i``) loaded."""
+        from symalign.arch.check import _first_output
+
+        state = dict(self.base)
+        for n, ln in self.local_names(layer, i).items():
+            state[ln] = layer[n]
+        for k, v in (overrides or {}).items():
+            state[k] = v
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if unexpected:
+            raise ConfigError(f"internal error: the one-layer model has no tensor {unexpected[0]!r}")
+        seen: list[Tensor] = []
+        handle = self.layer_module.register_forward_hook(lambda mod, args, out: seen.append(_first_output(out)))
+        try:
+            self.model(**self.inputs)
+        finally:
+            handle.remove()
+        return seen[0].to(torch.float64)
+
+    def compare(self, ref: Mapping[str, Tensor], new: Mapping[str, Tensor], i: int,
+                new_overrides: Mapping[str, Tensor] | None = None, rotate: Tensor | None = None) -> float:
+        """``||f_new - R f_ref|| / ||f_ref||`` (``inf`` if not finite), ``f`` the layer's output (hidden states).
+
+        ``rotate``: the residual rotation ``R`` (``D x D``) of the model scope, applied to the
+        reference output; ``new_overrides`` then carries the rotated embedding (and head).
+        """
+        y0 = self.run(ref, i)
+        if rotate is not None:
+            y0 = y0 @ rotate.to(torch.float64).T
+        y1 = self.run(new, i, new_overrides)
+        gc.collect()
+        if not (torch.isfinite(y0).all() and torch.isfinite(y1).all()):
+            return float("inf")
+        den = float(y0.norm())
+        diff = float((y1 - y0).norm())
+        return diff / den if den > 0 else diff

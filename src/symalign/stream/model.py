@@ -1,0 +1,373 @@
+r"""``symalign align --scope model``, streamed (Llama family): alternating passes over the layers.
+
+The whole-model problem (docs/whole-model.md) is: find the residual rotation ``O``
+(one ``D x D`` element for the whole stream), per layer ``i`` the FF permutation
+``P_i`` and the attention element ``g_i``, minimising
+``sum_t ||A_t - (O, P, g) . B_t||^2`` over every labelled tensor of the exactly
+rewritten checkpoints (norm gains folded, :func:`symalign.match.hfmodel.prepare`).
+The residual couples the layers; given ``O`` the layers are independent. So each
+**pass** reads the layers of A and B in order, one layer of each in memory, and
+
+1. applies the current ``O`` to B's layer and solves the layer's FF permutations
+   (linear assignment on ``C = sum X_A X_B^T``) and its attention (the attention
+   matcher) -- the exact block minimisers of block-coordinate descent;
+2. with those applied (``B'_i``), adds the layer's share of the residual cross-Gram
+   ``M += sum_t X_A^t (X_{B'}^t)^T`` (rows: the tensor's residual axis) and of the
+   norms ``||A_t||^2``, ``||B'_t||^2``.
+
+After the pass ``O = polar(M + M_free)`` (Procrustes), where ``M_free`` is the
+cross-Gram of the tensors only the residual acts on (embedding, head: computed
+once, in row chunks, in pass 0, which also gives the initial ``O``). Because ``O``
+is orthogonal, the distance after the pass needs no further read:
+
+``d = sum_t (||A_t||^2 + ||B'_t||^2) - 2 <O, M + M_free>`` (plus the tensors no
+residual acts on, summed directly).
+
+This is exactly the sweep of :func:`symalign.match.whole.match_whole` (FF, attention,
+residual), so passes stop on the same rule: the distance falls by at most
+``rtol`` times the unaligned distance, or ``max_iter`` passes. A final pass over B
+applies the transform, checks each layer through the family's code
+(:class:`~symalign.stream.layercheck.LayerChecker`: ``layer'(O x) = O layer(x)``),
+and writes OUT. Memory: one layer of A and one of B (float64; float32 above
+:data:`symalign.stream.attention.FLOAT64_MAX_LAYER_PARAMS`), the FF cost matrix
+``d_ff x d_ff``, ``M`` and ``O`` (``D x D``) and the per-layer transforms.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from symalign.errors import ConfigError, MatchError, SymalignError
+from symalign.groups import Orthogonal, Permutation, PositiveMonomial, apply_on_axis
+from symalign.spec import SymmetrySpec, apply
+from symalign.stream.attention import EXACT_TOL, layer_of, n_layers, open_pair, sq, stored_tolerance, work_dtype
+from symalign.stream.layercheck import LayerChecker, layer_prefix
+from symalign.stream.memory import bound_heap, peak_rss, release
+from symalign.stream.progress import progress_bar
+from symalign.stream.reader import LazyCheckpoint
+from symalign.stream.writer import ShardWriter
+
+# HF Llama-style RMSNorm computes in float32 whatever the weights' dtype: a rotated
+# stream changes its rounding, so even a float64 check resolves only ~1e-7.
+RMSNORM_FLOOR = 1e-6
+CHUNK_ELEMENTS = 1 << 24  # rows of a big global tensor (embedding, head) read at a time
+
+
+class Preparer:
+    """:func:`symalign.match.hfmodel.prepare` on part of a checkpoint.
+
+    The fold is defined once, for whole state dicts; here every tensor not given is a
+    meta-device placeholder (no memory, no work), so folding a layer or a row chunk
+    of the head costs only that part. Row chunks are exact: the folds scale columns.
+    """
+
+    def __init__(self, ck: LazyCheckpoint, att_spec: SymmetrySpec):
+        from symalign.match.hfmodel import prepare
+
+        self._prepare = prepare
+        self.config = ck.config
+        self.att = att_spec
+        self.meta = {n: torch.empty(t.shape, dtype=torch.float64, device="meta") for n, t in ck.tensors.items()}
+        p = prepare(ck.config, self.meta, att_spec)
+        self.spec, self.notes, self.untied = p.spec, p.notes, p.untied
+
+    def __call__(self, real: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        p = self._prepare(self.config, {**self.meta, **real}, self.att)
+        return {k: p.state[k] for k in real}
+
+
+def _res_action(spec: SymmetrySpec, t: str, res: str):
+    return next((a for a in spec.tensors.get(t, []) if a.space == res), None)
+
+
+def _rows(x: Tensor, axis: int) -> Tensor:
+    return torch.movedim(x.to(torch.float64), axis % x.dim(), 0).reshape(x.shape[axis], -1)
+
+
+class StreamedWhole:
+    """State of the streamed whole-model match (see the module docstring)."""
+
+    def __init__(self, a: LazyCheckpoint, b: LazyCheckpoint):
+        att = b.adapter.spec(b.config, b.keys)
+        self.a, self.b = a, b
+        self.prep_a, self.prep_b = Preparer(a, att), Preparer(b, att)
+        spec = self.prep_b.spec
+        if spec.describe() != self.prep_a.spec.describe():
+            raise MatchError("the models have different symmetry groups -- different depth or widths?")
+        self.spec = spec
+        orth = [s for s, g in spec.spaces.items() if isinstance(g, Orthogonal)]
+        if len(orth) != 1:
+            raise ConfigError("streamed --scope model needs exactly one orthogonal residual space "
+                              f"(found {len(orth)}); use --no-stream")
+        self.res = orth[0]
+        self.L = n_layers(att)
+        self.att_names = [list(att.restrict(layer_of(att, i)).tensors) for i in range(self.L)]
+        self.prefixes = [layer_prefix(names[0], i) for i, names in enumerate(self.att_names)]
+        self.layer_names = [[n for n in b.keys if n.startswith(p)] for p in self.prefixes]
+        in_layer = {n for names in self.layer_names for n in names}
+        self.globals = [n for n in b.keys if n not in in_layer]
+        self.big = [n for n in self.globals if b.tensors[n].numel > (1 << 20)]
+        for n in self.globals:
+            acts = spec.tensors.get(n, [])
+            if any(x.space != self.res for x in acts):
+                raise ConfigError(f"{n!r} carries a non-residual space; streamed --scope model cannot chunk it")
+            if n in self.big and acts and any(x.axis % len(b.tensors[n].shape) == 0 for x in acts):
+                raise ConfigError(f"{n!r}: the residual acts on its row axis; streamed --scope model cannot chunk it")
+        self.layer_params = max(sum(b.tensors[n].numel for n in names) for names in self.layer_names)
+        self.dtype = work_dtype(self.layer_params)
+        self.group = spec.spaces[self.res]
+        D = self.group.n
+        self.O = torch.eye(D, dtype=torch.float64)
+        self.layer_t: list[dict[str, Tensor]] = [{} for _ in range(self.L)]
+        self.attention: list[Any] = [None] * self.L
+        self.distances: list[float] = []
+        self.norm_a = 0.0  # sum_t ||A_t||^2 over the labelled tensors (prepared A)
+        self.bytes_read = 0  # over all matching passes (pass 0 included)
+        self.t_grams = 0.0  # seconds in the exact Gram products (FF costs, residual cross-Gram, attention stage 1
+        #                     -- products and its small head assignment -- and stage-2 Grams)
+
+    # -- reading ---------------------------------------------------------------
+    def layer(self, ck: LazyCheckpoint, prep: Preparer, i: int, raw: Mapping[str, Tensor] | None = None):
+        raw = raw if raw is not None else ck.read(self.layer_names[i])
+        return prep({n: v.to(self.dtype) for n, v in raw.items()})
+
+    def global_chunks(self, ck: LazyCheckpoint, prep: Preparer):
+        """``(name, start, prepared rows)`` over every global tensor (small ones whole, ``start`` 0)."""
+        small = ck.read([n for n in self.globals if n not in self.big], self.dtype)
+        one = {n: ck.read_rows(n, 0, 1, self.dtype) for n in self.big}
+        for n, v in prep({**small, **one}).items():
+            if n not in self.big:
+                yield n, 0, v
+        for n in self.big:
+            rows = ck.tensors[n].shape[0]
+            step = max(1, CHUNK_ELEMENTS // max(1, ck.tensors[n].numel // rows))
+            for s in range(0, rows, step):
+                part = ck.read_rows(n, s, min(rows, s + step), self.dtype)
+                yield n, s, prep({**small, **one, n: part})[n]
+
+    def layer_spec(self, i: int, with_res: bool = True) -> SymmetrySpec:
+        names = [n for n in self.layer_names[i] if n in self.spec.tensors]
+        sub = SymmetrySpec(self.spec.spaces, {t: self.spec.tensors[t] for t in names}, self.spec.couplings)
+        keep = [s for s in self.layer_spaces(i)] + ([self.res] if with_res else [])
+        return sub.restrict(keep)
+
+    def layer_spaces(self, i: int) -> list[str]:
+        return [s for s in self.spec.spaces if s != self.res and any(
+            t in self.spec.tensors and any(x.space == s for x in self.spec.tensors[t]) for t in self.layer_names[i])]
+
+    def rotate(self, sub: SymmetrySpec, state: Mapping[str, Tensor], o: Tensor) -> dict[str, Tensor]:
+        """The residual element on every tensor of ``state`` it acts on (``O^{-T} = O``: one product)."""
+        out = dict(state)
+        for t, x in state.items():
+            a = _res_action(sub, t, self.res)
+            if a is not None:
+                out[t] = apply_on_axis(x, a.axis, o)
+        return out
+
+    # -- the passes ------------------------------------------------------------
+    def pass0(self) -> tuple[Tensor, float, float]:
+        """``M_free``, ``sum ||A_t||^2 + ||B_t||^2`` over the free globals, and their unaligned distance."""
+        m = torch.zeros_like(self.O)
+        norms = d0 = 0.0
+        for (n, _, ca), (_, _, cb) in zip(self.global_chunks(self.a, self.prep_a),
+                                          self.global_chunks(self.b, self.prep_b)):
+            a = _res_action(self.spec, n, self.res)
+            if a is None:
+                continue
+            xa, xb = _rows(ca, a.axis), _rows(cb, a.axis)
+            m += xa @ xb.T
+            norms += sq(xa) + sq(xb)
+            d0 += sq(xa - xb)
+            self.norm_a += sq(xa)
+        return m, norms, d0
+
+    def sweep(self, first: bool, bar=None) -> tuple[Tensor, float, float]:
+        """One pass: FF and attention per layer given ``O``; returns ``M`` (layers), norms+direct, ``d0``."""
+        from symalign.arch.fused import split_segments
+        from symalign.match import match_attention
+        from symalign.match.ff import assign, match_monomial
+
+        m = torch.zeros_like(self.O)
+        acc = d0 = 0.0
+        for i in range(self.L):
+            release()
+            if bar is not None:
+                bar.update(self.a.bytes_read + self.b.bytes_read, f"layer {i + 1}/{self.L}")
+            la, lb = self.layer(self.a, self.prep_a, i), self.layer(self.b, self.prep_b, i)
+            sub = self.layer_spec(i)
+            if first:
+                d0 += sum(sq(la[t] - lb[t]) for t in sub.tensors)
+                self.norm_a += sum(sq(la[t]) for t in sub.tensors)
+            cur = self.rotate(sub, lb, self.O)
+            t_i: dict[str, Tensor] = {}
+            att_spaces = [s for s in layer_of(self.spec, i)]
+            for s in self.layer_spaces(i):
+                if s in att_spaces:
+                    continue
+                g = self.spec.spaces[s]
+                pairs = sub.tensors_of(s)
+                if isinstance(g, PositiveMonomial):
+                    t_i[s] = match_monomial(pairs, la, cur, g.n)
+                elif isinstance(g, Permutation):
+                    tg = time.perf_counter()
+                    c = sum(_rows(la[t], x.axis) @ _rows(cur[t], x.axis).T for t, x in pairs)
+                    self.t_grams += time.perf_counter() - tg
+                    t_i[s] = assign(c)
+                    del c
+                else:
+                    raise ConfigError(f"space {s!r} ({g.describe()}) is not supported by streamed --scope model")
+            view_spec, (va, vb) = split_segments(sub.restrict(att_spaces), la, cur)
+            att = match_attention(view_spec, va, vb, stage1=self.stage1, stage2=self.stage2,
+                                  stage1_dtype=torch.float32 if self.b.dtype != torch.float64 else None)
+            del va, vb, cur
+            t_i.update(att.transform)
+            self.t_grams += att.totals.get("time_stage1_s", 0.0) + att.totals.get("time_grams_s", 0.0)
+            self.attention[i] = att.to_dict()["layers"]
+            self.layer_t[i] = t_i
+            cur2 = apply(self.layer_spec(i, with_res=False), t_i, lb)
+            del lb
+            for t in sub.tensors:
+                a = _res_action(sub, t, self.res)
+                if a is None:
+                    acc += sq(la[t] - cur2[t])
+                else:
+                    tg = time.perf_counter()
+                    xa, xb = _rows(la[t], a.axis), _rows(cur2[t], a.axis)
+                    m += xa @ xb.T
+                    self.t_grams += time.perf_counter() - tg
+                    acc += sq(xa) + sq(xb)
+                    del xa, xb
+            del la, cur2
+        return m, acc, d0
+
+    def match(self, stage1: bool, stage2: str, max_iter: int, rtol: float, progress: bool) -> bool:
+        from symalign.match.residual import procrustes
+
+        self.stage1, self.stage2 = stage1, stage2
+        m_free, free_norms, d_glob = self.pass0()
+        self.bytes_read += self.a.bytes_read + self.b.bytes_read
+        self.O = procrustes(m_free, self.group)  # initialisation from the free tensors, as match_whole
+        converged = False
+        d_first = None
+        total = self.a.nbytes + self.b.nbytes
+        for k in range(max_iter):
+            self.a.bytes_read = self.b.bytes_read = 0
+            with progress_bar(total, f"align (model, streamed) pass {k + 1}", progress) as bar:
+                m, acc, d0 = self.sweep(first=(k == 0), bar=bar)
+            self.bytes_read += self.a.bytes_read + self.b.bytes_read
+            if k == 0:
+                d_first = d_glob + d0
+                self.distances.append(d_first)
+            m = m + m_free
+            self.O = procrustes(m, self.group)
+            d = acc + free_norms - 2.0 * float((self.O * m).sum())
+            d = max(d, 0.0)
+            if not math.isfinite(d):
+                raise MatchError("whole-model matching produced a non-finite distance; check the inputs")
+            self.distances.append(d)
+            if self.distances[-2] - d <= rtol * d_first or d <= 1e-20 * d_first:
+                converged = True
+                break
+        return converged
+
+
+def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
+                     force: bool = False, progress: bool = True, max_iter: int = 20,
+                     rtol: float = 1e-6) -> dict[str, Any]:
+    """Streamed whole-model alignment (see the module docstring); writes OUT."""
+    from symalign import hf_io
+    from symalign.match.hfmodel import LLAMA_LIKE
+
+    t0 = time.perf_counter()
+    bound_heap()
+    out_path = hf_io.check_output_dir(out_dir, [a_dir, b_dir], force)
+    a, b = open_pair(a_dir, b_dir)
+    if b.config.model_type not in LLAMA_LIKE:
+        raise ConfigError(f"streamed --scope model supports {', '.join(LLAMA_LIKE)}; use --no-stream for "
+                          f"{b.config.model_type!r}")
+    w = StreamedWhole(a, b)
+    converged = w.match(stage1, stage2, max_iter, rtol, progress)
+    t_match = time.perf_counter()
+    passes = len(w.distances) - 1
+    bytes_matching = w.bytes_read
+
+    # final pass: apply, check per layer, write
+    checker = LayerChecker(b.config, b.adapter, w.prefixes[0], shrink_ff=False, layer_params=w.layer_params)
+    floor = RMSNORM_FLOOR
+    exact_tol = max(EXACT_TOL if checker.dtype == torch.float64 and w.dtype == torch.float64 else 1e-4, floor)
+    tol = max(stored_tolerance(b.dtype, checker.dtype), floor)
+    emb = checker.model.get_input_embeddings().weight
+    emb_name = next(k for k, v in checker.model.named_parameters() if v is emb)
+    rotated_emb = {emb_name: checker.base[emb_name] @ w.O.T.to(checker.dtype)}
+    checks = []
+    b.bytes_read = 0
+    writer = ShardWriter(out_path, b)
+    try:
+        with progress_bar(b.nbytes, "align (model, streamed) writing", progress) as bar:
+            for i in range(w.L):
+                release()
+                bar.update(b.bytes_read, f"layer {i + 1}/{w.L}")
+                raw = b.read(w.layer_names[i])
+                lb = w.layer(b, w.prep_b, i, raw)
+                out = w.rotate(w.layer_spec(i), apply(w.layer_spec(i, with_res=False), w.layer_t[i], lb), w.O)
+                del lb
+                stored = {n: out[n].to(b.tensors[n].dtype) for n in out}
+                rel_exact = checker.compare(raw, out, i, rotated_emb, rotate=w.O)
+                rel_stored = checker.compare(raw, stored, i, rotated_emb, rotate=w.O)
+                checks.append({"layer": i, "exact": rel_exact, "stored": rel_stored})
+                if not (rel_exact <= exact_tol and rel_stored <= tol):
+                    raise SymalignError(
+                        f"refusing to write {out_path}: aligned layer {i} differs from O times B's layer by "
+                        f"{rel_exact:.2e} (exact) / {rel_stored:.2e} (as stored) relative (> {exact_tol:g} / {tol:g}); "
+                        "this is a bug in whole-model alignment, please report it")
+                for n, v in stored.items():
+                    writer.put(n, v)
+                del out, stored, raw
+            bar.update(b.bytes_read, "embedding and head")
+            for n, start, chunk in w.global_chunks(b, w.prep_b):
+                act = _res_action(w.spec, n, w.res)
+                if act is not None:
+                    chunk = apply_on_axis(chunk, act.axis, w.O)
+                if n in w.big:
+                    writer.put_rows(n, start, chunk)
+                else:
+                    writer.put(n, chunk)
+        tmp = writer.stage({"tie_word_embeddings": False} if w.prep_b.untied else None,
+                           marker={"command": "align", "scope": "model", "folded": True, "streamed": True,
+                                   "untied_head": bool(w.prep_b.untied),
+                                   "a": str(Path(a_dir).resolve()), "b": str(Path(b_dir).resolve())})
+        hf_io.commit(tmp, out_path)
+    except BaseException:
+        writer.abort()
+        raise
+    t_end = time.perf_counter()
+    d = w.distances
+    norm_a = w.norm_a
+    rel = lambda x: math.sqrt(x / norm_a) if norm_a else math.sqrt(x)  # noqa: E731
+    return {
+        "a": str(a_dir), "b": str(b_dir), "out": str(out_path),
+        "architecture": b.config.model_type, "family": b.adapter.family, "scope": "model",
+        "stage1": stage1, "stage2": stage2, "dtype": str(b.dtype).replace("torch.", ""),
+        "group": {"dim": w.spec.dim, "spaces": w.spec.describe()},
+        "distance": {"before": {"total": rel(d[0])}, "after": {"total": rel(d[-1])}},
+        "verify": {"relative_output_change": max((c["stored"] for c in checks), default=0.0),
+                   "exact_relative_change": max((c["exact"] for c in checks), default=0.0),
+                   "tolerance": tol, "exact_tolerance": exact_tol, "dtype": str(checker.dtype).replace("torch.", ""),
+                   "per_layer": checks, "kind": "per-layer (one-layer model of the family, rotated stream)"},
+        "notes": w.prep_b.notes, "untied_head": w.prep_b.untied,
+        "match": {"method": "weight", "iterations": passes, "converged": converged, "distances": d,
+                  "relative_distance_after": math.sqrt(d[-1] / d[0]) if d[0] else 0.0,
+                  "attention": {"layers": [x for att in w.attention if att is not None for x in att]}},
+        "stream": {"passes": passes, "reads": {"A": passes, "B": passes + 1},
+                   "work_dtype": str(w.dtype).replace("torch.", ""),
+                   "bytes_read": bytes_matching + b.bytes_read, "bytes_written": writer.bytes_written,
+                   "shards": len(b.shards), "time_grams_s": w.t_grams, "peak_rss_bytes": peak_rss()},
+        "timing_s": {"match": t_match - t0, "write": t_end - t_match, "total": t_end - t0},
+    }
+
