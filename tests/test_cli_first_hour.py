@@ -192,3 +192,22 @@ def test_benchmark_help_starts_no_work(script):
                        text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert "usage" in r.stdout.lower()
+
+
+def test_align_json_records_threads_and_model_scope_reports_each_sweep(tmp_path, monkeypatch, capsys):
+    """Every result records its thread count; --scope model says where each sweep got to (stderr)."""
+    import json
+
+    from _cli_util import run_symalign
+    from hf_tiny import make_model
+
+    for i, name in enumerate(("A", "B")):
+        make_model("gpt2", dtype=torch.float32, seed=i).save_pretrained(tmp_path / name)
+    code, out, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",
+                                  tmp_path / "O1", "--json")
+    assert code == 0, err
+    assert json.loads(out)["threads"] == torch.get_num_threads()
+    code, out, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",
+                                  tmp_path / "O2", "--scope", "model", "--max-sweeps", "2")
+    assert code == 0, err
+    assert "sweep 1/2: squared distance" in err

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import torch
 import typer
 
 from symalign.errors import ConfigError
@@ -99,6 +100,7 @@ def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention",
         "a": str(a_dir), "b": str(b_dir), "out": str(out_path),
         "architecture": b.config.model_type, "family": b.adapter.family, "scope": scope,
         "stage1": stage1, "stage2": stage2, "dtype": str(b.dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
         "group": {"dim": spec.dim, "spaces": spec.describe()},
         "distance": {"before": before, "after": after},
         "verify": verify,

@@ -31,7 +31,7 @@ def run_align_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full
     ``write_reference``: also write A's folded form there (what OUT is to be interpolated with);
     ``say``: receives progress lines (stderr in the CLI)."""
     from symalign import hf_io
-    from symalign.match.distance import relative_distance
+    from symalign.match.distance import distance, relative_distance
     from symalign.match.hfmodel import LLAMA_LIKE, prepare
     from symalign.match.whole import match_whole
     from symalign.spec import apply
@@ -58,8 +58,10 @@ def run_align_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full
     before = relative_distance(pa.state, pb.state, spec.tensors)
     say(f"matching the whole model ({spec.dim} group dimensions; up to {max_iter} sweeps)")
     # A's spec first: a mismatch is reported as "<A's group> in A, <B's group> in B"
+    d0 = max(distance(pa.spec, pa.state, pb.state), 1e-300)
     result = match_whole(pa.spec, pa.state, pb.state, spec_b=pb.spec, stage1=stage1, stage2=stage2,
-                         max_iter=max_iter)
+                         max_iter=max_iter,
+                         progress=lambda k, d: say(f"sweep {k}/{max_iter}: squared distance {d / d0:.4f} of unaligned"))
     say(f"matched in {result.iterations} sweeps" + ("" if result.converged else " (not converged)"))
     out_state = apply(spec, result.transform, pb.state)
     after = relative_distance(pa.state, out_state, spec.tensors)

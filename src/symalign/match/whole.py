@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -238,7 +238,8 @@ def unit_step(spec: SymmetrySpec, units: list[str], transform: Transform, state_
 def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor], *,
                 max_iter: int = 20, rtol: float = 1e-6, stage1: bool = True, stage2: str = "full",
                 init: Transform | None = None, spec_b: SymmetrySpec | None = None,
-                max_sweeps: int | None = None, order: str = "random", seed: int = 0) -> WholeMatch:
+                max_sweeps: int | None = None, order: str = "random", seed: int = 0,
+                progress: Callable[[int, float], None] | None = None) -> WholeMatch:
     """Align every declared space of B to A by block-coordinate descent (see the module docstring).
 
     Args:
@@ -253,6 +254,7 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
         stage1, stage2: passed to :func:`match_attention`.
         init: a starting transform (skips the residual initialisation).
         spec_b: B's spec; must describe the same groups.
+        progress: called after every sweep with ``(sweep, distance)`` (e.g. a progress line on stderr).
 
     Raises:
         MatchError: different specs, shapes (depth/width), NaN weights, unsupported spaces, unknown order.
@@ -311,6 +313,8 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
         if not math.isfinite(d):
             raise MatchError("whole-model matching produced a non-finite distance; check the inputs")
         distances.append(d)
+        if progress is not None:
+            progress(len(distances) - 1, d)
         if distances[-2] - d <= rtol * d_first or d <= 1e-20 * d_first:
             converged = True
             break

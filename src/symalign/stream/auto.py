@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from symalign.errors import ConfigError
 
 STREAM_FRACTION = 0.25  # stream when A + B exceed this fraction of the physical memory
@@ -60,7 +62,7 @@ def run_streamed(a_dir: Path, b_dir: Path, out_dir: Path, scope: str, **kw: Any)
         from symalign.stream.attention import run_stream_attention
 
         kw.pop("max_iter", None)
-        return run_stream_attention(a_dir, b_dir, out_dir, **kw)
+        return {**run_stream_attention(a_dir, b_dir, out_dir, **kw), "threads": torch.get_num_threads()}
     from symalign.stream.model import run_stream_model
 
-    return run_stream_model(a_dir, b_dir, out_dir, **kw)
+    return {**run_stream_model(a_dir, b_dir, out_dir, **kw), "threads": torch.get_num_threads()}
