@@ -77,3 +77,24 @@ def test_pearson_and_bad_input():
     sa = dict(a.state_dict())
     with pytest.raises(MatchError, match="heads.5"):
         rank_heads_by_barrier(a, spec, sa, sa, _data(a.cfg, 1), points=3, layers=["heads.5"])
+
+
+def test_descent_starts_at_procrustes_and_lowers_the_distance_towards_lbfgs():
+    from symalign.experiments.stage2_descent import descent_path
+
+    a = model("vit", "sinusoidal", seed=1)
+    b = model("vit", "sinusoidal", seed=2)
+    spec = attention_spec(a, [0, 1])
+    sa, sb = dict(a.state_dict()), dict(b.state_dict())
+    batches = _data(a.cfg, 1, seed=3)
+    pts = descent_path(a, spec, sa, sb, batches, points=3, etas=(0.5,), checkpoints=(0, 5, 50))
+    ref = {p.variant: p for p in pts if p.variant != "gd"}
+    gd = [p for p in pts if p.variant == "gd"]
+    assert [p.steps for p in gd] == [0, 5, 50]
+    assert gd[0].distance == pytest.approx(ref["orthogonal"].distance, rel=1e-9)
+    assert gd[0].loss_barrier == pytest.approx(ref["orthogonal"].loss_barrier, rel=1e-9)
+    assert gd[0].distance > gd[1].distance > gd[2].distance >= ref["full"].distance * (1 - 1e-9)
+    assert ref["none"].distance > ref["orthogonal"].distance
+    none = match_attention(spec, sa, sb, stage1=True, stage2="none")
+    c = lmc.curve(a, sa, apply(spec, none.transform, sb), lambda: batches, "classification", 3)
+    assert ref["none"].loss_barrier == pytest.approx(c.loss_barrier, rel=1e-12)
