@@ -82,17 +82,26 @@ def main() -> None:
     ap.add_argument("--points", type=int, default=None, help="curve points (default: the config's)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--command", default=None, help="the full command to record (default: this one)")
+    ap.add_argument("--reuse", type=Path, action="append", default=[],
+                    help="an earlier result file of this script (repeatable): its scopes (same experiment, scope, "
+                         "seeds) are kept instead of recomputed")
     ap.add_argument("--out", type=Path, required=True, help="result file (JSON, written atomically)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
+    old = [lay for f in args.reuse if f.exists() for lay in json.loads(f.read_text())["layers"]]
     for runs in args.runs:
         for exp in args.experiments:
             for scope in args.scopes.split(","):
                 if not (Path(runs) / exp / scope).is_dir():
                     print(f"skipping {runs}/{exp}/{scope}: not run", file=sys.stderr)
                     continue
-                rows += rank_scope(Path(runs) / exp, scope, args.points)
+                cfg = json.loads((Path(runs) / exp / "config.json").read_text())
+                res = Path(runs) / exp / scope / "results.json"
+                seeds = json.loads(res.read_text()).get("seeds") if res.exists() else None
+                seeds = "{},{}".format(*(seeds or cfg["protocol"]["seeds"]))
+                kept = [r for r in old if (r["experiment"], r["scope"], r["seeds"]) == (exp, scope, seeds)]
+                rows += kept or rank_scope(Path(runs) / exp, scope, args.points)
     pairs = len({(r["experiment"], r["seeds"]) for r in rows})
     seed_pairs = max((sum(1 for e in {(r["experiment"], r["seeds"]) for r in rows} if e[0] == x)
                       for x in args.experiments), default=0)

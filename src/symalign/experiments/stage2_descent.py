@@ -121,6 +121,7 @@ def descent_path(model: nn.Module, spec: SymmetrySpec, state_a: Mapping[str, Ten
     rate = {s: 1.0 / curvature(gl_spec, s, sb_held) for s in descend}
     sa = {t: state_a[t].double() for t in gl_spec.tensors}
     sbh = {t: sb_held[t].double() for t in gl_spec.tensors}
+    start = None  # the step-0 point is the same for every rate
     for eta in etas:
         u = {s: refs["orthogonal"][s].double().clone().requires_grad_(True) for s in descend}
         step = 0
@@ -139,5 +140,9 @@ def descent_path(model: nn.Module, spec: SymmetrySpec, state_a: Mapping[str, Ten
             if not ok:
                 break
             say(f"eta {eta}: {step} steps")
+            if step == 0 and start is not None:
+                out.append(DescentPoint("gd", eta, 0, start.distance, start.loss_barrier, start.acc_barrier))
+                continue
             out.append(point("gd", eta, step, {**held, **{s: p.detach() for s, p in u.items()}}))
+            start = out[-1] if step == 0 else start
     return out
