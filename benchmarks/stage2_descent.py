@@ -77,17 +77,31 @@ def main() -> None:
     ap.add_argument("--ranks", type=Path, default=None, help="results of benchmarks/stage1_rank.py")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--command", default=None)
+    ap.add_argument("--reuse", type=Path, action="append", default=[],
+                    help="an earlier result file of this script (repeatable, same --etas and --checkpoints): its "
+                         "scopes (same experiment, scope, seeds) are kept instead of recomputed")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     etas = [float(x) for x in args.etas.split(",")]
     checkpoints = [int(x) for x in args.checkpoints.split(",")]
+    old = []
+    for f in args.reuse:
+        prev = json.loads(f.read_text())
+        if (prev["etas"], prev["checkpoints"]) != (etas, checkpoints):
+            sys.exit(f"{f} was measured with other --etas / --checkpoints; recompute it")
+        old += prev["scopes"]
     scopes = []
     for runs in args.runs:
         for exp in args.experiments:
             for scope in args.scopes.split(","):
                 if (Path(runs) / exp / scope).is_dir():
-                    scopes.append(run_scope(Path(runs) / exp, scope, etas, checkpoints, args.points))
+                    res = Path(runs) / exp / scope / "results.json"
+                    seeds = json.loads(res.read_text()).get("seeds") if res.exists() else None
+                    seeds = seeds or json.loads((Path(runs) / exp / "config.json").read_text())["protocol"]["seeds"]
+                    kept = [s for s in old if (s["experiment"], s["scope"], s["seeds"]) == (exp, scope,
+                                                                                          f"{seeds[0]},{seeds[1]}")]
+                    scopes += kept or [run_scope(Path(runs) / exp, scope, etas, checkpoints, args.points)]
     # the barrier table: one row per scope, columns = variants
     last = max(checkpoints)
     rows, corr_rows = [], []
