@@ -112,8 +112,12 @@ def main() -> None:
             row[key] = p["ratio_percent"]
         rows.append(row)
         corr_rows.append({"experiment": s["experiment"], "scope": s["scope"], "seeds": s["seeds"],
-                          "over": f"{len(s['points'])} stage-2 variants and descent points",
+                          "over": f"all {len(s['points'])} points (none, orthogonal, descent, L-BFGS)",
                           "corr": s["distance_barrier_correlation"]})
+        refine = [p for p in s["points"] if p["variant"] != "none"]
+        corr_rows.append({"experiment": s["experiment"], "scope": s["scope"], "seeds": s["seeds"],
+                          "over": f"the {len(refine)} refinement points (orthogonal, descent, L-BFGS; none left out)",
+                          "corr": pearson([p["distance"] for p in refine], [p["loss_barrier"] for p in refine])})
     if args.ranks is not None:
         for lay in json.loads(args.ranks.read_text())["layers"]:
             corr_rows.append({"experiment": lay["experiment"], "scope": lay["scope"], "seeds": lay["seeds"],
@@ -121,7 +125,7 @@ def main() -> None:
                               "corr": lay["distance_barrier_correlation"]})
     cols = [("experiment", "experiment"), ("scope", "scope"), ("seeds", "seeds"), ("naive", "naive barrier", ".3f"),
             ("none", "none %", ".1f"), ("orthogonal", "orthogonal %", ".1f"),
-            *[(f"gd_{e:g}_{c}", f"GD eta={e:g}, {c} steps %", ".1f") for e in etas for c in checkpoints if c in (0, last)
+            *[(f"gd_{e:g}_{c}", "GD start (0 steps) %" if c == 0 else f"GD eta={e:g}, {c} steps %", ".1f") for e in etas for c in checkpoints if c in (0, last)
               and not (c == 0 and e != etas[0])],
             ("full", "L-BFGS (full) %", ".1f")]
     steps_cols = [("experiment", "experiment"), ("scope", "scope"), ("seeds", "seeds"),
