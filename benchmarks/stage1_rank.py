@@ -43,7 +43,8 @@ COLUMNS = [("experiment", "experiment"), ("scope", "scope"), ("seeds", "seeds"),
            ("rank", "rank of 24"), ("chosen_barrier", "chosen barrier", ".4f"), ("best_barrier", "best barrier", ".4f"),
            ("identity_barrier", "identity barrier", ".4f"), ("naive_barrier", "naive barrier", ".4f"),
            ("lhat", "L-hat (%)", ".1f"), ("distance_barrier_correlation", "corr(distance, barrier)", ".2f"),
-           ("cost_barrier_correlation", "corr(stage-1 cost, barrier)", ".2f")]
+           ("cost_barrier_correlation", "corr(stage-1 cost, barrier)", ".2f"),
+           ("least_distance", "chosen = least distance")]
 
 
 def rank_scope(root: Path, scope: str, points: int | None = None) -> list[dict]:
@@ -106,6 +107,8 @@ def main() -> None:
     seed_pairs = max((sum(1 for e in {(r["experiment"], r["seeds"]) for r in rows} if e[0] == x)
                       for x in args.experiments), default=0)
     command = args.command or shlex.join(["python", "benchmarks/stage1_rank.py", *sys.argv[1:]])
+    for r in rows:
+        r["least_distance"] = "yes" if r["chosen_is_distance_minimum"] else "no"
     summary = [{k: r[k] for k, *_ in COLUMNS} for r in rows]
     write_json(args.out, {"provenance": provenance(command, args.threads, seed_pairs),
                           "tables": {"rank": make_table(summary, COLUMNS)},
