@@ -183,7 +183,7 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
     full_spec = arch_a.symmetry_spec()
     spec = full_spec.restrict(scope_spaces(full_spec, scope, model_a.cfg.n_layers))
     t0 = time.perf_counter()
-    naive = curve(model_a, sa, sb)
+    naive, naive_original = naive_curves(curve, model_a, arch_a, (sa, sb), (ra, rb))
     out: dict[str, Any] = {
         "scope": scope, "family": model_a.cfg.family, "pe": model_a.cfg.pe, "data": ds.name,
         "eval_split": p.eval_split,
@@ -192,6 +192,8 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
         "naive": naive.to_dict(), "variants": {}, "layers_aligned": layers,
         "spaces_aligned": spec.describe(), "notes": notes,
     }
+    if naive_original is not None:
+        out["naive_original_coordinates"] = naive_original.to_dict()
     variants = [(True, v) for v in p.variants] + ([(False, "full")] if p.stage1_ablation else [])
     first_match = None
     done: dict[tuple[bool, str], Any] = {}
@@ -231,6 +233,21 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
     out["stage1"] = stage1_metrics(spec.restrict(attn_spaces), ra, rb_ctx, first_match.transform)
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def naive_curves(curve: Callable[[nn.Module, dict, dict], lmc.Curve], model_a: nn.Module, arch_a: nn.Module,
+                 states: tuple[dict, dict], rewritten: tuple[dict, dict]) -> tuple[lmc.Curve, lmc.Curve | None]:
+    """The naive curve ``(1 - t) theta_A + t theta_B`` in the coordinates the aligned curves use, and
+    (when the models were rewritten for alignment, the ``full`` scope) the one in their own coordinates.
+
+    Interpolation is not invariant under the rewrite (gains folded into weights, writers centred),
+    so a barrier ratio compares like with like only when both curves interpolate in the same
+    coordinates: the first curve (``rewritten`` states on ``arch_a``) is the one the ratios use;
+    the second (``states`` on ``model_a``; ``None`` when ``arch_a is model_a``) is reported beside it.
+    """
+    if arch_a is model_a:
+        return curve(model_a, *states), None
+    return curve(arch_a, *rewritten), curve(model_a, *states)
 
 
 def learned_variant(cfg: ExperimentConfig, ds, spec: SymmetrySpec, arch_a: nn.Module, arch_b: nn.Module,

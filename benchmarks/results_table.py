@@ -1,0 +1,83 @@
+"""The protocol's barrier table for finished runs, as a result file that ``symalign docs`` renders.
+
+Reads ``RUNS/EXPERIMENT/SCOPE/results.json`` (written by ``symalign experiment CONFIG --out RUNS``)
+for every experiment and scope given and writes one row per (experiment, scope, seed pair): the
+endpoints' accuracies, the naive loss barrier, the ratio of every stage-2 variant (stage 1 off:
+``full-no-stage1``), the aligned (``full``) loss barrier and the largest function change of an
+aligned B'. Writes a result file (JSON, atomically) with the provenance of the whole pipeline::
+
+    symalign experiment configs/vit-digits-rope.toml --threads 1 --out runs/r
+    symalign experiment configs/vit-digits-sinusoidal.toml --threads 1 --out runs/r
+    python benchmarks/results_table.py --runs runs/r vit-digits-rope vit-digits-sinusoidal \\
+        --command "..." --out results/vit-digits.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from symalign.atomic import write_json
+from symalign.experiments.docs_tables import make_table
+from symalign.provenance import provenance
+
+SCOPES = ("first-attention", "all-attention", "first-block", "full")
+
+
+def row(res: dict) -> dict:
+    v = res["variants"]
+    out = {"experiment": res.get("experiment"), "scope": res["scope"],
+           "seeds": "-".join(str(s) for s in res.get("seeds", [])),
+           "acc": f"{res['endpoints']['A']['acc']:.3f} / {res['endpoints']['B']['acc']:.3f}",
+           "naive": res["naive"]["loss_barrier"], "naive_acc": res["naive"]["acc_barrier"],
+           "function_change": max(x["function_change"] for x in v.values())}
+    if "naive_original_coordinates" in res:
+        out["naive_original"] = res["naive_original_coordinates"]["loss_barrier"]
+    for key, x in v.items():
+        out[key] = x["loss_barrier_ratio_percent"]
+    if "full" in v:
+        out["aligned"] = v["full"]["curve"]["loss_barrier"]
+        out["aligned_acc"] = v["full"]["curve"]["acc_barrier"]
+    ranks = [str(r.get("rank", "-")) for r in res.get("stage1", [])]
+    out["stage1_rank_cost"] = ", ".join(ranks)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("experiments", nargs="+")
+    ap.add_argument("--runs", action="append", required=True, help="a runs directory (repeat: one per seed pair)")
+    ap.add_argument("--scopes", default=",".join(SCOPES))
+    ap.add_argument("--threads", type=int, default=1, help="the thread count the runs used (recorded)")
+    ap.add_argument("--table", default="barriers")
+    ap.add_argument("--command", default=None, help="the full pipeline to record (default: this command)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    rows = []
+    for exp in args.experiments:
+        for scope in args.scopes.split(","):
+            for runs in args.runs:
+                path = Path(runs) / exp / scope / "results.json"
+                if path.exists():
+                    rows.append(row(json.loads(path.read_text())))
+    cols = [("experiment", "experiment"), ("scope", "scope"), ("seeds", "seeds"), ("acc", "acc A / B"),
+            ("naive", "naive loss barrier", ".3f"), ("naive_acc", "naive acc barrier", ".3f"),
+            ("none", "none %", ".1f"), ("orthogonal", "orthogonal %", ".1f"), ("full", "full %", ".1f"),
+            ("full-no-stage1", "full-no-stage1 %", ".1f"), ("aligned", "aligned loss barrier", ".4f"),
+            ("aligned_acc", "aligned acc barrier", ".4f"), ("stage1_rank_cost", "stage-1 rank by cost")]
+    if any("naive_original" in r for r in rows):
+        cols.insert(5, ("naive_original", "naive (original coordinates)", ".3f"))
+    pairs = max((len({r["seeds"] for r in rows if r["experiment"] == e}) for e in args.experiments), default=0)
+    command = args.command or shlex.join(["python", "benchmarks/results_table.py", *sys.argv[1:]])
+    write_json(args.out, {"provenance": provenance(command, args.threads, pairs),
+                          "tables": {args.table: make_table(rows, cols)},
+                          "max_function_change": max((r["function_change"] for r in rows), default=None)})
+    for r in rows:
+        print(r)
+
+
+if __name__ == "__main__":
+    main()
