@@ -11,6 +11,7 @@ import json
 
 import typer
 
+from symalign.commands import checks
 from symalign.errors import ConfigError
 from symalign.nn.attention import POSITIONAL_ENCODINGS
 
@@ -67,7 +68,6 @@ def _spectrum_rows(table, result) -> None:
 
 def render(result, cfg) -> None:
     """Print a probe result as a rich table."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"symmetry probe: pe={cfg.pe}, D={cfg.d_model}, h={cfg.n_heads}, d_h={cfg.head_dim}, "
@@ -93,12 +93,11 @@ def render(result, cfg) -> None:
         table.add_row("warning", w)
     table.add_row("verdict", "[green]match[/green]" if result.match else "[red]mismatch[/red]")
     table.add_row("seconds", f"{result.seconds:.2f}")
-    Console().print(table)
+    checks.console().print(table)
 
 
 def render_hf(rows) -> None:
     """Print Hugging Face probes (attention, block) as one rich table each."""
-    from rich.console import Console
     from rich.table import Table
 
     for row in rows:
@@ -122,7 +121,7 @@ def render_hf(rows) -> None:
                    None: "measured only (no block-level group is declared)"}[row.match]
         table.add_row("verdict", verdict)
         table.add_row("seconds", f"{res.seconds:.2f}")
-        Console().print(table)
+        checks.console().print(table)
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 
 from symalign.atomic import write_json as write_json_atomic
+from symalign.commands import checks
 from symalign.errors import ConfigError
 
 
@@ -27,7 +28,6 @@ def check_out_folder(out: Path) -> None:
 
 def render_tour(rows: list[dict]) -> None:
     """Print the tour as a rich table."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="symmetry probe tour (dense Jacobian, float64)")
@@ -41,7 +41,7 @@ def render_tour(rows: list[dict]) -> None:
                       str(r["predicted"]), group, str(r["head_permutations_preserved"]),
                       str((r.get("near_null") or {}).get("1e-3", "-")), slow,
                       "[green]match[/green]" if r["match"] else "[red]mismatch[/red]")
-    Console().print(table)
+    checks.console().print(table)
 
 
 def register(app: typer.Typer) -> None:
