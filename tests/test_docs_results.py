@@ -76,3 +76,29 @@ def test_cli_check_and_write(tmp_path):
     assert CliRunner().invoke(app, ["docs", "--root", str(root), "--check"]).exit_code == 0
     shutil.rmtree(root / "results")
     assert CliRunner().invoke(app, ["docs", "--root", str(root), "--check"]).exit_code != 0
+
+
+def test_readme_demo_table_is_the_committed_demo_result():
+    """The README shows `make demo`'s printed table; every row must equal results/demo.json (the run it came
+    from, with its provenance) to the printed precision."""
+    import re
+
+    demo = json.loads((ROOT / "results" / "demo.json").read_text())["demo"]
+    text = (ROOT / "README.md").read_text()
+    shown = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("│ ").split("│")]
+        if len(cells) == 8 and cells[0] in ("sinusoidal", "rope"):
+            shown[(cells[0], cells[1], cells[2].rstrip(" *"))] = cells[3:]
+    rows = [r for r in demo["rows"] if r["scope"] != "full"]  # the whole-model rows have their own table
+    assert len(shown) == len(rows) == 16
+    for r in rows:
+        want = [f"{r['naive_loss_barrier']:.4f}", f"{r['aligned_loss_barrier']:.4f}", f"{r['barrier_ratio_percent']:.1f}",
+                f"{r['naive_acc_barrier']:.4f}", f"{r['aligned_acc_barrier']:.4f}"]
+        assert shown[(r["encoding"], r["scope"], r["stage2"])] == want, r
+    w = demo["whole_model"]
+    row = next(line for line in text.splitlines() if re.match(r"│ \d\.\d{3} │ \d\.\d{3} │", line))
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    assert cells[:5] == [f"{w[k]:.3f}" for k in ("acc_A", "acc_B", "merged_naive_acc", "merged_aligned_acc",
+                                                  "merged_learned_acc")]
+    assert cells[5] == f"{w['naive_loss_barrier']:.4f}"
