@@ -16,6 +16,9 @@ from symalign.families.probing import probe_layer
 BASE = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, vocab_size=32,
             max_position_embeddings=32, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 GQA = dict(num_key_value_heads=1, head_dim=4)
+# QK-norm: scaling one head's W_Q (or W_K) rows is undone by the norm up to its eps, a near-symmetry with singular
+# values ~ eps that the probe refuses to classify at eps = 1e-6; a larger eps separates it (tests/test_families.py).
+EPS = dict(rms_norm_eps=1e-2)
 ROWS = [
     ("Llama (GQA)", T.LlamaForCausalLM, T.LlamaConfig(**GQA, **BASE)),
     ("Mistral (GQA)", T.MistralForCausalLM, T.MistralConfig(**GQA, **BASE)),
@@ -29,13 +32,13 @@ ROWS = [
     ("GPT-J (rotary_dim 4)", T.GPTJForCausalLM, T.GPTJConfig(rotary_dim=4, **BASE)),
     ("Phi (partial 0.5, biases)", T.PhiForCausalLM, T.PhiConfig(**BASE)),
     ("Phi-3 (fused qkv)", T.Phi3ForCausalLM, T.Phi3Config(num_key_value_heads=1, **BASE)),
-    ("Qwen3 (QK-norm per head)", T.Qwen3ForCausalLM, T.Qwen3Config(**GQA, **BASE)),
-    ("Qwen3 + attention_bias", T.Qwen3ForCausalLM, T.Qwen3Config(attention_bias=True, **GQA, **BASE)),
-    ("OLMo 2 (QK-norm over all heads)", T.Olmo2ForCausalLM, T.Olmo2Config(num_key_value_heads=1, **BASE)),
-    ("OLMo 2, h_kv = h", T.Olmo2ForCausalLM, T.Olmo2Config(**BASE)),
+    ("Qwen3 (QK-norm per head)", T.Qwen3ForCausalLM, T.Qwen3Config(**GQA, **EPS, **BASE)),
+    ("Qwen3 + attention_bias", T.Qwen3ForCausalLM, T.Qwen3Config(attention_bias=True, **GQA, **EPS, **BASE)),
+    ("OLMo 2 (QK-norm over all heads)", T.Olmo2ForCausalLM, T.Olmo2Config(num_key_value_heads=1, **EPS, **BASE)),
+    ("OLMo 2, h_kv = h", T.Olmo2ForCausalLM, T.Olmo2Config(**EPS, **BASE)),
     ("Gemma", T.GemmaForCausalLM, T.GemmaConfig(**GQA, **BASE)),
     ("Gemma 2 (soft-capping)", T.Gemma2ForCausalLM, T.Gemma2Config(query_pre_attn_scalar=4, **GQA, **BASE)),
-    ("Gemma 3 (QK-norm, 1 + w gains)", T.Gemma3ForCausalLM, T.Gemma3TextConfig(query_pre_attn_scalar=4, **GQA, **BASE)),
+    ("Gemma 3 (QK-norm, 1 + w gains)", T.Gemma3ForCausalLM, T.Gemma3TextConfig(query_pre_attn_scalar=4, **GQA, **EPS, **BASE)),
 ]
 
 
@@ -49,6 +52,9 @@ def randomize(model: torch.nn.Module, seed: int = 0) -> None:
 
 
 def main() -> None:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     T.utils.logging.set_verbosity_error()
     torch.set_num_threads(1)
     print("| family (config) | params | measured nullity | declared | group terms | bias gauges | gap |")

@@ -149,7 +149,7 @@ def whole_model_refusal(fam: Family, fields: dict) -> str | None:
     if fam.model_type not in SUPPORTED:
         return (f"{fam.name} supports the scopes {', '.join(ATTENTION_SCOPES)}; first-block and full need "
                 f"whole-model alignment (FF units, residual stream), which symalign maps for "
-                f"{', '.join(HF_PREFIX + s for s in SUPPORTED)} (match/hfmodel.py)")
+                f"{', '.join(HF_PREFIX + s for s in SUPPORTED)} (docs/whole-model.md)")
     if fam.model_type in LLAMA_LIKE and fields.get("tie_word_embeddings"):
         return (f"{fam.name} with tie_word_embeddings = true cannot fold its final RMSNorm gain into the head, "
                 "so first-block and full are refused; set tie_word_embeddings = false or use the scopes "
@@ -378,7 +378,7 @@ class HFModel(nn.Module):
     def __init__(self, cfg: HFConfig, seed: int | None = 0):
         super().__init__()
         self.cfg = cfg
-        self.rewritten = False  # True: in match/hfmodel.py's coordinates, where the spec has the residual stream
+        self.rewritten = False  # True: in symalign.match.hfmodel.prepare's coordinates, where the spec has the residual stream
         cls = getattr(_transformers(), cfg.class_name)
         config = cfg.hf_config()
         if seed is None:
