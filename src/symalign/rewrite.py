@@ -31,7 +31,7 @@ Special cases (all exact, checked in ``tests/test_whole_rewrite.py`` and ``tests
   row), and ``1`` for the centred norm, are exact:
   ``O (sqrt(D) e + p_t) = sqrt(D) O e + p_t`` and ``O C = C O``. They form
   ``O(k)`` on the complement of ``S = span{p_t} (+ span{1})``
-  (:func:`symalign.match.residual.stabiliser`, with its numerical-rank rule: every
+  (:func:`symalign.groups.stabiliser`, with its numerical-rank rule: every
   element moves every ``p_t`` by at most ``1e-12 ||p_t||``). The spec declares that
   group as ``residual`` when ``k >= 1`` (ViT with 17 positions at ``D = 64``:
   ``k = 46``); with a context of at least ``D`` positions ``k`` is 0 and no residual
@@ -55,8 +55,7 @@ import torch
 from torch import Tensor, nn
 
 from symalign.errors import ConfigError
-from symalign.groups import Orthogonal
-from symalign.match.residual import FixingOrthogonal, stabiliser
+from symalign.groups import FixingOrthogonal, Orthogonal, stabiliser
 from symalign.models import MODEL_CLASSES
 from symalign.models.blocks import RESIDUAL, blocks_spec
 from symalign.models.config import ModelConfig
@@ -98,7 +97,7 @@ def _table_group(n_positions: int, d_model: int, centred: bool) -> FixingOrthogo
 
 def residual_group(cfg: ModelConfig) -> Orthogonal | None:
     """The residual rotations of the rewritten model: ``O(D)``, the subgroup fixing a sinusoidal
-    table (:func:`symalign.match.residual.stabiliser`), or ``None`` when that subgroup is trivial."""
+    table (:func:`symalign.groups.stabiliser`), or ``None`` when that subgroup is trivial."""
     if cfg.pe != "sinusoidal":
         return Orthogonal(cfg.d_model)
     centred = cfg.norm == "layernorm"

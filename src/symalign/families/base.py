@@ -45,7 +45,7 @@ from symalign.errors import ConfigError
 from symalign.groups import GeneralLinear, OffsetPerHead, Orthogonal, Permutation, PlaneScales, PlaneSigns, \
     RotaryPlanes
 from symalign.match.hfmodel.common import RESIDUAL, Prepared, back, copy_spec, ff_group, fold_layernorm, to_f64
-from symalign.match.residual import CenteredOrthogonal
+from symalign.groups import CenteredOrthogonal
 from symalign.spec import SymmetrySpec
 
 NORMS = ("rms", "rms1p", "layer")

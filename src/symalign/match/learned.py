@@ -25,7 +25,7 @@ group implements its own parametrisation (:meth:`symalign.groups.Group.latent`, 
   the complex scalar ``e^{s_j + i phi_j}`` and the unrotated block is ``I + E_rest``.
 
 ``Q`` is ``I`` for ``O(D)`` and the free basis of a subgroup fixing a subspace
-(:class:`symalign.match.residual.FixingOrthogonal`: a sinusoidal table, or ``1``).
+(:class:`symalign.groups.FixingOrthogonal`: a sinusoidal table, or ``1``).
 ``U_wm M`` is in ``H`` because ``H`` is a group, and ``e^{s + i phi} != 0``, so the RoPE
 elements are exact by construction. A ``GL``/``H`` block whose final ``U`` is not finite
 or has ``cond(U) > max_cond`` falls back to ``U_wm`` (recorded in

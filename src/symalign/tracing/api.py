@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from symalign.errors import ConfigError, SpecError
 from symalign.groups import GeneralLinear, HeadPermutation, Orthogonal, PerHead, Permutation, PositiveMonomial
-from symalign.match.residual import CenteredOrthogonal
+from symalign.groups import CenteredOrthogonal
 from symalign.spec import SymmetrySpec, apply, sample
 from symalign.tracing.common import layer_of, op_name
 from symalign.tracing.graph import Walker

@@ -3,7 +3,7 @@ r"""GPT-2: LayerNorm and a tied head; the stream has the centred subgroup ``O_1(
 ``ln_1``/``ln_2`` fold into ``c_attn``/``c_fc`` (``Conv1D`` stores ``(in, out)``:
 ``W <- diag(g) W``, ``bias <- bias + b W``; then ``g = 1, b = 0``). The norm keeps
 its centring ``C``, so a rotation must commute with it: the group is
-``O_1(D) = {O in O(D): O 1 = 1}`` (:class:`~symalign.match.residual.CenteredOrthogonal`).
+``O_1(D) = {O in O(D): O 1 = 1}`` (:class:`~symalign.groups.CenteredOrthogonal`).
 ``ln_f``'s gain cannot be folded into the tied head, so the head is **untied**:
 ``lm_head = wte diag(g_f)``, ``ln_f.bias <- b_f / g_f`` (rotates covariantly),
 ``ln_f.weight <- 1``, and the output config gets ``tie_word_embeddings = false``.
@@ -18,7 +18,7 @@ from torch import Tensor
 
 from symalign.errors import MatchError
 from symalign.match.hfmodel.common import RESIDUAL, Prepared, back, copy_spec, ff_group, prefix_of, to_f64
-from symalign.match.residual import CenteredOrthogonal
+from symalign.groups import CenteredOrthogonal
 from symalign.spec import SymmetrySpec
 
 

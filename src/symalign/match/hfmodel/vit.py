@@ -33,7 +33,7 @@ from torch import Tensor
 from symalign.arch.vit import ViTAdapter
 from symalign.match.hfmodel.common import (RESIDUAL, Prepared, act_if, back, copy_spec, ff_group, fold_layernorm,
                                            headless_note, to_f64)
-from symalign.match.residual import CenteredOrthogonal
+from symalign.groups import CenteredOrthogonal
 from symalign.spec import SymmetrySpec
 
 HEADS = {"ViTForImageClassification": "classifier", "ViTForMaskedImageModeling": "decoder.0"}
