@@ -18,6 +18,7 @@ demo: $(STAMP)
 	$(BIN)/symalign demo
 
 test: $(STAMP)
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 
 test-fast: $(STAMP)

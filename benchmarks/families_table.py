@@ -2,7 +2,7 @@
 
 Usage: ``.venv/bin/python benchmarks/families_table.py`` (about 30 s). Tiny random transformers models built
 from configs (D=16, 2 heads, head_dim 4 or 8, one K/V head where the family has GQA), O(1) random weights,
-dense float64 Jacobian of the real attention module (``symalign.families.probing.probe_layer``).
+dense float64 Jacobian of the real attention module (``symalign.probe.families.probe_layer``).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import transformers as T
 
-from symalign.arch import get_adapter
-from symalign.families.probing import probe_layer
+from symalign.families import get_adapter
+from symalign.probe.families import probe_layer
 
 BASE = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, vocab_size=32,
             max_position_embeddings=32, pad_token_id=0, bos_token_id=1, eos_token_id=2)

@@ -1,6 +1,6 @@
 """Print the Hugging Face families table of docs/symmetry.md: each family's real attention layer, measured vs declared.
 
-For every ``model_type`` with an adapter (``symalign.arch.supported()``: new families appear
+For every ``model_type`` with an adapter (``symalign.families.supported()``: new families appear
 without touching this script) the probe builds a tiny random config with transformers' own
 config class (D=16, 4 heads of d_h=4, 2 K/V heads where the family has GQA, 8 tokens), measures
 the Jacobian nullity of layer 0's attention in float64 (forward- and reverse-mode Jacobians,
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging
 
     logging.set_verbosity_error()
-    from symalign.arch import supported
+    from symalign.families import supported
     from symalign.probe.hf import probe_hf
 
     types = args.only or supported()

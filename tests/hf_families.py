@@ -51,4 +51,4 @@ def make(name: str, dtype=torch.float64, seed: int = 0, attn: str = "eager", **o
     return model.eval()
 
 
-from symalign.families.probing import float64_numerics  # noqa: E402,F401  (re-exported for the tests)
+from symalign.probe.families import float64_numerics  # noqa: E402,F401  (re-exported for the tests)

@@ -77,7 +77,7 @@ def make_model(name: str, dtype=torch.float64, seed: int = 0, attn: str = "eager
 
 
 def inputs(model, seed: int = 0, batch: int = 2, seq: int = 8) -> dict:
-    from symalign.arch import get_adapter
+    from symalign.families import get_adapter
 
     x = get_adapter(model).dummy_inputs(model.config, batch=batch, seq=seq, seed=seed)
     return {k: (v.to(model.dtype) if v.is_floating_point() else v) for k, v in x.items()}

@@ -19,7 +19,7 @@ import torch
 
 from hf_tiny import FAMILIES, inputs, make_model, output, rel
 
-from symalign.arch import get_adapter
+from symalign.families import get_adapter
 from symalign.spec import apply, sample
 
 from _cli_util import run_symalign  # noqa: E402

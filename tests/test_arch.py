@@ -16,7 +16,8 @@ import torch
 
 from hf_tiny import FAMILIES, inputs, make_model, output, rel
 
-from symalign.arch import UnsupportedArchitectureError, get_adapter, layout_spec
+from symalign.arch import UnsupportedArchitectureError, layout_spec
+from symalign.families import get_adapter
 from symalign.arch.base import AttentionLayout
 from symalign.groups import GeneralLinear, RotaryPlanes
 from symalign.nn.attention import AttentionConfig, attention_spec

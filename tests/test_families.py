@@ -24,10 +24,11 @@ import torch
 from hf_families import FAMILIES, float64_numerics, make
 from hf_tiny import output, rel
 
-from symalign.arch import get_adapter, layout_spec
+from symalign.arch import layout_spec
+from symalign.families import get_adapter
 from symalign.families import Family, get_family
 from symalign.groups import GeneralLinear, Orthogonal, PlaneSigns, RotaryPlanes
-from symalign.match.hfmodel import prepare
+from symalign.families.hfmodel import prepare
 from symalign.spec import apply, sample
 
 VARIANTS = [
@@ -151,7 +152,7 @@ def test_declared_dimension_equals_probe_nullity(family, kw):
         # a near-symmetry with singular values ~ eps; with the default 1e-6 they fall inside the probe's
         # ambiguity band (1e-11..1e-7 relative) and the probe rightly refuses. A larger eps separates them.
         small.update(rms_norm_eps=1e-2)
-    from symalign.families.probing import probe_layer
+    from symalign.probe.families import probe_layer
 
     model = make(family, **small, **kw)
     res = probe_layer(get_adapter(model), model, 0)

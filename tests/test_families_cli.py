@@ -20,8 +20,8 @@ from hf_families import FAMILIES, make
 from hf_tiny import output, rel
 from _cli_util import run_symalign
 
-from symalign.arch import get_adapter
-from symalign.match.hfmodel import prepare
+from symalign.families import get_adapter
+from symalign.families.hfmodel import prepare
 from symalign.spec import apply, sample
 
 

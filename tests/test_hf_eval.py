@@ -258,7 +258,7 @@ def test_interpolate_scope_model_after_whole_model_align(monkeypatch, capsys, tm
     --scope model both ends are rewritten exactly: A -> align(g.A) is flat, A -> g.A is not."""
     from hf_tiny import make_model
 
-    from symalign.arch import get_adapter
+    from symalign.families import get_adapter
     from symalign.spec import apply, sample
 
     tok = TOKENIZERS["bpe"](train_text)

@@ -75,7 +75,7 @@ def whole_supported(family: str) -> bool:
 
 def function_tol(family: str) -> float:
     """float64 check: Llama-style RMSNorm and ModernBERT's RoPE compute in float32 whatever the weights."""
-    from symalign.arch import get_adapter
+    from symalign.families import get_adapter
 
     floor = get_adapter({"model_type": family}).precision_floor
     return max(1e-9, floor, 1e-6 if family in ("llama", "mistral", "qwen2") else 0.0)
@@ -91,7 +91,7 @@ def batch(family: str, model, n: int = 4):
 
 
 def test_every_adapted_family_is_available():
-    from symalign.arch import supported
+    from symalign.families import supported
 
     # every hf: protocol family has an adapter; the later families of symalign.families (GPT-NeoX, Qwen3,
     # Gemma...) are available to align / interpolate / probe but not (yet) as hf: experiment families
@@ -194,7 +194,7 @@ def test_planted_recovery_through_the_adapter(family):
 @pytest.mark.parametrize("scope", ["first-block", "full"])
 @pytest.mark.parametrize("family", list(TINY))
 def test_planted_whole_model_recovery(family, scope):
-    """first-block / full through match/hfmodel.py's whole-model spec (full: in its rewritten
+    """first-block / full through families/hfmodel.py's whole-model spec (full: in its rewritten
     coordinates, where the residual stream has its group: O(D), O_1(D) or S_D)."""
     assert whole_supported(family)
     model = build_model(fitted(family), 0)
@@ -299,8 +299,8 @@ def test_protocol_device_is_validated_and_recorded_only_when_set():
 
 
 def test_unsupported_scopes_refused_at_parse_time(monkeypatch):
-    """A family match/hfmodel.py does not map (simulated) and a tied Llama get only the attention scopes."""
-    import symalign.match.hfmodel as hfmodel
+    """A family families/hfmodel.py does not map (simulated) and a tied Llama get only the attention scopes."""
+    import symalign.families.hfmodel as hfmodel
 
     parse_config(experiment("bert", scopes=["all-attention", "full"]))
     monkeypatch.setattr(hfmodel, "SUPPORTED", tuple(s for s in hfmodel.SUPPORTED if s != "bert"))

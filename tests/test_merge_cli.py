@@ -15,7 +15,7 @@ from _cli_util import run_symalign  # noqa: E402
 from _tok_util import TOKENIZERS, corpus, gpt2  # noqa: E402
 from hf_tiny import inputs, make_model, output, rel  # noqa: E402
 
-from symalign.arch import get_adapter  # noqa: E402
+from symalign.families import get_adapter  # noqa: E402
 from symalign.spec import apply, sample  # noqa: E402
 
 T = transformers

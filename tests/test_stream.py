@@ -123,7 +123,7 @@ def test_streamed_model_scope_matches_in_memory_sweeps(family, tmp_path):
 def test_bf16_stays_bf16_and_is_the_rounded_exact_transform(tmp_path):
     """Each stored weight is round_bf16 of the float64 transform: |w - x| <= 2^-8 |x| (bf16 unit roundoff,
     8-bit significand)."""
-    from symalign.arch import get_adapter
+    from symalign.families import get_adapter
     from symalign.spec import apply
     from symalign.stream.attention import run_stream_attention
 

@@ -91,7 +91,7 @@ def test_rewritten_model_traces_to_whole_spec():
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_hf_models_match_adapter_spec(family):
     import hf_tiny
-    from symalign.arch import get_adapter
+    from symalign.families import get_adapter
 
     model = hf_tiny.make_model(family, attn="sdpa", use_cache=False)
     ids = torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(0))
@@ -114,7 +114,7 @@ def test_hf_models_match_adapter_spec(family):
 def test_more_hf_families_match_adapter_spec(family):
     """Fused Wqkv and GLU halves (ModernBERT), post-LN (BERT), a conv patch embedding (ViT: its stream is left out)."""
     import hf_tiny
-    from symalign.arch import get_adapter
+    from symalign.families import get_adapter
 
     extra = {"use_cache": False} if family in ("mistral", "qwen2") else {}
     model = hf_tiny.make_model(family, attn="sdpa", **extra)

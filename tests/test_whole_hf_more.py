@@ -19,11 +19,11 @@ from hf_tiny import T, config, inputs, randomize, rel
 from _cli_util import run_symalign
 
 from symalign import hf_io
-from symalign.arch import get_adapter
+from symalign.families import get_adapter
 from symalign.arch.check import _first_output
 from symalign.errors import ConfigError
 from symalign.groups import Orthogonal, Permutation, PositiveMonomial
-from symalign.match.hfmodel import prepare
+from symalign.families.hfmodel import prepare
 from symalign.match.residual import CenteredOrthogonal
 from symalign.match.whole import match_whole
 from symalign.spec import SymmetrySpec, apply, sample

@@ -22,7 +22,8 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import Tensor
 
-from symalign.arch import Adapter, get_adapter
+from symalign.arch import Adapter
+from symalign.families import get_adapter
 from symalign.atomic import fix_modes, make_temp_dir
 from symalign.errors import CheckpointError, MatchError
 

@@ -25,7 +25,7 @@ from symalign.evaluate.run import Metrics
 
 def load_hf_model(path: str | Path) -> nn.Module:
     """``from_pretrained`` with the class the checkpoint names (validated by :mod:`symalign.hf_io`)."""
-    from symalign.arch import get_adapter
+    from symalign.families import get_adapter
     from symalign.hf_io import load_config
 
     from transformers.utils import logging
@@ -55,11 +55,11 @@ class HFPair:
 
 def load_rewritten(path: str | Path) -> nn.Module:
     """The checkpoint rewritten exactly in the whole-model format of ``symalign align --scope model``
-    (:func:`symalign.match.hfmodel.prepare`: norm gains folded, GPT-2's head untied), loaded with
+    (:func:`symalign.families.hfmodel.prepare`: norm gains folded, GPT-2's head untied), loaded with
     ``from_pretrained`` from a temporary copy. It computes the checkpoint's function; ``prepare`` leaves
     a checkpoint that is already in this format (an aligned output) unchanged."""
     from symalign import hf_io
-    from symalign.match.hfmodel import prepare
+    from symalign.families.hfmodel import prepare
 
     ckpt = hf_io.load_checkpoint(path)
     prep = prepare(ckpt.config, ckpt.state, ckpt.adapter.spec(ckpt.config, ckpt.state.keys()))

@@ -25,8 +25,7 @@ import torch
 from torch import nn
 
 from symalign.errors import ConfigError
-
-SCOPES: tuple[str, ...] = ("first-attention", "all-attention", "first-block", "full")
+from symalign.models.config import SCOPES  # noqa: F401  (re-exported: the scopes are part of a model's vocabulary)
 
 
 def in_scope(name: str, scope: str) -> bool:

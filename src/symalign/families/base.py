@@ -44,7 +44,7 @@ from symalign.arch.rope import rotary_dims
 from symalign.errors import ConfigError
 from symalign.groups import GeneralLinear, OffsetPerHead, Orthogonal, Permutation, PlaneScales, PlaneSigns, \
     RotaryPlanes
-from symalign.match.hfmodel.common import RESIDUAL, Prepared, back, copy_spec, ff_group, fold_layernorm, to_f64
+from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_group, fold_layernorm, to_f64
 from symalign.groups import CenteredOrthogonal
 from symalign.spec import SymmetrySpec
 
@@ -256,7 +256,7 @@ class Family(Adapter):
         lm = arch is None or arch.endswith("ForCausalLM")
         bare = arch is not None and arch.endswith("Model") and not arch.endswith("LMHeadModel")
         if bare or not lm or (head is None and not tied):
-            from symalign.match.hfmodel.common import headless_note
+            from symalign.families.common import headless_note
 
             # a bare model outputs the stream itself; any other head (classification...) is not mapped
             notes.append(headless_note(arch, self.family, [arch] if bare else ["...ForCausalLM"]))

@@ -13,6 +13,9 @@ from symalign.errors import ConfigError
 from symalign.groups import PAIRINGS
 from symalign.nn.attention import POSITIONAL_ENCODINGS, AttentionConfig
 
+SCOPES: tuple[str, ...] = ("first-attention", "all-attention", "first-block", "full")
+"""Re-initialisation scopes of the protocol: which parameters of a model a scope names (see :mod:`symalign.reinit`)."""
+
 FAMILIES: tuple[str, ...] = ("vit", "gpt", "encoder")
 ACTIVATIONS: tuple[str, ...] = ("gelu", "relu")
 NORMS: tuple[str, ...] = ("layernorm", "rmsnorm")

@@ -24,9 +24,9 @@ with an adapter in :mod:`symalign.arch`) and put the transformers config fields 
   holds the transformers names under the prefix ``hf.``; ``forward(x)`` returns the
   logits, so training, checkpoints and interpolation treat it like a built-in model.
 * **Symmetries**: the adapter's attention spec (``heads.i``, ``qk.i``, ``vo.i``) plus,
-  for the families :mod:`symalign.match.hfmodel` maps (``SUPPORTED``), the FF unit
+  for the families :mod:`symalign.families.hfmodel` maps (``SUPPORTED``), the FF unit
   permutations ``ff.i`` (exact on the model as it is). The ``full`` scope aligns in
-  the coordinates of :func:`symalign.match.hfmodel.prepare` -- the same function with
+  the coordinates of :func:`symalign.families.hfmodel.prepare` -- the same function with
   the norm gains folded where the family needs it (Llama-style: RMSNorm gains, residual
   ``O(D)``; GPT-2, ViT: LayerNorm gains and biases, ``O_1(D)``, GPT-2's head untied;
   BERT, RoFormer, ModernBERT unchanged, ``S_D``), where the spec has the residual
@@ -114,7 +114,7 @@ def _transformers():
 def family_of(family: str) -> Family:
     """The :class:`Family` of ``"hf:<model_type>"``; a family without an adapter is a
     :class:`ConfigError` listing the supported ones (and why, for known refusals)."""
-    from symalign.arch import UNSUPPORTED
+    from symalign.families import UNSUPPORTED
 
     mt = family[len(HF_PREFIX):] if is_hf_family(family) else family
     if mt not in FAMILIES:
@@ -144,7 +144,7 @@ def allowed_keys(fam: Family) -> list[str]:
 
 def whole_model_refusal(fam: Family, fields: dict) -> str | None:
     """Why ``first-block``/``full`` cannot run for this family and config (``None``: they can)."""
-    from symalign.match.hfmodel import LLAMA_LIKE, SUPPORTED
+    from symalign.families.hfmodel import LLAMA_LIKE, SUPPORTED
 
     if fam.model_type not in SUPPORTED:
         return (f"{fam.name} supports the scopes {', '.join(ATTENTION_SCOPES)}; first-block and full need "
@@ -347,7 +347,7 @@ def fit_hf_config(model: dict, ds, context: int) -> HFConfig:
 def check_buildable(cfg: HFConfig) -> None:
     """Instantiate the model on the meta device and derive its spec: shape and group problems
     (heads not dividing the width, RoPE widths, ...) become :class:`ConfigError`."""
-    from symalign.arch import get_adapter
+    from symalign.families import get_adapter
 
     try:
         with torch.device("meta"):
@@ -378,7 +378,7 @@ class HFModel(nn.Module):
     def __init__(self, cfg: HFConfig, seed: int | None = 0):
         super().__init__()
         self.cfg = cfg
-        self.rewritten = False  # True: in symalign.match.hfmodel.prepare's coordinates, where the spec has the residual stream
+        self.rewritten = False  # True: in symalign.families.hfmodel.prepare's coordinates, where the spec has the residual stream
         cls = getattr(_transformers(), cfg.class_name)
         config = cfg.hf_config()
         if seed is None:
@@ -397,7 +397,7 @@ class HFModel(nn.Module):
 
     # -- symmetries -------------------------------------------------------------
     def _adapter(self):
-        from symalign.arch import get_adapter
+        from symalign.families import get_adapter
 
         return get_adapter(self.hf.config)
 
@@ -406,8 +406,8 @@ class HFModel(nn.Module):
         return self._adapter().spec(self.hf.config, self.state_dict().keys())
 
     def _prepared(self):
-        """:func:`symalign.match.hfmodel.prepare` of this model's weights (transformers names)."""
-        from symalign.match.hfmodel import prepare
+        """:func:`symalign.families.hfmodel.prepare` of this model's weights (transformers names)."""
+        from symalign.families.hfmodel import prepare
 
         st = {k: v.detach() for k, v in self.hf.state_dict().items()}
         return prepare(self.hf.config, st, self._adapter().spec(self.hf.config, st.keys()), arch=self.cfg.class_name)
@@ -424,7 +424,7 @@ class HFModel(nn.Module):
         return spec.restrict([s for s in spec.spaces if spec.role(s) != "residual"])
 
     def rewritten_model(self) -> tuple["HFModel", list[str]]:
-        """The same function in :func:`symalign.match.hfmodel.prepare`'s coordinates (norm gains
+        """The same function in :func:`symalign.families.hfmodel.prepare`'s coordinates (norm gains
         folded into the next linear maps where the family needs it, GPT-2's head untied), whose
         spec has the residual stream; for the ``full`` scope. Returns ``(model, notes)``."""
         why = whole_model_refusal(self.cfg.fam, self.cfg.hf)
@@ -482,7 +482,7 @@ class HFModel(nn.Module):
         if scope == "first-block":
             prefix = self.block_prefix(0)
             return {n for n in names if n.startswith(prefix)}
-        from symalign.reinit import SCOPES
+        from symalign.models.config import SCOPES
 
         raise ConfigError(f"unknown re-initialisation scope {scope!r}; use one of {', '.join(SCOPES)}")
 

@@ -7,7 +7,7 @@ For ``source`` a local checkpoint folder (its ``config.json``) or a ``model_type
    ``O(1)`` random weights (``N(0, 1 / fan_in)`` matrices, ``1 + N(0, 0.2^2)``
    vectors: the default ``0.02`` init makes attention nearly uniform and the
    spectrum needlessly ill-conditioned);
-2. asks the family's adapter (:func:`symalign.arch.get_adapter`) for its spec and
+2. asks the family's adapter (:func:`symalign.families.get_adapter`) for its spec and
    keeps layer ``I``'s spaces: the declared dimension is the sum of their group
    dimensions, and the probed parameters are exactly the tensors those spaces act
    on (Q, K, V, O and the biases labelled with them; the output bias ``b_O`` is on
@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from symalign.arch import get_adapter
+from symalign.families import get_adapter
 from symalign.errors import ConfigError
 from symalign.groups import GeneralLinear, PerHead, RotaryPlanes
 from symalign.probe.measure import ProbeResult, probe

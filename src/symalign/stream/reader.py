@@ -265,7 +265,7 @@ def weight_layout(path: Path) -> tuple[list[Path], dict[str, Any] | None, dict[s
 
 def open_checkpoint(path: str | os.PathLike, check_shapes: bool = True) -> LazyCheckpoint:
     """Config, adapter and tensor directory of a checkpoint, validated (see the module docstring)."""
-    from symalign.arch import get_adapter
+    from symalign.families import get_adapter
     from symalign.hf_io import load_config
 
     path = Path(path)

@@ -5,7 +5,7 @@ the input is ``[cls_token; patch_conv(pixels)] + position_embeddings`` (and ``ma
 for masked patches); the output ``layernorm(x)`` is read by ``classifier`` (its CLS
 row) or by the masked-image ``decoder.0`` (a ``1 x 1`` conv).
 
-* **Fold** (:func:`~symalign.match.hfmodel.common.fold_layernorm`):
+* **Fold** (:func:`~symalign.families.common.fold_layernorm`):
   ``layernorm_before`` into Q/K/V, ``layernorm_after`` into ``fc1``, ``layernorm`` into the
   head; the norms are left with unit gain and zero bias (with ``qkv_bias=False`` the
   bias stays, as ``b / g``, and rotates covariantly).
@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from symalign.arch.vit import ViTAdapter
-from symalign.match.hfmodel.common import (RESIDUAL, Prepared, act_if, back, copy_spec, ff_group, fold_layernorm,
+from symalign.families.common import (RESIDUAL, Prepared, act_if, back, copy_spec, ff_group, fold_layernorm,
                                            headless_note, to_f64)
 from symalign.groups import CenteredOrthogonal
 from symalign.spec import SymmetrySpec

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from symalign.errors import MatchError
-from symalign.match.hfmodel.common import RESIDUAL, Prepared, back, copy_spec, ff_group, prefix_of, to_f64
+from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_group, prefix_of, to_f64
 from symalign.groups import CenteredOrthogonal
 from symalign.spec import SymmetrySpec
 

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from symalign.groups import Permutation
-from symalign.match.hfmodel.common import (RESIDUAL, Prepared, act_if, back, copy_spec, ff_group, headless_note,
+from symalign.families.common import (RESIDUAL, Prepared, act_if, back, copy_spec, ff_group, headless_note,
                                            prefix_of, to_f64)
 from symalign.spec import SymmetrySpec
 

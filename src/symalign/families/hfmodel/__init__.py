@@ -31,11 +31,12 @@ from typing import Any, Mapping
 from torch import Tensor
 
 from symalign.errors import ConfigError
-from symalign.match.hfmodel.bert import prepare_bert
-from symalign.match.hfmodel.common import Prepared
-from symalign.match.hfmodel.gpt2 import prepare_gpt2
-from symalign.match.hfmodel.modernbert import prepare_modernbert
-from symalign.match.hfmodel.vit import prepare_vit
+from symalign.families import get_family
+from symalign.families.hfmodel.bert import prepare_bert
+from symalign.families.common import Prepared
+from symalign.families.hfmodel.gpt2 import prepare_gpt2
+from symalign.families.hfmodel.modernbert import prepare_modernbert
+from symalign.families.hfmodel.vit import prepare_vit
 from symalign.spec import SymmetrySpec
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2")  # symalign.families.llama (RMSNorm, residual O(D))
@@ -65,8 +66,6 @@ def prepare(config: Any, state: Mapping[str, Tensor], attention_spec: SymmetrySp
         return prepare_bert(config, state, attention_spec, arch)
     if mt == "modernbert":
         return prepare_modernbert(config, state, attention_spec, arch)
-    from symalign.families import get_family
-
     family = get_family(config)
     if family is not None:
         return family.prepare(config, state, attention_spec, arch)

@@ -104,7 +104,7 @@ class LayerProbe:
 
 def probe_layer(family: Any, model: nn.Module, i: int = 0, seq: int = 6, ratio: int = 3, seed: int = 1) -> LayerProbe:
     """Dense float64 probe of layer ``i`` of ``model`` (converted in place to float64 numerics)."""
-    from symalign.probe import probe
+    from symalign.probe.measure import probe
 
     model = float64_numerics(model.to(torch.float64))
     spec = family.spec(model).restrict(family.layer_spaces(i))
