@@ -60,3 +60,27 @@ def test_model_scope_is_full_and_methods_default_off():
     assert "methods" in cfg.to_dict()["protocol"]
     plain = parse_config(BASE).to_dict()["protocol"]  # defaults are left out (sweep stores compare equal)
     assert not {"methods", "learned_steps", "method_batch_size", "learned_lambda", "eval_split"} & set(plain)
+
+
+def test_train_and_model_configs_refuse_unknown_keys_alike():
+    from dataclasses import asdict
+
+    from symalign.models.config import ModelConfig
+    from symalign.train import TrainConfig
+
+    tc = TrainConfig(steps=3)
+    assert TrainConfig.from_dict(asdict(tc)) == tc
+    with pytest.raises(ConfigError, match="unknown train config key"):
+        TrainConfig.from_dict({**asdict(tc), "stepz": 4})
+    with pytest.raises(ConfigError, match="unknown model config key"):
+        ModelConfig.from_dict({"family": "vit", "d_modle": 8})
+
+
+def test_hf_families_refuse_activation_matching_before_training():
+    """Activation and learned matching of two independent trainings need the built-in models' activation
+    sites; an hf: family asking for them is refused by parse_config, before anything trains."""
+    cfg = {"name": "x", "data": "synthetic", "model": {"family": "hf:llama", "hidden_size": 16,
+                                                        "num_hidden_layers": 1, "num_attention_heads": 2},
+           "train": {"steps": 1}, "protocol": {"scopes": ["full"], "methods": ["activation"]}}
+    with pytest.raises(ConfigError, match="protocol.methods"):
+        parse_config(cfg)

@@ -87,8 +87,13 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
+        """Inverse of ``asdict``; an unknown key raises :class:`ConfigError` naming it (as
+        :meth:`symalign.models.config.ModelConfig.from_dict` does)."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown train config key(s) {unknown}; known keys are {sorted(known)}")
+        return cls(**d)
 
 
 def resolve_device(device: str) -> torch.device:
