@@ -202,12 +202,14 @@ def peers_table(rows: list[dict], peers: list[str]) -> dict:
         for p in peers:
             f[p] = r[p].get("loss_barrier", r[p].get("status"))
             f[p + "_fn"] = r[p].get("function_change")
+            f[p + "_runs"] = " / ".join(f"{x['loss_barrier']:.3f}" if "loss_barrier" in x else str(x.get("status"))
+                                        for x in r[p].get("runs", [r[p]]))
         flat.append(f)
     cols = [("model", "model"), ("acc", "test acc A / B"), ("naive", "unaligned", ".3f"),
             ("symalign", "symalign", ".3f"), ("symalign_fn", "function change symalign", ".1e")]
     for p in peers:
         cols += [(p, p, ".3f" if all(isinstance(f[p], float) for f in flat) else ""),
-                 (p + "_fn", f"function change {p}", ".1e")]
+                 (p + "_fn", f"function change {p}", ".1e"), (p + "_runs", f"{p} (all runs)", "")]
     return make_table(flat, cols)
 
 
@@ -224,8 +226,13 @@ def main(argv=None) -> None:
     ap.add_argument("--vit-epochs", type=int, default=40)
     ap.add_argument("--peer-timeout", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="runs of each peer on the same weights (its run-to-run spread; the table's peer column "
+                         "is the first run, the 'all runs' column lists every run)")
     ap.add_argument("--peer-worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.peer_worker:
         peer_worker(Path(args.peer_worker))
         return
@@ -255,14 +262,17 @@ def main(argv=None) -> None:
             if missing[p]:
                 row[p] = {"status": "absent", "why": missing[p]}
                 continue
-            res = run_peer(args.peers_python, p, kind, depth, sa, sb, example(kind, data[0][0][:64]),
-                           args.peer_timeout)
-            state = res.pop("state", None)
-            if state is not None:
-                res.update(measure(ma, kind, sa, state, sb, data[1]))
-                if not res["function_change"] <= 1e-4:
-                    res["status"] = "changed the function"
-            row[p] = res
+            runs = []
+            for _ in range(args.repeats):  # the same inputs every time: the spread is the peer's own
+                res = run_peer(args.peers_python, p, kind, depth, sa, sb, example(kind, data[0][0][:64]),
+                               args.peer_timeout)
+                state = res.pop("state", None)
+                if state is not None:
+                    res.update(measure(ma, kind, sa, state, sb, data[1]))
+                    if not res["function_change"] <= 1e-4:
+                        res["status"] = "changed the function"
+                runs.append(res)
+            row[p] = {**runs[0], "runs": runs}
         rows.append(row)
         cells = [f"{row['model']}: naive {row['naive']['loss_barrier']:.3f}",
                  f"symalign {row['symalign']['loss_barrier']:.3f} (fn {row['symalign']['function_change']:.1e})"]
@@ -270,6 +280,8 @@ def main(argv=None) -> None:
             r = row[p]
             cells.append(f"{p} {r['loss_barrier']:.3f} (fn {r['function_change']:.1e})" if "loss_barrier" in r
                          else f"{p} {r['status']}")
+            cells.append(f"{p} all runs " + " / ".join(f"{x['loss_barrier']:.3f}" if "loss_barrier" in x
+                                                      else str(x.get("status")) for x in r.get("runs", [r])))
         print("; ".join(cells), flush=True)
     meta = {"torch": torch.__version__, "data": "scikit-learn digits, 1300 train / 497 test, seed "
             f"{args.seed}", "points": 25, "threads": 1}
