@@ -177,13 +177,14 @@ def measure(model, kind, sa, sb_aligned, sb, test) -> dict:
             "loss_a": c.loss[0], "loss_b": c.loss[-1], "acc_a": c.acc[0], "acc_b": c.acc[-1]}
 
 
-def symalign_align(model, kind, sa, sb, x) -> tuple[dict, dict]:
+def symalign_align(model, kind, sa, sb, x, seed: int = 0) -> tuple[dict, dict]:
+    """B aligned to A by ``match_whole`` on the traced spec (``seed``: its sweep order)."""
     from symalign.match.whole import match_whole
     from symalign.tracing import trace
 
     t0 = time.perf_counter()
     res = trace(model, example(kind, x[:8]))
-    m = match_whole(res.spec, sa, sb)
+    m = match_whole(res.spec, sa, sb, seed=seed)
     out = m.apply(sb)
     info = {"seconds": time.perf_counter() - t0, "sweeps": m.iterations, "converged": m.converged,
             "spaces": res.spec.describe(), "skipped": [str(s) for s in res.skipped]}
@@ -198,16 +199,20 @@ def peers_table(rows: list[dict], peers: list[str]) -> dict:
     for r in rows:
         f = {"model": r["model"], "acc": f"{100 * r['naive']['acc_a']:.1f} / {100 * r['naive']['acc_b']:.1f} %",
              "naive": r["naive"]["loss_barrier"], "symalign": r["symalign"]["loss_barrier"],
-             "symalign_fn": r["symalign"]["function_change"]}
+             "symalign_fn": r["symalign"]["function_change"],
+             "symalign_runs": " / ".join(f"{x['loss_barrier']:.3f}" for x in r["symalign"].get("runs", [r["symalign"]]))}
         for p in peers:
             f[p] = r[p].get("loss_barrier", r[p].get("status"))
             f[p + "_fn"] = r[p].get("function_change")
+            f[p + "_runs"] = " / ".join(f"{x['loss_barrier']:.3f}" if "loss_barrier" in x else str(x.get("status"))
+                                        for x in r[p].get("runs", [r[p]]))
         flat.append(f)
     cols = [("model", "model"), ("acc", "test acc A / B"), ("naive", "unaligned", ".3f"),
-            ("symalign", "symalign", ".3f"), ("symalign_fn", "function change symalign", ".1e")]
+            ("symalign", "symalign", ".3f"), ("symalign_runs", "symalign (all order seeds)", ""),
+            ("symalign_fn", "function change symalign", ".1e")]
     for p in peers:
         cols += [(p, p, ".3f" if all(isinstance(f[p], float) for f in flat) else ""),
-                 (p + "_fn", f"function change {p}", ".1e")]
+                 (p + "_fn", f"function change {p}", ".1e"), (p + "_runs", f"{p} (all runs)", "")]
     return make_table(flat, cols)
 
 
@@ -224,8 +229,18 @@ def main(argv=None) -> None:
     ap.add_argument("--vit-epochs", type=int, default=40)
     ap.add_argument("--peer-timeout", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="runs of each peer on the same weights (its run-to-run spread; the table's peer column "
+                         "is the first run, the 'all runs' column lists every run)")
+    ap.add_argument("--symalign-orders", type=int, default=3,
+                    help="sweep-order seeds 0..N-1 of symalign's match_whole (its spread; the table's symalign "
+                         "column is seed 0, the default, the 'all order seeds' column lists every one)")
     ap.add_argument("--peer-worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.symalign_orders < 1:
+        ap.error(f"--symalign-orders must be at least 1, got {args.symalign_orders}")
     if args.peer_worker:
         peer_worker(Path(args.peer_worker))
         return
@@ -249,27 +264,36 @@ def main(argv=None) -> None:
         sb = {k: v.detach().clone() for k, v in mb.state_dict().items()}
         row = {"model": f"{kind}-{depth}", "train_s": time.perf_counter() - t0, "test_items": len(data[1][1])}
         row["naive"] = measure(ma, kind, sa, sb, sb, data[1])
-        out, info = symalign_align(ma, kind, sa, sb, data[0][0])
-        row["symalign"] = {**measure(ma, kind, sa, out, sb, data[1]), **info}
+        runs = []
+        for order_seed in range(args.symalign_orders):  # the table's column is order seed 0, the default
+            out, info = symalign_align(ma, kind, sa, sb, data[0][0], seed=order_seed)
+            runs.append({**measure(ma, kind, sa, out, sb, data[1]), **info, "order_seed": order_seed})
+        row["symalign"] = {**runs[0], "runs": runs}
         for p in peers:
             if missing[p]:
                 row[p] = {"status": "absent", "why": missing[p]}
                 continue
-            res = run_peer(args.peers_python, p, kind, depth, sa, sb, example(kind, data[0][0][:64]),
-                           args.peer_timeout)
-            state = res.pop("state", None)
-            if state is not None:
-                res.update(measure(ma, kind, sa, state, sb, data[1]))
-                if not res["function_change"] <= 1e-4:
-                    res["status"] = "changed the function"
-            row[p] = res
+            runs = []
+            for _ in range(args.repeats):  # the same inputs every time: the spread is the peer's own
+                res = run_peer(args.peers_python, p, kind, depth, sa, sb, example(kind, data[0][0][:64]),
+                               args.peer_timeout)
+                state = res.pop("state", None)
+                if state is not None:
+                    res.update(measure(ma, kind, sa, state, sb, data[1]))
+                    if not res["function_change"] <= 1e-4:
+                        res["status"] = "changed the function"
+                runs.append(res)
+            row[p] = {**runs[0], "runs": runs}
         rows.append(row)
         cells = [f"{row['model']}: naive {row['naive']['loss_barrier']:.3f}",
-                 f"symalign {row['symalign']['loss_barrier']:.3f} (fn {row['symalign']['function_change']:.1e})"]
+                 f"symalign {row['symalign']['loss_barrier']:.3f} (fn {row['symalign']['function_change']:.1e})",
+                 "symalign all order seeds " + " / ".join(f"{x['loss_barrier']:.3f}" for x in row["symalign"]["runs"])]
         for p in peers:
             r = row[p]
             cells.append(f"{p} {r['loss_barrier']:.3f} (fn {r['function_change']:.1e})" if "loss_barrier" in r
                          else f"{p} {r['status']}")
+            cells.append(f"{p} all runs " + " / ".join(f"{x['loss_barrier']:.3f}" if "loss_barrier" in x
+                                                      else str(x.get("status")) for x in r.get("runs", [r])))
         print("; ".join(cells), flush=True)
     meta = {"torch": torch.__version__, "data": "scikit-learn digits, 1300 train / 497 test, seed "
             f"{args.seed}", "points": 25, "threads": 1}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -173,6 +175,44 @@ def test_match_monomial_recovers_a_planted_element_and_never_raises_the_cost():
     cost = lambda e: sum(float((sa[k] - g.act(e, sb[k], a.axis, a.variance)).pow(2).sum()) for k, a in pairs)  # noqa
     perm_only = assign(cross(pairs, sa, sb))  # the best permutation with unit scales
     assert cost(match_monomial(pairs, sa, sb, n)) < cost(perm_only)
+
+
+def _brute_force_monomial(sa, sb, n):
+    """The exact minimum of ``sum_t ||A_t - T B_t||^2`` over positive monomials on ``w_in`` rows, ``b_in``,
+    ``w_out`` columns, independently of symalign: every permutation, each unit's scale by scipy."""
+    wa, ba, oa = (sa[k].numpy() for k in ("w_in", "b_in", "w_out"))
+    wb, bb, ob = (sb[k].numpy() for k in ("w_in", "b_in", "w_out"))
+    best = np.zeros((n, n))
+    for i in range(n):
+        for j in range(n):
+            f = lambda u: (((wa[i] - np.exp(u) * wb[j]) ** 2).sum() + (ba[i] - np.exp(u) * bb[j]) ** 2  # noqa: E731
+                           + ((oa[:, i] - ob[:, j] / np.exp(u)) ** 2).sum())
+            grid = np.linspace(-9.0, 9.0, 1801)
+            k = int(np.argmin([f(u) for u in grid]))
+            best[i, j] = minimize_scalar(f, bounds=(grid[max(k - 1, 0)], grid[min(k + 1, 1800)]), method="bounded",
+                                         options={"xatol": 1e-12}).fun
+    return min(sum(best[i, p[i]] for i in range(n)) for p in itertools.permutations(range(n)))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_match_monomial_is_the_exact_joint_minimiser(seed):
+    # Alternating assignment and scales stops at a block-wise fixed point: on seeds 3 and 4 it ended
+    # 1.3 % and 5 % above the minimum. The joint problem is one assignment on the per-pair minimised costs.
+    from symalign.spec import AxisAction
+
+    n, g = 5, PositiveMonomial(5)
+    gen = torch.Generator().manual_seed(seed)
+    pairs = [("w_in", AxisAction("ff", 0, "co")), ("b_in", AxisAction("ff", 0, "co")),
+             ("w_out", AxisAction("ff", 1, "contra"))]
+    sa = {"w_in": torch.randn(n, 3, generator=gen, dtype=torch.float64),
+          "b_in": torch.randn(n, generator=gen, dtype=torch.float64),
+          "w_out": torch.randn(3, n, generator=gen, dtype=torch.float64)}
+    sb = {k: torch.randn(v.shape, generator=gen, dtype=torch.float64) for k, v in sa.items()}
+    found = match_monomial(pairs, sa, sb, n)
+    assert g.contains(found)
+    ours = sum(float((sa[k] - g.act(found, sb[k], a.axis, a.variance)).pow(2).sum()) for k, a in pairs)
+    ref = _brute_force_monomial(sa, sb, n)
+    assert abs(ours - ref) <= 1e-9 * ref, (ours, ref)
 
 
 # -- whole-model weight matching on ReLU models -----------------------------------

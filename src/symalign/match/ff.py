@@ -10,7 +10,8 @@ B' is old unit ``perm[i]`` of B (:class:`symalign.groups.Permutation`).
 
 ReLU units also scale (``relu(s z) = s relu(z)``, ``s > 0``): their group is the
 positive monomials :class:`symalign.groups.PositiveMonomial`, solved by
-:func:`match_monomial` (assignment and per-unit scales, alternately).
+:func:`match_monomial` (exactly: one assignment on the per-pair costs with each
+pair's best scale).
 """
 
 from __future__ import annotations
@@ -91,21 +92,36 @@ def _newton(x: Tensor, a3: Tensor, a1: Tensor, steps: int) -> Tensor:
     return x
 
 
-def match_monomial(pairs, state_a, state_b, n: int, iters: int = 5, max_scale: float = 1e4) -> Tensor:
-    r"""``argmin_{(perm, s)} sum_t ||A_t - T B_t||^2`` over positive monomials ``T = diag(s) P`` (ReLU units).
+def pair_costs(q: Tensor, tt: Tensor, p: Tensor, r: Tensor, max_scale: float = 1e4,
+               chunk: int = 1 << 16) -> tuple[Tensor, Tensor]:
+    r"""``(cost, scale)``, both ``(n, n)``: for every pairing of unit ``i`` of A with unit ``j`` of B,
+    ``scale[i, j] = argmin_s f_ij(s)`` and ``cost[i, j] = f_ij(scale[i, j])``, where
+    ``f_ij(s) = p_j s^2 - 2 Q_ij s + r_j s^{-2} - 2 T_ij s^{-1}`` (:func:`scale_objective`, minimised
+    exactly by :func:`positive_scales`; ``n^2`` scalar problems, batched ``chunk`` at a time)."""
+    n = q.shape[0]
+    pf, rf = p[None, :].expand(n, n).reshape(-1), r[None, :].expand(n, n).reshape(-1)
+    qf, tf = q.reshape(-1), tt.reshape(-1)
+    s = torch.cat([positive_scales(pf[k:k + chunk], qf[k:k + chunk], rf[k:k + chunk], tf[k:k + chunk], max_scale)
+                   for k in range(0, n * n, chunk)]) if n else torch.zeros(0, dtype=torch.float64)
+    return scale_objective(s, pf, qf, rf, tf).reshape(n, n), s.reshape(n, n)
+
+
+def match_monomial(pairs, state_a, state_b, n: int, max_scale: float = 1e4) -> Tensor:
+    r"""``argmin_{(perm, s)} sum_t ||A_t - T B_t||^2`` over positive monomials ``T = diag(s) P`` (ReLU units),
+    solved exactly.
 
     For the given ``(tensor, action)`` pairs of one space, unit ``i`` of B' is
     ``s_i`` times unit ``perm[i]`` of B on covariant axes (``fc_in`` rows, bias) and
     ``1/s_i`` times it on contravariant ones (``fc_out`` columns). With
     ``Q = sum_co X_A X_B^T``, ``T = sum_contra X_A X_B^T`` and the row norms
-    ``p_j = sum_co |X_B^j|^2``, ``r_j = sum_contra |X_B^j|^2``, the cost of pairing
-    ``(i, j)`` with scale ``s`` is ``p_j s^2 - 2 Q_ij s + r_j s^{-2} - 2 T_ij s^{-1}``
-    (plus a constant). Alternate: (1) with scales ``sigma_j`` attached to B's units,
-    the permutation maximising ``sum_i sigma_j Q_ij + T_ij / sigma_j`` (``j = perm[i]``;
-    the norm terms sum to a constant) -- a linear assignment; (2) with ``perm``
-    fixed, each unit's scale by :func:`positive_scales`. Both steps are exact block
-    minimisers, so the cost never rises; stop when the assignment repeats or after
-    ``iters`` scale steps. Starts from ``sigma = 1`` (the plain permutation step).
+    ``p_j = sum_co |X_B^j|^2``, ``r_j = sum_contra |X_B^j|^2``, the distance is, up to a
+    constant, ``sum_i f_{i, perm[i]}(s_i)`` with
+    ``f_ij(s) = p_j s^2 - 2 Q_ij s + r_j s^{-2} - 2 T_ij s^{-1}``. Given the pairing, the
+    scales separate, so
+    ``min_{perm, s} = min_perm sum_i c_{i, perm[i]}`` with ``c_ij = min_{s > 0} f_ij(s)``
+    (:func:`pair_costs`): one linear assignment on ``c`` gives the exact joint minimiser,
+    and ``s_i`` is the minimiser of the chosen pair. (Alternating assignment and scales
+    instead stops at a block-wise fixed point that is not, in general, the minimum.)
 
     Returns the element ``[perm; s]`` of :class:`symalign.groups.PositiveMonomial`.
     """
@@ -121,15 +137,6 @@ def match_monomial(pairs, state_a, state_b, n: int, iters: int = 5, max_scale: f
         else:
             tt += xa @ xb.T
             r += xb.pow(2).sum(1)
-    sigma = torch.ones(n, dtype=torch.float64)
-    rows = torch.arange(n)
-    perm = assign(q + tt)  # sigma = 1: the plain permutation step
-    for _ in range(max(1, iters)):
-        s = positive_scales(p[perm], q[rows, perm], r[perm], tt[rows, perm], max_scale)
-        sigma = sigma.clone()
-        sigma[perm] = s
-        nxt = assign(q * sigma[None, :] + tt / sigma[None, :])
-        if torch.equal(nxt, perm):
-            break
-        perm = nxt  # no worse than the previous pairing at the same scales
-    return PositiveMonomial.pack(perm, sigma[perm])
+    cost, scale = pair_costs(q, tt, p, r, max_scale)
+    perm = assign(-cost)
+    return PositiveMonomial.pack(perm, scale[torch.arange(n), perm])

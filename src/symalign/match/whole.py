@@ -23,9 +23,10 @@ labels, by block-coordinate descent (git re-basin's loop, for any spec):
    ``g_s = argmin_h sum_t ||A_t - h . B^{(s)}_t||^2``, a linear assignment on
    ``C = sum_t X_A^t (X_{B^{(s)}}^t)^T`` (each tensor's axis ``s`` first, the other axes,
    already transformed by their own spaces, flattened). ReLU units
-   (:class:`~symalign.groups.PositiveMonomial`) get assignment and positive per-unit
-   scales alternately (:func:`symalign.match.ff.match_monomial`). For permutations the
-   assignment is the exact block minimiser, so ``D`` never rises. Chains of unit spaces
+   (:class:`~symalign.groups.PositiveMonomial`) get the exact joint minimiser over
+   permutation and positive per-unit scales: one assignment on the per-pair costs, each
+   pair at its own best scale (:func:`symalign.match.ff.match_monomial`). Either way the
+   step is the exact block minimiser, so ``D`` never rises. Chains of unit spaces
    that share tensors (an MLP: ``fc_2`` carries ``ff.0`` on its columns and ``ff.1`` on
    its rows) are thereby really coordinate-descended;
 2. the attention spaces by :func:`match_attention` on ``B`` with every non-attention
@@ -35,7 +36,7 @@ labels, by block-coordinate descent (git re-basin's loop, for any spec):
 
 and repeat 1-3 (a *sweep*) until a sweep lowers ``D`` by at most ``rtol * D(identity)``
 (``converged``), or ``max_sweeps`` sweeps. Steps 1 and 3 are exact minimisers of their
-block (for permutation and orthogonal spaces), and a sweep lowers ``D`` by the sum of
+block (for permutation, positive-monomial and orthogonal spaces), and a sweep lowers ``D`` by the sum of
 its blocks' decreases, so the rule means that no space improved by more than
 ``rtol * D(identity)`` (``rtol = 0``: a fixed point, where every space is the exact
 minimiser given all the others); step 2 is the attention matcher's (exact on planted
