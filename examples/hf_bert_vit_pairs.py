@@ -1,6 +1,6 @@
 """Two tiny Hugging Face BERT masked LMs and two tiny ViTs trained from different seeds, offline.
 
-    python examples/hf_bert_vit_pairs.py OUT_DIR [--only bert|vit] [--seeds 0 1] [--bert-steps 500]
+    python examples/hf_bert_vit_pairs.py OUT_DIR [--only bert|vit] [--seeds 0 1] [--bert-steps 2000]
                                                 [--vit-epochs 30]
 
 BERT (``BertForMaskedLM``): a WordPiece tokenizer is trained with the
@@ -153,7 +153,7 @@ def main() -> None:
     p.add_argument("out", type=Path)
     p.add_argument("--only", choices=["bert", "vit"], default=None)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    p.add_argument("--bert-steps", type=int, default=500)
+    p.add_argument("--bert-steps", type=int, default=2000)
     p.add_argument("--vit-epochs", type=int, default=30)
     p.add_argument("--vocab", type=int, default=1024)
     p.add_argument("--width", type=int, default=64)
