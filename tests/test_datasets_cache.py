@@ -89,3 +89,30 @@ def test_name_missing_from_offline_cache_is_one_line(monkeypatch, capsys, tmp_pa
                                   "--context", "16", "--points", "2", "--no-progress", "--out", tmp_path / "run")
     assert code == 2 and "local datasets cache" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_cache_read_never_asks_the_hub(monkeypatch, tmp_path):
+    """Without HF_DATASETS_OFFLINE in the environment (datasets imported online), reading a cached name makes
+    no Hub request: symalign sets datasets' offline flag for the call (the variable alone is read only at
+    import) and restores it after."""
+    import huggingface_hub
+
+    from symalign.data.user import load_user_data
+
+    lines = corpus(20, seed=6).splitlines()
+    _cached_dataset(tmp_path, monkeypatch, {"test": lines})
+    monkeypatch.delenv("HF_DATASETS_OFFLINE")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    calls: list[str] = []
+
+    def no_hub(name):
+        def call(*args, **kwargs):
+            calls.append(name)
+            raise ConnectionError("no network in this test")
+        return call
+
+    for name in ("hf_hub_download", "dataset_info", "list_repo_tree"):
+        monkeypatch.setattr(huggingface_hub.HfApi, name, no_hub(name))
+    data = load_user_data("local/tiny_text", None, None, None)
+    assert data.texts == lines and calls == []
+    assert datasets.config.HF_HUB_OFFLINE is False
