@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -206,11 +208,30 @@ def _load_from_disk(path: Path):
                            f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
 
 
+@contextmanager
+def _offline(datasets: Any) -> Iterator[None]:
+    """``datasets`` offline for one call unless the user set ``HF_DATASETS_OFFLINE`` themselves.
+
+    ``datasets`` reads the variable once, when it is imported, so setting it in
+    ``os.environ`` here would be too late: its flag ``datasets.config.HF_HUB_OFFLINE``
+    is set for the call and restored after.
+    """
+    if os.environ.get("HF_DATASETS_OFFLINE") is not None:
+        yield
+        return
+    old = datasets.config.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE = old
+
+
 def _from_cache(spec: str, split: str | None, text_field: str | None, label_field: str | None) -> UserData:
     datasets = _require_datasets()
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     try:
-        ds = datasets.load_dataset(spec)
+        with _offline(datasets):
+            ds = datasets.load_dataset(spec)
     except Exception as exc:
         raise DatasetError(f"{spec!r} is neither a file, a folder, a built-in dataset nor a dataset in the local "
                            f"datasets cache ({type(exc).__name__}); give a path, or save the dataset with "
