@@ -178,3 +178,19 @@ def test_universe_merge_of_transformed_copies_is_a(family, tmp_path, monkeypatch
     code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, "-o", tmp_path / "M2", "--universe",
                                   "--scope", "attention")
     assert code == 2 and "--universe" in err and _nothing_written(tmp_path, "M2")
+
+
+def test_failed_alignment_writes_nothing_and_keeps_old_out(tmp_path, monkeypatch, capsys, tok):
+    """If an aligned model would not compute its input's function, the merge stops: no OUT, no scratch
+    folders, and an existing OUT survives a --force run."""
+    a, b, da, db = _planted("gpt2", tmp_path, tok)
+    code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, "-o", tmp_path / "M")
+    assert code == 0, err
+    before = (tmp_path / "M" / "model.safetensors").read_bytes()
+    monkeypatch.setattr("symalign.arch.check.functional_difference", lambda *a, **k: 0.5)
+    for target, extra in (("M2", []), ("M", ["--force"])):
+        code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, "-o", tmp_path / target, *extra)
+        assert code == 2 and "refusing to write" in err, err
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert not (tmp_path / "M2").exists()
+    assert (tmp_path / "M" / "model.safetensors").read_bytes() == before

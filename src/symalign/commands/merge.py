@@ -150,19 +150,25 @@ def register(app: typer.Typer) -> None:
                                                 "on DATA (as `symalign interpolate --data`)."),
         split: Optional[str] = typer.Option(None, "--split", help="Split of the --eval data."),
         text_field: Optional[str] = typer.Option(None, "--text-field", help="Text field / column of the --eval data."),
+        label_field: Optional[str] = typer.Option(None, "--label-field", help="Label field / column of the --eval "
+                                                  "data."),
         eval_items: Optional[int] = typer.Option(None, "--eval-items", help="Windows or examples evaluated."),
+        eval_tokens: Optional[int] = typer.Option(None, "--eval-tokens", help="LM: tokens evaluated."),
         context: Optional[int] = typer.Option(None, help="Window length in tokens (default: the model's maximum, "
                                                          "at most 512)."),
         tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer folder for checkpoints saved "
                                                 "without one."),
+        image_processor: Optional[str] = typer.Option(None, "--image-processor", help="Image processor folder for "
+                                                      "checkpoints saved without one."),
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists (atomically)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
     ) -> None:
         """Align checkpoints to the first and write their weighted average as a loadable checkpoint."""
         from symalign.evaluate import EvalOptions
 
-        opts = EvalOptions(split=split, text_field=text_field, eval_items=eval_items, context=context,
-                           tokenizer=tokenizer)
+        opts = EvalOptions(split=split, text_field=text_field, label_field=label_field, eval_items=eval_items,
+                           eval_tokens=eval_tokens, context=context, tokenizer=tokenizer,
+                           image_processor=image_processor)
         res = run_merge(list(models), out, _parse_weights(weights), scope=scope, stage2=stage2, align=not no_align,
                         force=force, eval_data=eval_data, eval_opts=opts, universe=universe, rounds=rounds)
         if as_json:
