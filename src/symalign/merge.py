@@ -72,9 +72,14 @@ def shard_map(like: Path) -> dict[str, str] | None:
 
 
 def stage_like(out: Path, state: Mapping[str, Tensor], like: Path,
-               config_edits: Mapping[str, Any] | None = None) -> Path:
-    """A complete checkpoint laid out like ``like`` in a temporary sibling of ``out`` (removed on failure)."""
+               config_edits: Mapping[str, Any] | None = None, marker: Mapping[str, Any] | None = None) -> Path:
+    """A complete checkpoint laid out like ``like`` in a temporary sibling of ``out`` (removed on failure),
+    holding symalign's marker file (``{"tool": "symalign", **marker}``, so ``--force`` may replace it later)
+    and with the modes the umask gives."""
     from safetensors.torch import save_file
+
+    from symalign.atomic import fix_modes
+    from symalign.hf_io import MARKER_NAME
 
     out = Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -90,10 +95,12 @@ def stage_like(out: Path, state: Mapping[str, Tensor], like: Path,
         if config_edits:
             cfg_file = tmp / "config.json"
             cfg_file.write_text(json.dumps({**json.loads(cfg_file.read_text()), **config_edits}, indent=2))
+        (tmp / MARKER_NAME).write_text(json.dumps({"tool": "symalign", **(marker or {})}, indent=2) + "\n")
         tensors = {k: v.detach().contiguous() for k, v in state.items()}
         layout = shard_map(Path(like))
         if layout is None:
             save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
+            fix_modes(tmp)
             return tmp
         files = sorted(set(layout.values()))
         weight_map = {k: layout.get(k, files[-1]) for k in tensors}
@@ -103,6 +110,7 @@ def stage_like(out: Path, state: Mapping[str, Tensor], like: Path,
         total = sum(v.numel() * v.element_size() for v in tensors.values())
         (tmp / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total},
                                                   "weight_map": dict(sorted(weight_map.items()))}, indent=2))
+        fix_modes(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

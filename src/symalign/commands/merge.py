@@ -108,7 +108,9 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
                 raise ConfigError("the aligned checkpoints hold different tensors; merge them with the same --scope")
         merged = weighted_average(states, w)
         del states
-        tmp = stage_like(out_path, merged, dirs[0], edits or None)
+        tmp = stage_like(out_path, merged, dirs[0], edits or None, marker={
+            "command": "merge", "scope": scope, "folded": scope == "model", "weights": list(w),
+            "inputs": [str(Path(d).resolve()) for d in dirs]})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     try:
