@@ -168,18 +168,26 @@ def load_checkpoint(path: str | os.PathLike, check: bool = True) -> Checkpoint:
 
 def check_same_architecture(a: Checkpoint, b: Checkpoint) -> None:
     """Refuse two checkpoints of different families, tensor names or shapes."""
-    ta, tb = a.config.model_type, b.config.model_type
+    check_same_layout(a.path, a.config, {k: v.shape for k, v in a.state.items()},
+                      b.path, b.config, {k: v.shape for k, v in b.state.items()})
+
+
+def check_same_layout(path_a: Any, config_a: Any, shapes_a: Mapping[str, Any],
+                      path_b: Any, config_b: Any, shapes_b: Mapping[str, Any]) -> None:
+    """Refuse two checkpoints of different families, head structures, tensor names or shapes, given
+    their configs and ``{tensor name: shape}`` (from loaded tensors or from safetensors headers)."""
+    ta, tb = config_a.model_type, config_b.model_type
     if ta != tb:
-        raise MatchError(f"{a.path} is a {ta} model but {b.path} is a {tb} model: both must be the same architecture")
-    check_same_heads(a.config, b.config, a.path, b.path)
-    only_a, only_b = sorted(set(a.state) - set(b.state)), sorted(set(b.state) - set(a.state))
+        raise MatchError(f"{path_a} is a {ta} model but {path_b} is a {tb} model: both must be the same architecture")
+    check_same_heads(config_a, config_b, path_a, path_b)
+    only_a, only_b = sorted(set(shapes_a) - set(shapes_b)), sorted(set(shapes_b) - set(shapes_a))
     if only_a or only_b:
-        name, side = (only_a[0], a.path) if only_a else (only_b[0], b.path)
+        name, side = (only_a[0], path_a) if only_a else (only_b[0], path_b)
         raise MatchError(f"tensor {name!r} exists only in {side}: the two checkpoints differ in architecture")
-    for name, t in a.state.items():
-        if t.shape != b.state[name].shape:
-            raise MatchError(f"tensor {name!r} has shape {tuple(t.shape)} in {a.path} but "
-                             f"{tuple(b.state[name].shape)} in {b.path}: the models differ in size")
+    for name, shape in shapes_a.items():
+        if tuple(shape) != tuple(shapes_b[name]):
+            raise MatchError(f"tensor {name!r} has shape {tuple(shape)} in {path_a} but "
+                             f"{tuple(shapes_b[name])} in {path_b}: the models differ in size")
 
 
 def head_config(config: Any) -> dict[str, int | None]:
@@ -277,6 +285,24 @@ def write_checkpoint(out: str | os.PathLike, state: Mapping[str, Tensor], like: 
     return commit(stage_checkpoint(out, state, like), out)
 
 
+def copy_non_weights(like: str | os.PathLike, dest: Path, config_edits: Mapping[str, Any] | None = None,
+                     marker: Mapping[str, Any] | None = None) -> None:
+    """Copy ``like``'s files other than weights into ``dest`` (config, tokenizer, processor...), merge
+    ``config_edits`` into ``config.json`` and write the marker :data:`MARKER_NAME`
+    (``{"tool": "symalign", **marker}``, replacing a marker ``like`` had)."""
+    for entry in Path(like).iterdir():
+        if _is_weight_file(entry.name):
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, dest / entry.name, ignore=lambda d, names: [n for n in names if _is_weight_file(n)])
+        else:
+            shutil.copy2(entry, dest / entry.name)
+    if config_edits:
+        cfg_file = dest / "config.json"
+        cfg_file.write_text(json.dumps({**json.loads(cfg_file.read_text()), **config_edits}, indent=2))
+    (dest / MARKER_NAME).write_text(json.dumps({"tool": "symalign", **(marker or {})}, indent=2) + "\n")
+
+
 def stage_checkpoint(out: str | os.PathLike, state: Mapping[str, Tensor], like: str | os.PathLike,
                      config_edits: Mapping[str, Any] | None = None, marker: Mapping[str, Any] | None = None
                      ) -> Path:
@@ -290,17 +316,7 @@ def stage_checkpoint(out: str | os.PathLike, state: Mapping[str, Tensor], like: 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp_dir(out.parent, f".{out.name}.tmp-")
     try:
-        for entry in like.iterdir():
-            if _is_weight_file(entry.name):
-                continue
-            if entry.is_dir():
-                shutil.copytree(entry, tmp / entry.name, ignore=lambda d, names: [n for n in names if _is_weight_file(n)])
-            else:
-                shutil.copy2(entry, tmp / entry.name)
-        if config_edits:
-            cfg_file = tmp / "config.json"
-            cfg_file.write_text(json.dumps({**json.loads(cfg_file.read_text()), **config_edits}, indent=2))
-        (tmp / MARKER_NAME).write_text(json.dumps({"tool": "symalign", **(marker or {})}, indent=2) + "\n")
+        copy_non_weights(like, tmp, config_edits, marker)
         tensors = {k: v.detach().contiguous() for k, v in state.items()}
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         fix_modes(tmp)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -32,7 +31,8 @@ import torch
 from torch import Tensor
 
 from symalign.errors import ConfigError
-from symalign.hf_io import INDEX_NAME, WEIGHTS_NAME, _is_weight_file
+from symalign.atomic import fix_modes, make_temp_dir
+from symalign.hf_io import INDEX_NAME, WEIGHTS_NAME, copy_non_weights
 
 
 def normalise_weights(weights: Sequence[float] | None, n: int) -> list[float]:
@@ -78,24 +78,11 @@ def stage_like(out: Path, state: Mapping[str, Tensor], like: Path,
     and with the modes the umask gives."""
     from safetensors.torch import save_file
 
-    from symalign.atomic import fix_modes
-    from symalign.hf_io import MARKER_NAME
-
     out = Path(out).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = make_temp_dir(out.parent, f".{out.name}.tmp-")
     try:
-        for entry in Path(like).iterdir():
-            if _is_weight_file(entry.name) or entry.name.startswith("."):
-                continue
-            if entry.is_dir():
-                shutil.copytree(entry, tmp / entry.name)
-            else:
-                shutil.copy2(entry, tmp / entry.name)
-        if config_edits:
-            cfg_file = tmp / "config.json"
-            cfg_file.write_text(json.dumps({**json.loads(cfg_file.read_text()), **config_edits}, indent=2))
-        (tmp / MARKER_NAME).write_text(json.dumps({"tool": "symalign", **(marker or {})}, indent=2) + "\n")
+        copy_non_weights(like, tmp, config_edits, marker)
         tensors = {k: v.detach().contiguous() for k, v in state.items()}
         layout = shard_map(Path(like))
         if layout is None:

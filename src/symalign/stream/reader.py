@@ -32,6 +32,8 @@ import torch
 from torch import Tensor
 
 from symalign.errors import CheckpointError
+from symalign.families import get_adapter
+from symalign.hf_io import check_same_layout, expected_shapes, load_config
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -265,9 +267,6 @@ def weight_layout(path: Path) -> tuple[list[Path], dict[str, Any] | None, dict[s
 
 def open_checkpoint(path: str | os.PathLike, check_shapes: bool = True) -> LazyCheckpoint:
     """Config, adapter and tensor directory of a checkpoint, validated (see the module docstring)."""
-    from symalign.families import get_adapter
-    from symalign.hf_io import load_config
-
     path = Path(path)
     config = load_config(path)
     adapter = get_adapter(config)
@@ -298,7 +297,6 @@ def open_checkpoint(path: str | os.PathLike, check_shapes: bool = True) -> LazyC
 
 def check_against_config(ck: LazyCheckpoint) -> None:
     """Every tensor the config predicts is present with its shape, and no other (headers only)."""
-    from symalign.hf_io import expected_shapes
 
     shapes, tied = expected_shapes(ck.adapter, ck.config)
     for name, info in ck.tensors.items():
@@ -314,20 +312,7 @@ def check_against_config(ck: LazyCheckpoint) -> None:
 
 
 def check_same_architecture(a: LazyCheckpoint, b: LazyCheckpoint) -> None:
-    """Refuse two checkpoints of different families, tensor names or shapes (headers only)."""
-    from symalign.errors import MatchError
-
-    from symalign.hf_io import check_same_heads
-
-    ta, tb = a.config.model_type, b.config.model_type
-    if ta != tb:
-        raise MatchError(f"{a.path} is a {ta} model but {b.path} is a {tb} model: both must be the same architecture")
-    check_same_heads(a.config, b.config, a.path, b.path)
-    only_a, only_b = sorted(set(a.tensors) - set(b.tensors)), sorted(set(b.tensors) - set(a.tensors))
-    if only_a or only_b:
-        name, side = (only_a[0], a.path) if only_a else (only_b[0], b.path)
-        raise MatchError(f"tensor {name!r} exists only in {side}: the two checkpoints differ in architecture")
-    for name, t in a.tensors.items():
-        if t.shape != b.tensors[name].shape:
-            raise MatchError(f"tensor {name!r} has shape {t.shape} in {a.path} but {b.tensors[name].shape} in "
-                             f"{b.path}: the models differ in size")
+    """Refuse two checkpoints of different families, head structures, tensor names or shapes (headers only;
+    :func:`symalign.hf_io.check_same_layout`)."""
+    check_same_layout(a.path, a.config, {k: t.shape for k, t in a.tensors.items()},
+                      b.path, b.config, {k: t.shape for k, t in b.tensors.items()})
