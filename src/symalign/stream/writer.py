@@ -20,10 +20,8 @@ supported the shards are named temporary files inside that folder from the start
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -31,11 +29,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from symalign.atomic import fix_modes, make_temp_dir
 from symalign.errors import CheckpointError, SymalignError
+from symalign.hf_io import copy_non_weights
 from symalign.stream.reader import INDEX_NAME, LazyCheckpoint, TensorInfo
 
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".safetensors.index.json",
-                    ".bin.index.json")
 _AT_FDCWD = -100
 _AT_SYMLINK_FOLLOW = 0x400
 
@@ -82,7 +80,7 @@ class ShardWriter:
                 fd = _anonymous_file(self.out.parent)
                 if fd is None:
                     if self._named is None:
-                        self._named = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
+                        self._named = make_temp_dir(self.out.parent, f".{self.out.name}.tmp-")
                     fd = os.open(self._named / sh.path.name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
                 self._fds[sh.path] = fd
                 os.ftruncate(fd, sh.size)
@@ -152,13 +150,12 @@ class ShardWriter:
 
     def stage(self, config_edits: Mapping[str, Any] | None = None, marker: Mapping[str, Any] | None = None) -> Path:
         """Name the shards inside a temporary sibling folder of OUT with B's other files (B's own
-        ``symalign.json`` replaced by ``{"tool": "symalign", **marker}``); return the folder."""
-        from symalign.hf_io import MARKER_NAME
-
+        ``symalign.json`` replaced by ``{"tool": "symalign", **marker}``, modes from the umask);
+        return the folder."""
         if self._pending:
             raise SymalignError(f"internal error: {len(self._pending)} tensors were not written "
                                 f"(e.g. {sorted(self._pending)[0]!r})")
-        tmp = self._named or Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
+        tmp = self._named or make_temp_dir(self.out.parent, f".{self.out.name}.tmp-")
         self._named = tmp
         try:
             for src, fd in self._fds.items():
@@ -166,21 +163,10 @@ class ShardWriter:
                 if not (tmp / src.name).exists():
                     _link(fd, tmp / src.name)
             self.close()
-            like = self.like.path
-            for entry in like.iterdir():
-                if entry.name == INDEX_NAME:
-                    shutil.copy2(entry, tmp / entry.name)
-                elif entry.name.endswith(_WEIGHT_SUFFIXES):
-                    continue
-                elif entry.is_dir():
-                    shutil.copytree(entry, tmp / entry.name,
-                                    ignore=lambda d, names: [n for n in names if n.endswith(_WEIGHT_SUFFIXES)])
-                else:
-                    shutil.copy2(entry, tmp / entry.name)
-            (tmp / MARKER_NAME).write_text(json.dumps({"tool": "symalign", **(marker or {})}, indent=2) + "\n")
-            if config_edits:
-                cfg = tmp / "config.json"
-                cfg.write_text(json.dumps({**json.loads(cfg.read_text()), **config_edits}, indent=2))
+            if (self.like.path / INDEX_NAME).is_file():
+                shutil.copy2(self.like.path / INDEX_NAME, tmp / INDEX_NAME)
+            copy_non_weights(self.like.path, tmp, config_edits, marker)
+            fix_modes(tmp)
         except BaseException:
             self.abort()
             raise
