@@ -161,7 +161,14 @@ class Adapter(ABC):
         self.check_config(config)
         key_set = set(keys) if keys is not None else None
         prefix = self.prefix(key_set) if key_set is not None else ""
-        return layout_spec(self.layouts(config, prefix, key_set if key_set is not None else _AllKeys()))
+        lays = self.layouts(config, prefix, key_set if key_set is not None else _AllKeys())
+        spec = layout_spec(lays)
+        self.extra_spaces(spec, config, prefix, lays)
+        return spec
+
+    def extra_spaces(self, spec: SymmetrySpec, config: Any, prefix: str, layouts: list[AttentionLayout]) -> None:
+        """Add attention-scope spaces beyond heads, Q-K and V-O to ``spec`` (none by default; e.g. the
+        QK-norm gain scales of :class:`symalign.families.base.Family`)."""
 
     def prefix(self, keys: set[str]) -> str:
         """The base-model prefix of ``keys`` (trying :attr:`probe`, then :attr:`alt_probes`)."""

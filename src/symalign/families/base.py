@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from symalign.arch.base import Adapter, AttentionLayout, Proj, UnsupportedArchitectureError, _AllKeys, \
-    find_prefix, heads_of, layout_spec
+    find_prefix, heads_of
 from symalign.arch.rope import rotary_dims
 from symalign.errors import ConfigError
 from symalign.groups import GeneralLinear, OffsetPerHead, Orthogonal, Permutation, PlaneScales, PlaneSigns, \
@@ -176,18 +176,10 @@ class Family(Adapter):
             out.append(AttentionLayout(q, k, v, Proj(p + dec.o + ".weight", 1), h, d, kv, qk, vo))
         return out
 
-    def spec(self, source: Any, keys: Iterable[str] | None = None) -> SymmetrySpec:
-        config = getattr(source, "config", source)
-        if keys is None:
-            keys = source.state_dict().keys() if hasattr(source, "state_dict") else None
-        self.check_config(config)
-        key_set = set(keys) if keys is not None else None
-        prefix = self.prefix(key_set) if key_set is not None else ""
-        lays = self.layouts(config, prefix, key_set if key_set is not None else _AllKeys())
-        spec = layout_spec(lays)
+    def extra_spaces(self, spec: SymmetrySpec, config: Any, prefix: str, layouts: list[AttentionLayout]) -> None:
+        """QK-norm families: the gain-scale spaces ``qkgain.i`` (see :meth:`_gain_spaces`)."""
         if self.decl.q_norm:
-            self._gain_spaces(spec, config, prefix, lays)
-        return spec
+            self._gain_spaces(spec, config, prefix, layouts)
 
     def _gain_spaces(self, spec: SymmetrySpec, config: Any, prefix: str, lays: list[AttentionLayout]) -> None:
         """``qkgain.i``: per-plane rescalings of the Q/K norm gains (shared over heads, or per K/V block)."""
