@@ -135,14 +135,21 @@ def n_special(tok: Any) -> int:
     return len(pre) + len(post)
 
 
-def lm_windows(stream: Stream, context: int, max_windows: int | None, where: str) -> tuple[Tensor, int | None]:
-    """``(W, context)`` windows of the stream and the bytes their predicted tokens cover."""
-    n = len(stream.ids) // context
+def window_count(n_tokens: int, width: int, max_windows: int | None, where: str) -> int:
+    """Whole windows of ``width`` tokens in ``n_tokens`` (at most ``max_windows``); at least one, else a
+    :class:`DatasetError` naming ``where``."""
+    n = n_tokens // width
     if max_windows is not None:
         n = min(n, max_windows)
     if n < 1:
-        raise DatasetError(f"{where} gives {len(stream.ids)} tokens, fewer than one window of {context}; give more "
+        raise DatasetError(f"{where} gives {n_tokens} tokens, fewer than one window of {width}; give more "
                            f"text or a smaller --context")
+    return n
+
+
+def lm_windows(stream: Stream, context: int, max_windows: int | None, where: str) -> tuple[Tensor, int | None]:
+    """``(W, context)`` windows of the stream and the bytes their predicted tokens cover."""
+    n = window_count(len(stream.ids), context, max_windows, where)
     win = torch.from_numpy(stream.ids[:n * context].reshape(n, context).copy())
     n_bytes = None
     if stream.ends is not None:
@@ -163,12 +170,7 @@ def mlm_windows(tok: Any, stream: Stream, context: int, max_windows: int | None,
     body = context - len(pre) - len(post)
     if body < 1:
         raise ConfigError(f"--context {context} leaves no room for text between the special tokens")
-    n = len(stream.ids) // body
-    if max_windows is not None:
-        n = min(n, max_windows)
-    if n < 1:
-        raise DatasetError(f"{where} gives {len(stream.ids)} tokens, fewer than one window of {body}; give more "
-                           f"text or a smaller --context")
+    n = window_count(len(stream.ids), body, max_windows, where)
     content = torch.from_numpy(stream.ids[:n * body].reshape(n, body).copy())
     ids = torch.cat([torch.tensor([pre] * n, dtype=torch.long).view(n, len(pre)), content,
                      torch.tensor([post] * n, dtype=torch.long).view(n, len(post))], dim=1)
