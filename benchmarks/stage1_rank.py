@@ -30,11 +30,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from symalign.atomic import write_json  # noqa: E402
-from symalign.checkpoint import load_model  # noqa: E402
-from symalign.data import eval_batches, load_dataset  # noqa: E402
-from symalign.experiments.config import parse_config  # noqa: E402
+from symalign.experiments.run_pair import load_run_pair  # noqa: E402
 from symalign.experiments.docs_tables import make_table  # noqa: E402
-from symalign.experiments.protocol import attention_spec, scope_layers  # noqa: E402
 from symalign.experiments.stage1_rank import rank_heads_by_barrier  # noqa: E402
 from symalign.lmc import full_state  # noqa: E402
 from symalign.provenance import provenance  # noqa: E402
@@ -48,21 +45,10 @@ COLUMNS = [("experiment", "experiment"), ("scope", "scope"), ("seeds", "seeds"),
 
 
 def rank_scope(root: Path, scope: str, points: int | None = None) -> list[dict]:
-    cfg = parse_config(json.loads((root / "config.json").read_text()))
-    res_path = root / scope / "results.json"
-    done = json.loads(res_path.read_text()) if res_path.exists() else {}
-    seeds = list(done.get("seeds") or cfg.protocol.seeds)
-    split = done.get("eval_split", cfg.protocol.eval_split)
-    a, _ = load_model(root / scope / f"seed{seeds[0]}")
-    b, _ = load_model(root / scope / f"seed{seeds[1]}")
-    a.eval()
-    b.eval()
-    ds = load_dataset(cfg.data, **cfg.data_options)
-    context = int(cfg.train.get("context", 128))
-    batches = list(eval_batches(ds, split, 256, context, cfg.protocol.eval_items))
-    spec = attention_spec(a, scope_layers(scope, a.cfg.n_layers))
+    run = load_run_pair(root, scope)
+    cfg, seeds, split, a = run.cfg, run.seeds, run.split, run.a
     t0 = time.perf_counter()
-    ranks = rank_heads_by_barrier(a, spec, full_state(a), full_state(b), batches, ds.task,
+    ranks = rank_heads_by_barrier(a, run.spec, full_state(a), full_state(run.b), run.batches, run.task,
                                   points or cfg.protocol.points, "full",
                                   progress=lambda s: print(f"  {root.name} {scope} {s}", file=sys.stderr, end="\r"))
     print(file=sys.stderr)

@@ -27,11 +27,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from symalign.atomic import write_json  # noqa: E402
-from symalign.checkpoint import load_model  # noqa: E402
-from symalign.data import eval_batches, load_dataset  # noqa: E402
-from symalign.experiments.config import parse_config  # noqa: E402
+from symalign.experiments.run_pair import load_run_pair  # noqa: E402
 from symalign.experiments.docs_tables import make_table  # noqa: E402
-from symalign.experiments.protocol import attention_spec, scope_layers  # noqa: E402
 from symalign.experiments.stage1_rank import pearson  # noqa: E402
 from symalign.experiments.stage2_descent import descent_path  # noqa: E402
 from symalign.lmc import barrier_ratio, full_state  # noqa: E402
@@ -39,22 +36,13 @@ from symalign.provenance import provenance  # noqa: E402
 
 
 def run_scope(root: Path, scope: str, etas, checkpoints, points) -> dict:
-    cfg = parse_config(json.loads((root / "config.json").read_text()))
-    res_path = root / scope / "results.json"
-    done = json.loads(res_path.read_text()) if res_path.exists() else {}
-    seeds = list(done.get("seeds") or cfg.protocol.seeds)
-    split = done.get("eval_split", cfg.protocol.eval_split)
-    a, _ = load_model(root / scope / f"seed{seeds[0]}")
-    b, _ = load_model(root / scope / f"seed{seeds[1]}")
-    ds = load_dataset(cfg.data, **cfg.data_options)
-    context = int(cfg.train.get("context", 128))
-    batches = list(eval_batches(ds, split, 256, context, cfg.protocol.eval_items))
-    spec = attention_spec(a, scope_layers(scope, a.cfg.n_layers))
-    sa, sb = full_state(a.eval()), full_state(b.eval())
+    run = load_run_pair(root, scope)
+    cfg, seeds, split, a, batches, spec = run.cfg, run.seeds, run.split, run.a, run.batches, run.spec
+    sa, sb = full_state(a), full_state(run.b)
     from symalign.lmc import curve
 
-    naive = curve(a, sa, sb, lambda: batches, ds.task, points or cfg.protocol.points).loss_barrier
-    pts = descent_path(a, spec, sa, sb, batches, ds.task, points or cfg.protocol.points, etas, checkpoints,
+    naive = curve(a, sa, sb, lambda: batches, run.task, points or cfg.protocol.points).loss_barrier
+    pts = descent_path(a, spec, sa, sb, batches, run.task, points or cfg.protocol.points, etas, checkpoints,
                        progress=lambda s: print(f"  {root.name} {scope}: {s}", file=sys.stderr))
     rows = [{**p.to_dict(), "ratio_percent": barrier_ratio(p.loss_barrier, naive)} for p in pts]
     return {"experiment": root.name, "scope": scope, "seeds": f"{seeds[0]},{seeds[1]}", "eval_split": split,
