@@ -164,8 +164,8 @@ def mlm_windows(tok: Any, stream: Stream, context: int, max_windows: int | None,
     masked positions."""
     mask_id = getattr(tok, "mask_token_id", None)
     if mask_id is None:
-        raise ConfigError(f"the tokenizer has no mask token, so it cannot feed a masked-LM head; use the "
-                          f"checkpoint's own tokenizer (e.g. BERT's [MASK])")
+        raise ConfigError("the tokenizer has no mask token, so it cannot feed a masked-LM head; use the "
+                          "checkpoint's own tokenizer (e.g. BERT's [MASK])")
     pre, post = special_wrap(tok)
     body = context - len(pre) - len(post)
     if body < 1:
