@@ -35,7 +35,7 @@ def _save_fig_atomic(fig, path: Path) -> None:
 def plot_curves(results: dict | list[dict], path: Path, title: str | None = None) -> Path:
     """Loss and accuracy along the path, naive vs aligned, one row per result."""
     rows = results if isinstance(results, list) else [results]
-    fig, axes = plt.subplots(len(rows), 2, figsize=(10, 3.4 * len(rows)), squeeze=False)
+    fig, axes = plt.subplots(len(rows), 2, figsize=(10, 3.4 * len(rows)), squeeze=False, layout="constrained")
     for (ax_l, ax_a), res in zip(axes, rows):
         label = f"{res.get('family', '')} {res.get('pe', '')} · {res.get('scope', '')}"
         naive = res.get("naive_label", "naive")
@@ -51,8 +51,7 @@ def plot_curves(results: dict | list[dict], path: Path, title: str | None = None
         ax_l.grid(alpha=0.3)
         ax_a.grid(alpha=0.3)
     if title:
-        fig.suptitle(title)
-    fig.tight_layout()
+        fig.suptitle(title)  # constrained layout leaves room for it (tight_layout let it overlap)
     _save_fig_atomic(fig, path)
     return path
 
