@@ -267,6 +267,21 @@ class Group(ABC):
         """The element ``g`` maximising ``<T_g, scores>`` (the block step of weight matching)."""
         raise self._unsupported("nearest-element solver")
 
+    def nearest_activations(self, stats: Any) -> Tensor:
+        """The element matching B's activations to A's (activation matching), from the paired statistics
+        ``stats`` of the rows ``a_n`` (A) and ``b_n`` (B) the space acts on (``stats.cross = sum_n a_n b_n^T``,
+        ``stats.correlation()``: Pearson ``corr[i, j]``). Default: ``argmin_g sum_n ||a_n - T_g b_n||^2``
+        for a group with ``T^{-T} = T``, i.e. :meth:`nearest` of ``stats.cross`` (Procrustes for ``O(n)``)."""
+        return self.nearest(stats.cross)
+
+    def fit(self, pairs: list[tuple[Tensor, Tensor, Variance]]) -> Tensor:
+        """The block step of weight matching: ``argmin_g sum_t ||X_A^t - g . X_B^t||^2`` over rows
+        ``(X_A, X_B, variance)`` (each ``(n, m)``: the acted-on axis first, float64). Default, for a
+        group with ``T^{-T} = T`` (permutations, orthogonal): :meth:`nearest` of ``sum_t X_A X_B^T``."""
+        if not pairs:
+            raise GroupError("no tensors to fit")
+        return self.nearest(sum(xa @ xb.T for xa, xb, _ in pairs))  # type: ignore[arg-type]
+
     def latent(self, element: Tensor) -> Latent:
         """Float64 latent tensors (learned matching) whose :meth:`from_latent` is ``element``."""
         raise self._unsupported("latent parametrisation for learned matching")
@@ -331,6 +346,11 @@ class Permutation(Group):
     def nearest(self, scores: Tensor) -> Tensor:
         """The linear assignment maximising ``sum_i scores[i, perm[i]]``."""
         return assign_max(scores)
+
+    def nearest_activations(self, stats: Any) -> Tensor:
+        """The assignment maximising the summed Pearson correlation ``sum_i corr(a_i, b_{perm[i]})``
+        (scale-free: units differ in scale); a :class:`PositiveMonomial` gets unit scales."""
+        return assign_max(stats.correlation())
 
     def latent(self, element: Tensor) -> Latent:
         """``Z = P`` (``n x n``)."""

@@ -79,7 +79,7 @@ class TrainStream:
 
 
 def _function_change(arch_a: nn.Module, state: dict, arch_b: nn.Module, state_b: dict, x: Tensor) -> float:
-    from symalign.experiments.protocol import relative_output_change
+    from symalign.experiments.metrics import relative_output_change
 
     return relative_output_change(arch_a, state, state_b, x, arch_b)
 

@@ -62,6 +62,7 @@ from symalign.match.distance import distance
 from symalign.match.ff import match_monomial
 from symalign.match.inputs import check_pair, check_spec_fits
 from symalign.match.residual import FixingOrthogonal, cross
+from symalign.models.config import ModelConfig
 from symalign.spec import SymmetrySpec, Transform, apply
 
 
@@ -344,8 +345,10 @@ def check_configs(cfg_a, cfg_b, allow_heterogeneous: bool = False) -> None:
 def model_states(model_a, model_b) -> tuple[SymmetrySpec, dict[str, Tensor], dict[str, Tensor]]:
     """A's spec and both (detached) state dicts, after checking the configs are compatible."""
     cfg_a, cfg_b = getattr(model_a, "cfg", None), getattr(model_b, "cfg", None)
-    if cfg_a is not None and cfg_b is not None:
+    if isinstance(cfg_a, ModelConfig) and isinstance(cfg_b, ModelConfig):
         check_configs(cfg_a, cfg_b)
+    elif model_a.symmetry_spec().describe() != model_b.symmetry_spec().describe():
+        raise MatchError("the models have different symmetry groups (different depth, widths or family)")
     sa = {k: v.detach() for k, v in model_a.state_dict().items()}
     sb = {k: v.detach() for k, v in model_b.state_dict().items()}
     return model_a.symmetry_spec(), sa, sb
