@@ -6,6 +6,8 @@ family's declared sites (no module names in the matcher), recovers g^-1 on the F
 and the stream, and B aligned computes B's function through transformers' own forward. The protocol
 runs the ``activation`` method on ``hf:llama`` end to end, and a family without sites is refused by
 ``parse_config`` before anything trains.
+
+GPT-2 (Conv1D output projections, LayerNorm folded: the centred ``O_1(D)`` stream) runs the same way.
 """
 
 from __future__ import annotations
@@ -56,16 +58,21 @@ def test_sites_name_spec_spaces_and_modules_of_the_model():
     assert sites[2].module is hf.layers[0].self_attn.o_proj and sites[-1].module is hf.norm
 
 
-def test_planted_recovery_from_activations_on_hf_llama():
-    a, b, spec, g = _pair("llama")
-    x = batch("llama", a, n=8)
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_planted_recovery_from_activations_on_hf(family):
+    """Llama (GQA, RMSNorm folded: O(D)) and GPT-2 (LayerNorm folded: O_1(D), Conv1D output projections)."""
+    a, b, spec, g = _pair(family)
+    x = batch(family, a, n=8)
     res = match_activations(a, b, x)
     ginv = invert(spec, g)
     for i in range(a.cfg.n_layers):
         assert torch.equal(res.transform[f"ff.{i}"], ginv[f"ff.{i}"])
         assert torch.equal(res.transform[f"heads.{i}"], ginv[f"heads.{i}"])
-    # transformers' RMSNorm normalises in float32 whatever the weights: the stream statistics carry ~1e-7 error
-    assert float((res.transform["residual"] - ginv["residual"]).abs().max()) <= 1e-6
+    # transformers' RMSNorm normalises in float32 whatever the weights: the stream statistics carry ~1e-7 error;
+    # GPT-2's rewritten stream is mean-free, so O is determined on 1^perp only (the centred group fixes 1)
+    r = g["residual"]
+    centre = torch.eye(r.shape[0], dtype=torch.float64) - 1.0 / r.shape[0]
+    assert float(((res.transform["residual"] - ginv["residual"]) @ r @ centre).abs().max()) <= 1e-6
     sa, sb = full_state(a), full_state(b)
     sb2 = {**sb, **res.apply(sb)}
     assert all(float((sb2[t] - sa[t]).abs().max()) <= 1e-6 * (1 + float(sa[t].abs().max())) for t in spec.tensors)
@@ -74,10 +81,11 @@ def test_planted_recovery_from_activations_on_hf_llama():
 
 
 @pytest.mark.slow
-def test_hf_learned_and_activation_methods_end_to_end(tmp_path):
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_hf_learned_and_activation_methods_end_to_end(family, tmp_path):
     """``protocol.methods`` on an hf: family: weight, activation (through the sites) and learned matching
     of two independent trainings, each aligned B' checked to compute B's function."""
-    cfg = experiment("llama", scopes=["full"], variants=["full"], methods=["weight", "activation", "learned"],
+    cfg = experiment(family, scopes=["full"], variants=["full"], methods=["weight", "activation", "learned"],
                      learned_steps=2, method_batch_size=4)
     (res,) = run_experiment(parse_config(cfg), tmp_path, progress=False)
     assert list(res["methods"]) == ["weight", "activation", "learned"]
@@ -102,7 +110,8 @@ def test_families_without_sites_are_refused_at_parse_time(family, tmp_path):
     parse_config(experiment(family, scopes=["full"], methods=["weight", "learned"]))  # these read only the spec
 
 
-def test_llama_family_declares_sites_and_a_model_without_them_is_refused():
-    assert activation_refusal(FAMILIES["llama"]) is None and activation_refusal(FAMILIES["mistral"]) is None
+def test_decoder_families_declare_sites_and_a_model_without_them_is_refused():
+    for family in ("llama", "mistral", "qwen2", "gpt2"):
+        assert activation_refusal(FAMILIES[family]) is None
     with pytest.raises(MatchError, match="declares no activation sites"):
         activation_sites(torch.nn.Linear(2, 2))
