@@ -21,6 +21,7 @@ A config names a model family, a dataset and the protocol::
     variants = ["full"]                   # stage-2 variants: none | orthogonal | full | learned
     stage1_ablation = false               # also run with stage 1 off
     methods = []                          # full scope: seed 002's methods weight | activation | learned
+                                          # (activation: families with activation sites, check_methods)
     learned_steps = 6000                  # learned matching: optimisation steps (a fresh training batch each)
     method_batch_size = 128               # training-split batch size for activation / learned matching
     learned_lambda = [0.2, 0.8]           # learned matching: lambda ~ U(lo, hi) (seed 002: [0.4, 0.6])

@@ -1,17 +1,24 @@
 r"""Activation matching: the whole-model assignments from activation statistics on data.
 
-On a data sample, record for both models (forward hooks on the built-in
-modules, flattened over batch and positions, ``N`` rows):
+On a data sample, record for both models (forward pre-hooks on the modules the model
+lists as its activation sites, ``model.activation_sites()``, :mod:`symalign.nn.sites`;
+flattened over batch and positions, ``N`` rows) and solve each space with its group
+(:meth:`symalign.groups.Group.nearest_activations`, :meth:`~symalign.groups.Group.nearest`),
+choosing what to compute by the space's role in the spec:
 
-* the residual stream ``h`` at the input of every block and at ``norm_f``'s input:
+* ``residual``: the stream ``h`` at the input of every block and of the final norm:
   ``M = sum_n h_A h_B^T`` and ``O = polar(M)`` (Procrustes; the centred subgroup
-  when the spec says so) -- ``h_A ~ O h_B``;
-* the FF hidden activations ``a`` (output of ``mlp.act``) of each layer:
+  when the spec says so) -- ``h_A ~ O h_B`` (a permuted stream: the assignment on the
+  summed Pearson correlations);
+* ``ff``: the FF hidden activations ``a`` (after the nonlinearity) of each layer:
   ``perm = argmax_perm sum_i corr(a_A[:, i], a_B[:, perm[i]])`` (linear assignment on
   the Pearson cross-correlation);
-* each head's contribution to the stream ``y_i = W_O^i z_i`` (input of ``o_proj``):
-  head permutation minimising ``sum_i sum_n ||y_A^i - O y_B^{pi(i)}||^2`` (GQA-aware
-  :func:`symalign.match.heads.assign_heads`).
+* ``heads``: each head's contribution to the stream ``y_i = W_O^i z_i`` (from the input of
+  the attention output projection): head permutation minimising
+  ``sum_i sum_n ||y_A^i - O y_B^{pi(i)}||^2`` (GQA-aware, :meth:`HeadPermutation.nearest`).
+
+The matcher names no module, so it runs on any model with sites: the built-in models and the
+``hf:`` families whose adapter declares them (decoders, GPT-2).
 
 The statistics are accumulated batch by batch (:class:`PairStats`: sums, sums of squares and
 cross products), in two passes over the sample -- the stream and FF statistics, then the head
