@@ -80,19 +80,23 @@ def test_planted_recovery_from_activations_on_hf(family):
     assert relative_output_change(a, sb2, sb, x, b) <= 1e-6
 
 
+ALL = ["weight", "activation", "learned"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_hf_learned_and_activation_methods_end_to_end(family, tmp_path):
-    """``protocol.methods`` on an hf: family: weight, activation (through the sites) and learned matching
-    of two independent trainings, each aligned B' checked to compute B's function."""
-    cfg = experiment(family, scopes=["full"], variants=["full"], methods=["weight", "activation", "learned"],
-                     learned_steps=2, method_batch_size=4)
+@pytest.mark.parametrize("family, methods", [("llama", ALL), ("gpt2", ALL), ("modernbert", ["weight", "learned"])])
+def test_hf_methods_end_to_end(family, methods, tmp_path):
+    """``protocol.methods`` on hf: families: weight, activation (through the sites) and learned matching
+    of two independent trainings, each aligned B' checked to compute B's function (ModernBERT: fused
+    ``Wqkv``, no sites: weight and learned only)."""
+    cfg = experiment(family, scopes=["full"], variants=["full"], methods=methods, learned_steps=2,
+                     method_batch_size=4)
     (res,) = run_experiment(parse_config(cfg), tmp_path, progress=False)
-    assert list(res["methods"]) == ["weight", "activation", "learned"]
-    for entry in res["methods"].values():
+    assert list(res["methods"]) == methods
+    for method, entry in res["methods"].items():
         assert entry["function_change"] <= 1e-4
+        assert entry["match"]["method"] == method
         assert entry["curve"]["loss"][-1] == pytest.approx(res["naive"]["loss"][-1], rel=1e-4)
-    assert res["methods"]["activation"]["match"]["method"] == "activation"
     assert res["methods"]["learned"]["match"]["steps"] == 2
 
 
