@@ -76,11 +76,17 @@ def test_train_and_model_configs_refuse_unknown_keys_alike():
         ModelConfig.from_dict({"family": "vit", "d_modle": 8})
 
 
-def test_hf_families_refuse_activation_matching_before_training():
-    """Activation and learned matching of two independent trainings need the built-in models' activation
-    sites; an hf: family asking for them is refused by parse_config, before anything trains."""
-    cfg = {"name": "x", "data": "synthetic", "model": {"family": "hf:llama", "hidden_size": 16,
-                                                        "num_hidden_layers": 1, "num_attention_heads": 2},
-           "train": {"steps": 1}, "protocol": {"scopes": ["full"], "methods": ["activation"]}}
-    with pytest.raises(ConfigError, match="protocol.methods"):
-        parse_config(cfg)
+def test_hf_families_without_activation_sites_refuse_activation_matching_before_training():
+    """Activation matching reads the family's activation sites: an hf: family whose adapter declares none
+    (BERT) is refused by parse_config, before anything trains; a decoder family (Llama) declares them and
+    parses, and weight / learned matching (which read only the spec) parse for both."""
+    def cfg(family: str, methods: list[str]) -> dict:
+        return {"name": "x", "data": "synthetic", "model": {"family": family, "hidden_size": 16,
+                                                            "num_hidden_layers": 1, "num_attention_heads": 2},
+                "train": {"steps": 1}, "protocol": {"scopes": ["full"], "methods": methods}}
+
+    with pytest.raises(ConfigError, match="protocol.methods: activation: hf:bert declares no activation sites"):
+        parse_config(cfg("hf:bert", ["activation"]))
+    assert parse_config(cfg("hf:llama", ["activation"])).protocol.methods == ["activation"]
+    for family in ("hf:bert", "hf:llama"):
+        assert parse_config(cfg(family, ["weight", "learned"])).protocol.methods == ["weight", "learned"]

@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, ClassVar, Literal, Mapping
 
 import numpy as np
 import torch
@@ -207,6 +207,82 @@ def condition(u: Tensor) -> Tensor:
     return s[..., 0] / s[..., -1]
 
 
+# positive monomials (ReLU units): the exact block minimiser of weight matching
+
+def scale_objective(s: Tensor, p: Tensor, q: Tensor, r: Tensor, t: Tensor) -> Tensor:
+    """``f(s) = p s^2 - 2 q s + r s^{-2} - 2 t s^{-1}`` (broadcast; ``s > 0``)."""
+    return p * s * s - 2 * q * s + r / (s * s) - 2 * t / s
+
+
+def positive_scales(p: Tensor, q: Tensor, r: Tensor, t: Tensor, max_scale: float = 1e4,
+                    polish: int = 3) -> Tensor:
+    r"""Batched ``argmin_{s in [1/max_scale, max_scale]} f(s)`` of :func:`scale_objective`, per entry.
+
+    With ``p = |w_in|^2``, ``q = <w_in, a_in>``, ``r = |w_out|^2``, ``t = <w_out, a_out>``
+    this is ``argmin_s ||s w_in - a_in||^2 + ||w_out / s - a_out||^2`` (up to a constant).
+    ``f'(s) = 0`` is the quartic ``p s^4 - q s^3 + t s - r = 0``. For ``p, r > 0`` it is
+    solved in the scaled variable ``x = s / s0``, ``s0 = (r/p)^{1/4}``:
+    ``x^4 - (q s0^3 / r) x^3 + (t s0 / r) x - 1 = 0``, whose roots are the eigenvalues of
+    the (batched) companion matrix; each positive real part is polished by ``polish``
+    Newton steps. ``f`` may have two local minima (``q, t > 0``), so every candidate --
+    the stationary points, the closed forms of the degenerate cases (``r = 0``:
+    ``s = q/p``; ``p = 0``: ``s = r/t``) and both bounds -- is evaluated, and the one
+    with the least ``f`` is returned. The bounds are meant for degenerate units (all
+    in- or out-weights zero), where ``f`` has no interior minimum.
+
+    Args: 1-D float tensors of equal length. Returns: float64 scales, same length.
+    """
+    p, q, r, t = (x.to(torch.float64) for x in (p, q, r, t))
+    lo, hi = 1.0 / max_scale, float(max_scale)
+    both = (p > 0) & (r > 0)
+    ps, rs = torch.where(both, p, torch.ones_like(p)), torch.where(both, r, torch.ones_like(r))
+    s0 = (rs / ps) ** 0.25
+    a3, a1 = -q * s0 ** 3 / rs, t * s0 / rs
+    comp = torch.zeros(p.shape[0], 4, 4, dtype=torch.float64)
+    comp[:, 0, 0], comp[:, 0, 2], comp[:, 0, 3] = -a3, -a1, 1.0
+    comp[:, 1, 0] = comp[:, 2, 1] = comp[:, 3, 2] = 1.0
+    x = _newton(torch.linalg.eigvals(comp).real, a3[:, None], a1[:, None], polish)
+    roots = torch.where(both[:, None] & (x > 0), s0[:, None] * x, torch.full_like(x, float("nan")))
+    degenerate = torch.where((r == 0) & (p > 0) & (q > 0), q / torch.where(p > 0, p, torch.ones_like(p)),
+                             torch.where((p == 0) & (r > 0) & (t > 0), r / torch.where(t > 0, t, torch.ones_like(t)),
+                                         torch.ones_like(p)))
+    cand = torch.cat([roots, degenerate[:, None], torch.full_like(p, lo)[:, None], torch.full_like(p, hi)[:, None]],
+                     dim=1).clamp(lo, hi)
+    f = scale_objective(cand, p[:, None], q[:, None], r[:, None], t[:, None])
+    f = torch.where(torch.isnan(cand), torch.full_like(f, float("inf")), f)
+    best = f.argmin(dim=1, keepdim=True)
+    out = cand.gather(1, best).squeeze(1)
+    # Near its minimum f is flat (f - f_min ~ (s - s*)^2), so it cannot rank candidates closer than
+    # ~sqrt(eps): polish the chosen stationary point once more on the quartic itself.
+    is_root = best.squeeze(1) < roots.shape[1]
+    x = _newton((out / s0)[:, None], a3[:, None], a1[:, None], polish).squeeze(1)
+    return torch.where(is_root, (s0 * x).clamp(lo, hi), out)
+
+
+def _newton(x: Tensor, a3: Tensor, a1: Tensor, steps: int) -> Tensor:
+    """Newton steps on ``h(x) = x^4 + a3 x^3 + a1 x - 1`` (a step that would make ``x <= 0`` is skipped)."""
+    for _ in range(steps):
+        h = ((x + a3) * x * x + a1) * x - 1.0
+        dh = (4 * x + 3 * a3) * x * x + a1
+        step = torch.where(dh != 0, h / torch.where(dh != 0, dh, torch.ones_like(dh)), torch.zeros_like(h))
+        x = torch.where(x - step > 0, x - step, x)
+    return x
+
+
+def pair_costs(q: Tensor, tt: Tensor, p: Tensor, r: Tensor, max_scale: float = 1e4,
+               chunk: int = 1 << 16) -> tuple[Tensor, Tensor]:
+    r"""``(cost, scale)``, both ``(n, n)``: for every pairing of unit ``i`` of A with unit ``j`` of B,
+    ``scale[i, j] = argmin_s f_ij(s)`` and ``cost[i, j] = f_ij(scale[i, j])``, where
+    ``f_ij(s) = p_j s^2 - 2 Q_ij s + r_j s^{-2} - 2 T_ij s^{-1}`` (:func:`scale_objective`, minimised
+    exactly by :func:`positive_scales`; ``n^2`` scalar problems, batched ``chunk`` at a time)."""
+    n = q.shape[0]
+    pf, rf = p[None, :].expand(n, n).reshape(-1), r[None, :].expand(n, n).reshape(-1)
+    qf, tf = q.reshape(-1), tt.reshape(-1)
+    s = torch.cat([positive_scales(pf[k:k + chunk], qf[k:k + chunk], rf[k:k + chunk], tf[k:k + chunk], max_scale)
+                   for k in range(0, n * n, chunk)]) if n else torch.zeros(0, dtype=torch.float64)
+    return scale_objective(s, pf, qf, rf, tf).reshape(n, n), s.reshape(n, n)
+
+
 Latent = dict[str, Tensor]
 """Latent tensors of one space for learned matching, by suffix (``""``, ``":log"``, ``":e"``...)."""
 
@@ -220,6 +296,11 @@ class Group(ABC):
     """A group acting linearly on a feature space ``R^n`` (see the module docstring)."""
 
     n: int
+    #: The step of whole-model weight matching that solves a space of this group
+    #: (:func:`symalign.match.whole.partition`): ``"attention"`` (the two-stage attention matcher:
+    #: head permutations and per-head blocks), ``"permutation"`` (a linear assignment, :meth:`fit`),
+    #: ``"orthogonal"`` (Procrustes, :meth:`fit`); ``None``: not solved by weight matching.
+    matcher: ClassVar[str | None] = None
 
     @property
     @abstractmethod
@@ -259,6 +340,10 @@ class Group(ABC):
     def describe(self) -> str:
         return type(self).__name__
 
+    def note(self, space: str) -> str | None:
+        """A diagnostics line for a space of this group in a matching result (``None``: nothing to say)."""
+        return None
+
     # -- what solvers need (see the module docstring) -----------------------
     def _unsupported(self, what: str):
         return GroupError(f"{self.describe()} has no {what}")
@@ -266,6 +351,21 @@ class Group(ABC):
     def nearest(self, scores: Tensor) -> Tensor:
         """The element ``g`` maximising ``<T_g, scores>`` (the block step of weight matching)."""
         raise self._unsupported("nearest-element solver")
+
+    def nearest_activations(self, stats: Any) -> Tensor:
+        """The element matching B's activations to A's (activation matching), from the paired statistics
+        ``stats`` of the rows ``a_n`` (A) and ``b_n`` (B) the space acts on (``stats.cross = sum_n a_n b_n^T``,
+        ``stats.correlation()``: Pearson ``corr[i, j]``). Default: ``argmin_g sum_n ||a_n - T_g b_n||^2``
+        for a group with ``T^{-T} = T``, i.e. :meth:`nearest` of ``stats.cross`` (Procrustes for ``O(n)``)."""
+        return self.nearest(stats.cross)
+
+    def fit(self, pairs: list[tuple[Tensor, Tensor, Variance]]) -> Tensor:
+        """The block step of weight matching: ``argmin_g sum_t ||X_A^t - g . X_B^t||^2`` over rows
+        ``(X_A, X_B, variance)`` (each ``(n, m)``: the acted-on axis first, float64). Default, for a
+        group with ``T^{-T} = T`` (permutations, orthogonal): :meth:`nearest` of ``sum_t X_A X_B^T``."""
+        if not pairs:
+            raise GroupError("no tensors to fit")
+        return self.nearest(sum(xa @ xb.T for xa, xb, _ in pairs))  # type: ignore[arg-type]
 
     def latent(self, element: Tensor) -> Latent:
         """Float64 latent tensors (learned matching) whose :meth:`from_latent` is ``element``."""
@@ -296,6 +396,7 @@ class Permutation(Group):
     """The symmetric group ``S_n`` acting by ``(T x)_i = x_{perm[i]}``."""
 
     n: int
+    matcher: ClassVar[str | None] = "permutation"
 
     @property
     def dim(self) -> int:
@@ -331,6 +432,11 @@ class Permutation(Group):
     def nearest(self, scores: Tensor) -> Tensor:
         """The linear assignment maximising ``sum_i scores[i, perm[i]]``."""
         return assign_max(scores)
+
+    def nearest_activations(self, stats: Any) -> Tensor:
+        """The assignment maximising the summed Pearson correlation ``sum_i corr(a_i, b_{perm[i]})``
+        (scale-free: units differ in scale); a :class:`PositiveMonomial` gets unit scales."""
+        return assign_max(stats.correlation())
 
     def latent(self, element: Tensor) -> Latent:
         """``Z = P`` (``n x n``)."""
@@ -442,8 +548,33 @@ class PositiveMonomial(Permutation):
 
     def nearest(self, scores: Tensor) -> Tensor:
         """The permutation part only (unit scales): the scales need the tensors, not a score matrix
-        (:func:`symalign.match.ff.match_monomial`)."""
+        (:meth:`fit`)."""
         return assign_max(scores)
+
+    def fit(self, pairs: list[tuple[Tensor, Tensor, Variance]], max_scale: float = 1e4) -> Tensor:
+        r"""``argmin_{(perm, s)} sum_t ||X_A^t - T X_B^t||^2`` over ``T = diag(s) P``, exactly.
+
+        With ``Q = sum_co X_A X_B^T``, ``T = sum_contra X_A X_B^T`` and the row norms
+        ``p_j = sum_co |X_B^j|^2``, ``r_j = sum_contra |X_B^j|^2``, the distance is, up to a constant,
+        ``sum_i f_{i, perm[i]}(s_i)`` with ``f_ij(s) = p_j s^2 - 2 Q_ij s + r_j s^{-2} - 2 T_ij s^{-1}``;
+        given the pairing the scales separate, so one linear assignment on ``c_ij = min_s f_ij(s)``
+        (:func:`pair_costs`) gives the joint minimiser, ``s_i`` the minimiser of the chosen pair.
+        """
+        n = self.n
+        q = torch.zeros(n, n, dtype=torch.float64)
+        tt = torch.zeros(n, n, dtype=torch.float64)
+        p = torch.zeros(n, dtype=torch.float64)
+        r = torch.zeros(n, dtype=torch.float64)
+        for xa, xb, variance in pairs:
+            if variance == "co":
+                q += xa @ xb.T
+                p += xb.pow(2).sum(1)
+            else:
+                tt += xa @ xb.T
+                r += xb.pow(2).sum(1)
+        cost, scale = pair_costs(q, tt, p, r, max_scale)
+        perm = assign_max(-cost)
+        return self.pack(perm, scale[torch.arange(n), perm])
 
     def latent(self, element: Tensor) -> Latent:
         """``Z = P`` and ``log s``."""
@@ -543,6 +674,7 @@ class Orthogonal(MatrixGroup):
     """``O(n)``: ``T^T T = I``. Dimension ``n (n - 1) / 2``."""
 
     n: int
+    matcher: ClassVar[str | None] = "orthogonal"
 
     @property
     def dim(self) -> int:
@@ -681,6 +813,7 @@ class HeadPermutation(Group):
     n_heads: int
     head_dim: int
     n_kv_heads: int | None = None
+    matcher: ClassVar[str | None] = "attention"
 
     def __post_init__(self):
         if self.kv <= 0 or self.n_heads % self.kv:
@@ -835,6 +968,7 @@ class PerHead(Group):
 
     inner: MatrixGroup
     n_blocks: int
+    matcher: ClassVar[str | None] = "attention"
 
     @property
     def n(self) -> int:  # type: ignore[override]
@@ -1107,6 +1241,11 @@ class FixingOrthogonal(Orthogonal):
         if float((q.T @ q - torch.eye(q.shape[1], dtype=torch.float64)).abs().max()) > 1e-10:
             raise GroupError("the basis of the free subspace must have orthonormal columns")
         object.__setattr__(self, "free", q)
+
+    def note(self, space: str) -> str | None:
+        """The restriction: rotations act on the free subspace only."""
+        return (f"{space}: {self.describe()}: rotations act on a {self.k}-dimensional subspace only "
+                f"({self.n - self.k} of {self.n} dimensions fixed; fixed vectors move by <= {self.error:.1e} relative)")
 
     @property
     def k(self) -> int:

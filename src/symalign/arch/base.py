@@ -166,6 +166,12 @@ class Adapter(ABC):
         self.extra_spaces(spec, config, prefix, lays)
         return spec
 
+    def activation_sites(self, model: Any) -> list | None:
+        """Where activation matching reads each space of a transformers ``model``
+        (:class:`symalign.nn.sites.ActivationSite`); ``None`` (the default): the family declares
+        none, and activation matching is refused for it before anything runs."""
+        return None
+
     def extra_spaces(self, spec: SymmetrySpec, config: Any, prefix: str, layouts: list[AttentionLayout]) -> None:
         """Add attention-scope spaces beyond heads, Q-K and V-O to ``spec`` (none by default; e.g. the
         QK-norm gain scales of :class:`symalign.families.base.Family`)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from symalign.arch.base import Adapter, AttentionLayout, Proj, bias_if, gl, heads_of
+from symalign.nn.sites import ActivationSite, linear_heads_site
 
 
 class GPT2Adapter(Adapter):
@@ -40,3 +41,22 @@ class GPT2Adapter(Adapter):
             o = Proj(p + "c_proj.weight", 0)
             out.append(AttentionLayout(q, k, v, o, h, d, h, gl(d), gl(d)))
         return out
+
+    def activation_sites(self, model: Any) -> list[ActivationSite]:
+        """``residual`` at the input of every block ``h.i`` and of ``ln_f``; ``ff.i`` at the input of
+        ``mlp.c_proj`` (after the GELU); ``heads.i`` at the input of ``attn.c_proj`` (a ``Conv1D``:
+        weight ``(h d, D)``)."""
+        config = model.config
+        p = self.prefix(set(model.state_dict().keys()))
+
+        def module(name: str):
+            return model.get_submodule(p + name)
+
+        sites = []
+        for i in range(int(config.num_hidden_layers)):
+            sites.append(ActivationSite("residual", module(f"h.{i}")))
+            sites.append(ActivationSite(f"ff.{i}", module(f"h.{i}.mlp.c_proj")))
+            sites.append(linear_heads_site(f"heads.{i}", module(f"h.{i}.attn.c_proj"), int(config.n_head),
+                                           transposed=True))
+        sites.append(ActivationSite("residual", module("ln_f")))
+        return sites

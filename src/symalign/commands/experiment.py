@@ -48,7 +48,7 @@ def experiment_command(
 
     from symalign.experiments import load_config, run_experiment
     from symalign.experiments.report import markdown_table
-    from symalign.experiments.protocol import summary_row
+    from symalign.experiments.metrics import summary_row
 
     from symalign.commands import checks
 

@@ -21,6 +21,7 @@ A config names a model family, a dataset and the protocol::
     variants = ["full"]                   # stage-2 variants: none | orthogonal | full | learned
     stage1_ablation = false               # also run with stage 1 off
     methods = []                          # full scope: seed 002's methods weight | activation | learned
+                                          # (activation: families with activation sites, check_methods)
     learned_steps = 6000                  # learned matching: optimisation steps (a fresh training batch each)
     method_batch_size = 128               # training-split batch size for activation / learned matching
     learned_lambda = [0.2, 0.8]           # learned matching: lambda ~ U(lo, hi) (seed 002: [0.4, 0.6])
@@ -165,14 +166,24 @@ def parse_config(d: dict, source: str = "config") -> ExperimentConfig:
         from symalign.models.hf import check_model_section
 
         check_model_section(model, protocol.scopes)
-        if protocol.methods:
-            raise ConfigError("protocol.methods (activation / learned matching) is available for the built-in "
-                              "families (vit, gpt, encoder); for hf: families remove it (the 'full' scope still "
-                              "runs whole-model weight matching)")
+    check_methods(model, protocol)
     data_options = dict(d.get("data_options", {}))
     _check_keys("data_options", data_options, data_option_keys())
     return ExperimentConfig(name=str(d["name"]), data=d["data"], model=model, train=train,
                             data_options=data_options, protocol=protocol)
+
+
+def check_methods(model: dict, protocol: Protocol) -> None:
+    """The one place where ``protocol.methods`` is checked against the model family, before anything
+    trains: activation matching needs the family's activation sites (:mod:`symalign.nn.sites`; every
+    built-in family has them, an ``hf:`` family when its adapter declares them,
+    :func:`symalign.models.hf.activation_refusal`). Weight and learned matching read only the spec."""
+    if "activation" in protocol.methods and is_hf_family(model.get("family")):
+        from symalign.models.hf import activation_refusal, family_of
+
+        why = activation_refusal(family_of(model["family"]))
+        if why:
+            raise ConfigError(f"protocol.methods: activation: {why}")
 
 
 def data_option_keys() -> list[str]:

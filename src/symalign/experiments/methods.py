@@ -1,7 +1,8 @@
 r"""Whole-model alignment methods for the experiment protocol (``full`` scope): weight, activation, learned.
 
-For two rewritten built-in models (:func:`symalign.rewrite.rewrite_model`; the ``full``
-scope aligns in those coordinates), :func:`align_methods` aligns B to A with each
+For two rewritten models (built-in: :func:`symalign.rewrite.rewrite_model`; ``hf:``:
+:meth:`symalign.models.hf.HFModel.rewritten_model`; the ``full`` scope aligns in those
+coordinates), :func:`align_methods` aligns B to A with each
 method over every space of the whole-model spec and measures the LMC curve
 ``theta(t) = (1 - t) theta_A + t theta_B'`` on the evaluation batches:
 
@@ -79,7 +80,7 @@ class TrainStream:
 
 
 def _function_change(arch_a: nn.Module, state: dict, arch_b: nn.Module, state_b: dict, x: Tensor) -> float:
-    from symalign.experiments.protocol import relative_output_change
+    from symalign.experiments.metrics import relative_output_change
 
     return relative_output_change(arch_a, state, state_b, x, arch_b)
 
@@ -96,7 +97,8 @@ def align_methods(arch_a: nn.Module, arch_b: nn.Module, batches: Callable[[], It
     """Align ``arch_b`` to ``arch_a`` with each method and measure the curves (see the module docstring).
 
     Args:
-        arch_a, arch_b: rewritten built-in models (same config).
+        arch_a, arch_b: rewritten models (same config); ``"activation"`` needs their activation
+            sites (:mod:`symalign.nn.sites`).
         batches: the evaluation batches of the curves (a list or a callable returning an iterable).
         task: ``"classification"`` or ``"lm"`` (:func:`symalign.lmc.curve`).
         methods: any of ``"weight"``, ``"activation"``, ``"learned"``.

@@ -18,103 +18,47 @@ For a config (family, dataset, positional encoding) and each scope:
 Each step is skipped when its output exists (finished checkpoints, a scope's
 ``results.json``), so an interrupted experiment resumes where it stopped; JSON
 files are written atomically.
+
+This module is the orchestration; the pieces it calls live in
+:mod:`~symalign.experiments.dispatch` (scopes, coordinates, matchers),
+:mod:`~symalign.experiments.checks` (what is checked before training or reuse) and
+:mod:`~symalign.experiments.metrics` (function check, curves, stage-1 metrics, summary
+rows); their names are re-exported here.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch import Tensor, nn
-from torch.func import functional_call
 
 from symalign import lmc
 from symalign.atomic import write_json as write_json_atomic
-from symalign.errors import ConfigError, SymalignError
+from symalign.errors import SymalignError
+from symalign.experiments.checks import (TRAINING_KEYS, TRAINING_PROTOCOL_KEYS, check_inputs, check_recorded,
+                                         check_reusable, config_diff, discard_run)
 from symalign.experiments.config import ExperimentConfig
-from symalign.spec import ATTENTION_ROLES, SymmetrySpec, apply
+from symalign.experiments.dispatch import (ATTENTION_KINDS, alignment_models, attention_spec, learned_variant,
+                                           match_scope, scope_layers, scope_spaces, seed002_methods)
+from symalign.experiments.metrics import (curve_runner, naive_curves, relative_output_change, stage1_metrics,
+                                          summary_row)
+from symalign.spec import ATTENTION_ROLES, apply
 
-
-def scope_layers(scope: str, n_layers: int) -> list[int]:
-    """Attention layers a scope re-initialises (and so the layers to align)."""
-    return [0] if scope in ("first-attention", "first-block") else list(range(n_layers))
-
-
-ATTENTION_KINDS = ATTENTION_ROLES  # the older name
-
-
-def scope_spaces(spec: SymmetrySpec, scope: str, n_layers: int) -> list[str]:
-    """The spaces to align for a scope: what the scope re-initialised and nothing else.
-
-    ``first-attention``/``all-attention``: the attention spaces of those layers;
-    ``first-block``: attention and FF hidden units of block 0; ``full``: every space
-    (residual stream included where the architecture has it).
-    """
-    if scope == "full":
-        return list(spec.spaces)
-    layers = scope_layers(scope, n_layers)
-    roles = ATTENTION_ROLES + (("ff",) if scope == "first-block" else ())
-    return spec.select(role=roles, layer=layers)
-
-
-def attention_spec(model: nn.Module, layers: list[int]) -> SymmetrySpec:
-    """The model's spec restricted to the attention spaces (heads, Q-K, V-O) of ``layers``."""
-    spec = model.symmetry_spec()
-    return spec.restrict(spec.select(role=ATTENTION_ROLES, layer=layers))
-
-
-def alignment_models(model_a: nn.Module, model_b: nn.Module, scope: str) -> tuple[nn.Module, nn.Module, list[str]]:
-    """The parametrisation in which to align, and notes.
-
-    For the ``full`` scope the models are first rewritten (LayerNorm -> gainless norm,
-    gains folded, writers centred: :mod:`symalign.rewrite`) so that the residual stream
-    has its ``O(D)`` symmetry -- the same functions in other coordinates; interpolation
-    then happens in those coordinates, as in seed 002. ``hf:`` models are rewritten by
-    :func:`symalign.families.hfmodel.prepare` (:meth:`~symalign.models.hf.HFModel.rewritten_model`).
-    Other scopes keep the models.
-    """
-    if scope != "full":
-        return model_a, model_b, []
-    from symalign.models.hf import HFModel
-
-    if isinstance(model_a, HFModel):
-        arch_a, notes = model_a.rewritten_model()
-        arch_b, _ = model_b.rewritten_model()
-        return arch_a.eval(), arch_b.eval(), notes
-    from symalign.rewrite import plan, rewrite_model
-
-    try:
-        p = plan(model_a.cfg)
-    except SymalignError as exc:  # e.g. post-LN: keep the model's own (permutation) residual symmetry
-        return model_a, model_b, [f"no rewrite ({exc}); residual stream matched by permutation"]
-    if p.residual:
-        notes = []
-    elif p.residual_dims:
-        notes = [f"residual stream aligned by rotations of a {p.residual_dims}-dimensional subspace only: {p.reason}"]
-    else:
-        notes = [f"residual stream not aligned: {p.reason}"]
-    return rewrite_model(model_a).eval(), rewrite_model(model_b).eval(), notes
-
-
-def match_scope(spec: SymmetrySpec, sa: dict, sb: dict, stage1: bool, stage2: str):
-    """Attention-only spaces: the two-stage matcher (which reads fused Q|K|V tensors such as GPT-2's
-    ``c_attn`` by their segments); otherwise whole-model weight matching."""
-    from symalign.match import match_attention
-    from symalign.match.whole import match_whole
-
-    if all(spec.role(s) in ATTENTION_ROLES for s in spec.spaces):
-        return match_attention(spec, sa, sb, stage1=stage1, stage2=stage2)
-    return match_whole(spec, sa, sb, stage1=stage1, stage2=stage2, max_iter=10)
+__all__ = ["ATTENTION_KINDS", "TRAINING_KEYS", "TRAINING_PROTOCOL_KEYS", "align_and_measure", "alignment_models",
+           "attention_spec", "check_inputs", "check_recorded", "check_reusable", "config_diff", "curve_runner",
+           "discard_run", "learned_variant", "match_scope", "naive_curves", "relative_output_change",
+           "run_experiment", "scope_layers", "scope_spaces", "seed002_methods", "stage1_metrics", "summary_row",
+           "write_json_atomic"]
 
 
 def _finished(run_dir: Path, steps: int) -> bool:
     from symalign.checkpoint import has_checkpoint, load_checkpoint
 
     return has_checkpoint(run_dir) and int(load_checkpoint(run_dir, verify=False).meta.get("step", -1)) >= steps
+
 
 
 def _train(cfg: ExperimentConfig, seed: int, out: Path, init: dict | None, progress: bool) -> Path:
@@ -127,38 +71,6 @@ def _train(cfg: ExperimentConfig, seed: int, out: Path, init: dict | None, progr
               data_options=cfg.data_options, resume=has_checkpoint(out), init=init, progress=progress)
     return out
 
-
-def relative_output_change(model: nn.Module, state: dict[str, Tensor], state_b: dict[str, Tensor], x: Tensor,
-                           model_b: nn.Module | None = None) -> float:
-    """``||f(x) - f_B(x)|| / ||f_B(x)||``: the aligned B (``model`` with ``state``, possibly in
-    rewritten coordinates) against B itself (``model_b`` with ``state_b``; default ``model``)."""
-    with torch.no_grad():
-        yb = lmc._logits(functional_call(model_b or model, state_b, (x,))).double()
-        y2 = lmc._logits(functional_call(model, state, (x,))).double()
-    return float((y2 - yb).norm() / yb.norm().clamp_min(1e-30))
-
-
-def curve_runner(batches: list, task: str, points: int, device: str = "cpu"
-                 ) -> Callable[[nn.Module, dict, dict], lmc.Curve]:
-    """``run(model, state_a, state_b)``: :func:`symalign.lmc.curve` on ``device`` (``protocol.device``).
-
-    On the CPU the model and states are used as they are; on a GPU a copy of the model, the
-    two states and the batches are moved there (the caller's tensors stay on the CPU, where
-    matching and the function check run).
-    """
-    from symalign.train import resolve_device
-
-    dev = resolve_device(device)
-    if dev.type == "cpu":
-        return lambda model, a, b: lmc.curve(model, a, b, lambda: batches, task, points)
-    on_dev = [(x.to(dev), y.to(dev)) for x, y in batches]
-
-    def run(model: nn.Module, a: dict, b: dict) -> lmc.Curve:
-        m = copy.deepcopy(model).to(dev)
-        return lmc.curve(m, {k: v.to(dev) for k, v in a.items()}, {k: v.to(dev) for k, v in b.items()},
-                         lambda: on_dev, task, points)
-
-    return run
 
 
 def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: str,
@@ -234,229 +146,6 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
     out["seconds"] = time.perf_counter() - t0
     return out
 
-
-def naive_curves(curve: Callable[[nn.Module, dict, dict], lmc.Curve], model_a: nn.Module, arch_a: nn.Module,
-                 states: tuple[dict, dict], rewritten: tuple[dict, dict]) -> tuple[lmc.Curve, lmc.Curve | None]:
-    """The naive curve ``(1 - t) theta_A + t theta_B`` in the coordinates the aligned curves use, and
-    (when the models were rewritten for alignment, the ``full`` scope) the one in their own coordinates.
-
-    Interpolation is not invariant under the rewrite (gains folded into weights, writers centred),
-    so a barrier ratio compares like with like only when both curves interpolate in the same
-    coordinates: the first curve (``rewritten`` states on ``arch_a``) is the one the ratios use;
-    the second (``states`` on ``model_a``; ``None`` when ``arch_a is model_a``) is reported beside it.
-    """
-    if arch_a is model_a:
-        return curve(model_a, *states), None
-    return curve(arch_a, *rewritten), curve(model_a, *states)
-
-
-def learned_variant(cfg: ExperimentConfig, ds, spec: SymmetrySpec, arch_a: nn.Module, arch_b: nn.Module,
-                    start, progress: bool = False, checkpoint: Path | None = None):
-    """Stage-2 variant ``learned``: the ``full`` two-stage result ``start`` refined by learned matching
-    (:func:`symalign.match.learned.learn_matching`) over the scope's spaces only.
-
-    Same group, same exactness (every projected element is a symmetry); the objective is the
-    training loss of the interpolated model ``L((1 - lambda) theta_A + lambda T . theta_B)``,
-    ``lambda ~ U(protocol.learned_lambda)``, one fresh training batch of
-    ``protocol.method_batch_size`` per step for ``protocol.learned_steps`` steps; the result is
-    kept only if its objective on the validation split is at most ``start``'s (else ``start``).
-    Resumable from ``checkpoint``. Returns a :class:`~symalign.match.learned.LearnedMatch`.
-    """
-    from symalign.data import eval_batches
-    from symalign.experiments.methods import TrainStream
-    from symalign.match.distance import distance
-    from symalign.match.learned import learn_matching
-    from symalign.match.whole import WholeMatch
-
-    p = cfg.protocol
-    context = int(cfg.train.get("context", 128))
-    sa, sb = lmc.full_state(arch_a), lmc.full_state(arch_b)
-    distances = [distance(spec, sa, sb), distance(spec, sa, apply(spec, start.transform, sb))]
-    init = WholeMatch(dict(start.transform), spec, distances, True, "weight", getattr(start, "attention", start))
-    stream = TrainStream(ds, p.method_batch_size, seed=p.seeds[0], context=context)
-    val = list(eval_batches(ds, "val", 256, context, p.eval_items))
-    return learn_matching(arch_a, arch_b, stream, steps=p.learned_steps, lam=tuple(p.learned_lambda), init=init,
-                          select_batches=val, checkpoint=checkpoint, progress=progress, seed=p.seeds[0])
-
-
-def seed002_methods(cfg: ExperimentConfig, ds, arch_a: nn.Module, arch_b: nn.Module, batches: list,
-                    naive: lmc.Curve, progress: Callable[[str], None] | None = None,
-                    checkpoint: Path | None = None) -> dict[str, dict]:
-    """Seed 002's table for the ``full`` scope: weight / activation / learned matching of the two
-    (rewritten) models (:func:`symalign.experiments.methods.align_methods`), each with its curve on
-    the same test batches as the variants. Activation statistics and learned matching use the
-    **training** split (a fresh batch per learned step, :class:`~symalign.experiments.methods.TrainStream`);
-    learned matching picks between its result and weight matching on validation batches, and
-    checkpoints to ``checkpoint`` (resumed from it when the run is interrupted)."""
-    from symalign.data import eval_batches
-    from symalign.experiments.methods import TrainStream, align_methods
-
-    p = cfg.protocol
-    context = int(cfg.train.get("context", 128))
-    stream = TrainStream(ds, p.method_batch_size, seed=cfg.protocol.seeds[0], context=context)
-    val = list(eval_batches(ds, "val", 256, context, p.eval_items))
-    res = align_methods(arch_a, arch_b, batches, ds.task, methods=p.methods, points=p.points,
-                        learned_steps=p.learned_steps, seed=p.seeds[0], train_batches=stream, val_batches=val,
-                        naive=naive, progress=progress, learned_options={"lam": tuple(p.learned_lambda)},
-                        learned_checkpoint=None if checkpoint is None else str(checkpoint))
-    return {k: {kk: vv for kk, vv in v.items() if kk != "state"} for k, v in res.items()}
-
-
-def stage1_metrics(spec: SymmetrySpec, state_a: dict, state_b: dict, transform: dict) -> list[dict]:
-    """Per layer: the stage-1 objective of the chosen head permutation, of the identity, and
-    (``h <= 8``) its rank among all admissible permutations and ``Lhat`` (the paper's metrics)."""
-    from symalign.match.heads import best_and_identity, head_cost, lhat, objective, permutation_rank
-    from symalign.match.views import find_layers
-
-    rows = []
-    for layer in find_layers(spec, state_a):
-        space = layer.heads
-        if space is None or space not in transform:
-            continue
-        group = spec.spaces[space]
-        cost = head_cost(layer, state_a, state_b)
-        pi = transform[space]
-        entry = {"layer": layer.tag, "objective": objective(cost, pi),
-                 "identity_objective": objective(cost, torch.arange(group.n_heads))}
-        if group.n_heads <= 8:
-            best, ident = best_and_identity(cost, group)
-            entry.update(rank=permutation_rank(cost, pi, group), n_permutations=group.order(), best_objective=best,
-                         lhat=lhat(entry["objective"], best, ident))
-        rows.append(entry)
-    return rows
-
-
-def summary_row(name: str, res: dict) -> dict:
-    """One line of the summary table for a scope's results."""
-    row = {"experiment": name, "family": res["family"], "data": res["data"], "pe": res["pe"],
-           "scope": res["scope"],
-           **({"eval_split": res["eval_split"]} if res.get("eval_split", "test") != "test" else {}),
-           "acc_A": res["endpoints"]["A"]["acc"], "acc_B": res["endpoints"]["B"]["acc"],
-           "naive_loss_barrier": res["naive"]["loss_barrier"], "naive_acc_barrier": res["naive"]["acc_barrier"]}
-    for key, v in res["variants"].items():
-        row[f"{key}_loss_barrier"] = v["curve"]["loss_barrier"]
-        row[f"{key}_acc_barrier"] = v["curve"]["acc_barrier"]
-        row[f"{key}_ratio_percent"] = v["loss_barrier_ratio_percent"]
-    for key, v in res.get("methods", {}).items():
-        row[f"{key}-matching_loss_barrier"] = v["curve"]["loss_barrier"]
-        row[f"{key}-matching_acc_barrier"] = v["curve"]["acc_barrier"]
-        row[f"{key}-matching_ratio_percent"] = v["loss_barrier_ratio_percent"]
-    return row
-
-
-def check_inputs(cfg: ExperimentConfig) -> None:
-    """Everything that can be checked before training: the dataset loads, the model config fits
-    it (:func:`symalign.train.fit_config`: family/task, vocabulary, positions, classes, image
-    shape), and an ``hf:`` family supports every scope asked for."""
-    from symalign.data import load_dataset
-    from symalign.models.hf import check_model_section, is_hf_family
-    from symalign.train import fit_config
-
-    family = cfg.model.get("family", "gpt")
-    if is_hf_family(family):
-        check_model_section(cfg.model, cfg.protocol.scopes)
-    ds = load_dataset(cfg.data, **cfg.data_options)
-    fit_config(cfg.model | {"family": family}, ds, int(cfg.train.get("context", 128)))
-
-
-def check_reusable(done: dict, seeds: list[int], scope_dir: Path, eval_split: str) -> None:
-    """A finished scope may only be reused for the seed pair and the evaluation split it was run
-    with (older results without ``"seeds"``: the pair whose checkpoints lie beside them; without
-    ``"eval_split"``: the test split)."""
-    have = done.get("seeds")
-    same = list(have) == list(seeds) if have is not None else all((scope_dir / f"seed{s}").is_dir() for s in seeds)
-    if not same:
-        raise ConfigError(f"{scope_dir / 'results.json'} holds the seed pair {have or 'of another run'}, not {seeds}; "
-                          "give a second seed pair its own runs directory (--out)")
-    split = done.get("eval_split", "test")
-    if split != eval_split:
-        raise ConfigError(f"{scope_dir / 'results.json'} was measured on the {split} split, not {eval_split}; "
-                          "give each evaluation split its own runs directory (--out)")
-
-
-# What the checkpoints of a run depend on: a run directory recorded with other values is stale.
-TRAINING_KEYS = ("name", "data", "data_options", "model", "train")
-TRAINING_PROTOCOL_KEYS = ("base_seed", "freeze")
-
-
-def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """The differing leaves of two JSON-like configs, as ``"model.d_model 16 -> 32"``."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out: list[str] = []
-        for k in sorted(set(old) | set(new), key=str):
-            out += config_diff(old.get(k), new.get(k), f"{prefix}{k}.")
-        return out
-    return [] if old == new else [f"{prefix.rstrip('.')} {old!r} -> {new!r}"]
-
-
-def _training_part(d: dict) -> dict:
-    proto = d.get("protocol") or {}
-    return {**{k: d.get(k) for k in TRAINING_KEYS}, "protocol": {k: proto.get(k) for k in TRAINING_PROTOCOL_KEYS}}
-
-
-def _result_part(d: dict) -> dict:
-    """The config less ``protocol.scopes``, with the protocol's defaults filled in (``to_dict``
-    leaves out optional settings at their defaults)."""
-    from dataclasses import asdict
-
-    from symalign.experiments.config import Protocol
-
-    proto = {**asdict(Protocol()), **(d.get("protocol") or {})}
-    return {**d, "protocol": {k: v for k, v in proto.items() if k != "scopes"}}
-
-
-def _stale(what: Path, diff: list[str]) -> ConfigError:
-    shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
-    return ConfigError(f"{what} was recorded with a different config ({shown}); use another --out, or --fresh "
-                       "to discard the old run and start over")
-
-
-def check_recorded(cfg: ExperimentConfig, root: Path) -> None:
-    """Refuse to reuse a run directory whose checkpoints or results were made with another config.
-
-    ``root/config.json`` must agree with ``cfg`` on everything the checkpoints depend on
-    (:data:`TRAINING_KEYS`, ``protocol.base_seed``/``freeze``); each existing
-    ``root/<scope>/results.json`` on the whole config except ``protocol.scopes`` (results
-    written before configs were recorded in them: the seed pair and evaluation split,
-    :func:`check_reusable`).
-    """
-    new = cfg.to_dict()
-    recorded = root / "config.json"
-    if recorded.is_file():
-        try:
-            old = json.loads(recorded.read_text())
-        except ValueError:
-            old = {}
-        diff = config_diff(_training_part(old), _training_part(new))
-        if diff:
-            raise _stale(root, diff)
-    for scope in cfg.protocol.scopes:
-        res_path = root / scope / "results.json"
-        if not res_path.is_file():
-            continue
-        done = json.loads(res_path.read_text())
-        check_reusable(done, cfg.protocol.seeds, root / scope, cfg.protocol.eval_split)
-        if "config" in done:
-            diff = config_diff(_result_part(done["config"]), _result_part(new))
-            if diff:
-                raise _stale(res_path, diff)
-
-
-def discard_run(root: Path) -> None:
-    """``--fresh``: remove a previous run directory -- only one symalign wrote (it holds ``config.json``
-    with a ``protocol`` section), never an arbitrary folder."""
-    import shutil
-
-    if not root.exists():
-        return
-    try:
-        ok = root.is_dir() and "protocol" in json.loads((root / "config.json").read_text())
-    except (OSError, ValueError):
-        ok = False
-    if not ok:
-        raise ConfigError(f"{root} is not a symalign experiment run (no config.json with a protocol); "
-                          "remove it yourself or use another --out")
-    shutil.rmtree(root)
 
 
 def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = True,

@@ -85,7 +85,7 @@ def collect(runs_dir: Path) -> list[dict]:
             out.append(res)
     store = Path(runs_dir) / "sweep.sqlite"
     if store.exists():
-        from symalign.experiments.sweep import stored_results
+        from symalign.experiments.sweep.store import stored_results
 
         seen = {(r.get("experiment"), r.get("scope")) for r in out}
         out += [r for r in stored_results(store) if (r.get("experiment"), r.get("scope")) not in seen]
@@ -99,7 +99,7 @@ def _fmt(v) -> str:
 
 
 def summary_rows(results: list[dict]) -> list[dict]:
-    from symalign.experiments.protocol import summary_row
+    from symalign.experiments.metrics import summary_row
 
     return [summary_row(r.get("experiment", Path(r["_path"]).parent.name), r) for r in results]
 

@@ -46,6 +46,7 @@ from symalign.groups import GeneralLinear, OffsetPerHead, Orthogonal, Permutatio
     RotaryPlanes
 from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_group, fold_layernorm, to_f64
 from symalign.groups import CenteredOrthogonal
+from symalign.nn.sites import ActivationSite, linear_heads_site
 from symalign.spec import SymmetrySpec
 
 NORMS = ("rms", "rms1p", "layer")
@@ -230,6 +231,29 @@ class Family(Adapter):
         """Null directions of layer ``i``'s Jacobian that are not group orbits (:func:`bias_gauge`)."""
         keys = set(keys)
         return bias_gauge(self.layouts(config, find_prefix(keys, self.probe, self.family), keys)[i], keys)
+
+    # -- activation sites ---------------------------------------------------
+    def activation_sites(self, model: nn.Module) -> list[ActivationSite]:
+        """Activation matching's sites on a transformers ``model`` (:mod:`symalign.nn.sites`), from the
+        declared names: ``residual`` at the input of every layer and of the final norm, ``ff.i`` at the
+        input of the FF output projection (``down``), ``heads.i`` at the input of the attention output
+        projection (``o``, an ``nn.Linear``)."""
+        config = model.config
+        dec = self.declaration(config)
+        p = self.prefix(set(model.state_dict().keys()))
+        _, h, _, _ = self.heads(config)
+
+        def module(name: str) -> nn.Module:
+            return model.get_submodule((p + name).rstrip("."))
+
+        sites = []
+        for i in range(int(config.num_hidden_layers)):
+            lp = dec.layer.format(i=i)
+            sites.append(ActivationSite(RESIDUAL, module(lp)))
+            sites.append(ActivationSite(f"ff.{i}", module(lp + dec.down)))
+            sites.append(linear_heads_site(f"heads.{i}", module(lp + dec.o), h))
+        sites.append(ActivationSite(RESIDUAL, module(dec.final_norm)))
+        return sites
 
     # -- whole model --------------------------------------------------------
     def prepare(self, config: Any, state: Mapping[str, Tensor], att: SymmetrySpec,

@@ -1,17 +1,24 @@
 r"""Activation matching: the whole-model assignments from activation statistics on data.
 
-On a data sample, record for both models (forward hooks on the built-in
-modules, flattened over batch and positions, ``N`` rows):
+On a data sample, record for both models (forward pre-hooks on the modules the model
+lists as its activation sites, ``model.activation_sites()``, :mod:`symalign.nn.sites`;
+flattened over batch and positions, ``N`` rows) and solve each space with its group
+(:meth:`symalign.groups.Group.nearest_activations`, :meth:`~symalign.groups.Group.nearest`),
+choosing what to compute by the space's role in the spec:
 
-* the residual stream ``h`` at the input of every block and at ``norm_f``'s input:
+* ``residual``: the stream ``h`` at the input of every block and of the final norm:
   ``M = sum_n h_A h_B^T`` and ``O = polar(M)`` (Procrustes; the centred subgroup
-  when the spec says so) -- ``h_A ~ O h_B``;
-* the FF hidden activations ``a`` (output of ``mlp.act``) of each layer:
+  when the spec says so) -- ``h_A ~ O h_B`` (a permuted stream: the assignment on the
+  summed Pearson correlations);
+* ``ff``: the FF hidden activations ``a`` (after the nonlinearity) of each layer:
   ``perm = argmax_perm sum_i corr(a_A[:, i], a_B[:, perm[i]])`` (linear assignment on
   the Pearson cross-correlation);
-* each head's contribution to the stream ``y_i = W_O^i z_i`` (input of ``o_proj``):
-  head permutation minimising ``sum_i sum_n ||y_A^i - O y_B^{pi(i)}||^2`` (GQA-aware
-  :func:`symalign.match.heads.assign_heads`).
+* ``heads``: each head's contribution to the stream ``y_i = W_O^i z_i`` (from the input of
+  the attention output projection): head permutation minimising
+  ``sum_i sum_n ||y_A^i - O y_B^{pi(i)}||^2`` (GQA-aware, :meth:`HeadPermutation.nearest`).
+
+The matcher names no module, so it runs on any model with sites: the built-in models and the
+``hf:`` families whose adapter declares them (decoders, GPT-2).
 
 The statistics are accumulated batch by batch (:class:`PairStats`: sums, sums of squares and
 cross products), in two passes over the sample -- the stream and FF statistics, then the head
@@ -35,12 +42,9 @@ import torch
 from torch import Tensor, nn
 
 from symalign.errors import MatchError
-from symalign.groups import Orthogonal, Permutation
-from symalign.match.ff import assign
-from symalign.match.heads import assign_heads
-from symalign.match.residual import procrustes
 from symalign.match.distance import distance
 from symalign.match.whole import WholeMatch, attention_step, model_states, partition, validate_states
+from symalign.nn.sites import ActivationSite, HasActivationSites, module_input
 from symalign.spec import Transform, apply
 
 
@@ -79,34 +83,42 @@ class PairStats:
         return cov / (sd_a[:, None] * sd_b[None, :])
 
 
+class StatsSum:
+    """The statistics of one space read at several sites (the residual stream at every block):
+    the summed cross products and the summed per-site correlations."""
+
+    def __init__(self, parts: list[PairStats]):
+        self.parts = parts
+
+    @property
+    def cross(self) -> Tensor:
+        return sum(p.cross for p in self.parts)  # type: ignore[return-value]
+
+    def correlation(self) -> Tensor:
+        return sum(p.correlation() for p in self.parts)  # type: ignore[return-value]
+
+
+def activation_sites(model: nn.Module) -> list[ActivationSite]:
+    """``model.activation_sites()`` (:mod:`symalign.nn.sites`), or a :class:`MatchError` for a model
+    that declares none."""
+    sites = model.activation_sites() if isinstance(model, HasActivationSites) else None
+    if not sites:
+        raise MatchError(f"{type(model).__name__} declares no activation sites, so activation matching cannot "
+                         "read its activations; use weight or learned matching")
+    return sites
+
+
 class _Recorder:
-    """Forward hooks on a built-in model that keep the current batch's activations: ``stream.{i}``
-    (input of block ``i``; ``i = L``: of ``norm_f``), ``ff.{i}`` (FF hidden) and, with ``heads=True``,
-    ``heads.{i}`` (``(N, h, D)``: head ``k``'s contribution ``W_O^k z_k`` to the stream)."""
+    """Forward pre-hooks on ``sites`` keeping the current batch's rows, by site index."""
 
-    def __init__(self, model: nn.Module, heads: bool):
-        self.model, self.acts, self.hooks = model, {}, []
-        blocks = model.blocks  # type: ignore[attr-defined]
-        for i, blk in enumerate(blocks):
-            if heads:
-                self.hooks.append(blk.attn.o_proj.register_forward_pre_hook(
-                    lambda m, inp, i=i, blk=blk: self._heads(i, blk, m, inp[0])))
-            else:
-                self.hooks.append(blk.register_forward_pre_hook(lambda m, inp, i=i: self._put(f"stream.{i}", inp[0])))
-                self.hooks.append(blk.mlp.act.register_forward_hook(lambda m, inp, out, i=i: self._put(f"ff.{i}", out)))
-        if not heads:
-            self.hooks.append(model.norm_f.register_forward_pre_hook(  # type: ignore[attr-defined]
-                lambda m, inp: self._put(f"stream.{len(blocks)}", inp[0])))
+    def __init__(self, sites: list[tuple[int, ActivationSite]]):
+        self.acts: dict[int, Tensor] = {}
+        self.hooks = [site.module.register_forward_pre_hook(
+            lambda m, args, kwargs, k=k, site=site: self._put(k, site, args, kwargs), with_kwargs=True)
+            for k, site in sites]
 
-    def _put(self, key: str, x: Tensor) -> None:
-        self.acts[key] = x.detach().to(torch.float64).reshape(-1, *x.shape[2:])
-
-    def _heads(self, i: int, blk: nn.Module, m: nn.Module, z: Tensor) -> None:
-        d = blk.attn.cfg.head_dim
-        h = m.weight.shape[1] // d
-        zz = z.reshape(*z.shape[:2], h, d).to(torch.float64)
-        w = m.weight.detach().to(torch.float64).reshape(-1, h, d)
-        self._put(f"heads.{i}", torch.einsum("btkd,Dkd->btkD", zz, w))
+    def _put(self, k: int, site: ActivationSite, args: tuple, kwargs: dict) -> None:
+        self.acts[k] = site.rows(module_input(args, kwargs))
 
     def close(self) -> None:
         for h in self.hooks:
@@ -114,9 +126,10 @@ class _Recorder:
 
 
 @torch.no_grad()
-def _passes(model_a: nn.Module, model_b: nn.Module, batches: list[Tensor], heads: bool):
-    """Yield the two models' activations (:class:`_Recorder`) batch by batch, in eval mode."""
-    rec_a, rec_b = _Recorder(model_a, heads), _Recorder(model_b, heads)
+def _passes(model_a: nn.Module, model_b: nn.Module, sites_a: list[tuple[int, ActivationSite]],
+            sites_b: list[tuple[int, ActivationSite]], batches: list[Tensor]):
+    """Yield the two models' site rows (:class:`_Recorder`) batch by batch, in eval mode."""
+    rec_a, rec_b = _Recorder(sites_a), _Recorder(sites_b)
     modes = (model_a.training, model_b.training)
     try:
         model_a.eval()
@@ -150,39 +163,42 @@ def match_activations(model_a: nn.Module, model_b: nn.Module, batches: Iterable[
     spec, sa, sb = model_states(model_a, model_b)
     validate_states(spec, sa, sb)
     part = partition(spec)
-    n_layers = len(model_a.blocks)  # type: ignore[attr-defined]
-    # pass 1: residual stream and FF statistics (memory O(D^2 + d_ff^2) per layer, whatever the sample size)
-    stats: dict[str, PairStats] = {}
-    for acts_a, acts_b in _passes(model_a, model_b, batches, heads=False):
-        for k, xa in acts_a.items():
-            stats.setdefault(k, PairStats()).add(xa, acts_b[k])
+    all_a, all_b = activation_sites(model_a), activation_sites(model_b)
+    if [s.space for s in all_a] != [s.space for s in all_b]:
+        raise MatchError("the two models declare different activation sites (different depth or structure)")
+    used = [k for k, s in enumerate(all_a) if s.space in spec.spaces]
+    heads = [k for k in used if spec.role(all_a[k].space) == "heads"]
+    rest = [k for k in used if k not in heads]
+    # pass 1: residual stream and FF statistics (memory O(D^2 + d_ff^2) per site, whatever the sample size)
+    stats: dict[int, PairStats] = {k: PairStats() for k in rest}
+    for acts_a, acts_b in _passes(model_a, model_b, [(k, all_a[k]) for k in rest], [(k, all_b[k]) for k in rest],
+                                  batches):
+        for k in rest:
+            stats[k].add(acts_a[k], acts_b[k])
+    by_space: dict[str, list[PairStats]] = {}
+    for k in rest:
+        by_space.setdefault(all_a[k].space, []).append(stats[k])
     transform: Transform = {}
-    res = spec.spaces.get("residual")
-    streams = [stats[f"stream.{i}"] for i in range(n_layers + 1)]
-    o = None
-    if isinstance(res, Orthogonal):
-        o = procrustes(sum(st.cross for st in streams), res)
-        transform["residual"] = o
-    elif isinstance(res, Permutation):
-        transform["residual"] = assign(sum(st.correlation() for st in streams))
-        o = Permutation(res.n).matrix(transform["residual"])
-    for i in range(n_layers):
-        if f"ff.{i}" in spec.spaces:
-            transform[f"ff.{i}"] = assign(stats[f"ff.{i}"].correlation())
-    # pass 2 (B's stream now aligned by O): cost[i, j] = sum_n ||y_A^i - O y_B^j||^2 per layer, (h, h)
-    head_layers = [i for i in range(n_layers) if f"heads.{i}" in spec.spaces]
-    if head_layers:
+    # the residual stream first: the head costs of pass 2 compare B's heads in A's stream coordinates
+    stream = [s for s in by_space if spec.role(s) == "residual"]
+    for s in stream + [s for s in by_space if s not in stream]:
+        transform[s] = spec.spaces[s].nearest_activations(StatsSum(by_space[s]))
+    o = spec.spaces[stream[0]].matrix(transform[stream[0]]) if stream else None
+    # pass 2 (B's stream now aligned by O): cost[i, j] = sum_n ||y_A^i - O y_B^j||^2 per heads space, (h, h)
+    if heads:
         costs: dict[int, Tensor] = {}
-        for acts_a, acts_b in _passes(model_a, model_b, batches, heads=True):
-            for i in head_layers:
-                ya, yb = acts_a[f"heads.{i}"], acts_b[f"heads.{i}"]
+        for acts_a, acts_b in _passes(model_a, model_b, [(k, all_a[k]) for k in heads],
+                                      [(k, all_b[k]) for k in heads], batches):
+            for k in heads:
+                ya, yb = acts_a[k], acts_b[k]
                 if o is not None:
                     yb = yb @ o.T
                 c = (ya.pow(2).sum((0, 2))[:, None] + yb.pow(2).sum((0, 2))[None, :]
                      - 2 * torch.einsum("nid,njd->ij", ya, yb))
-                costs[i] = costs[i] + c if i in costs else c
-        for i in head_layers:
-            transform[f"heads.{i}"] = assign_heads(costs[i], spec.spaces[f"heads.{i}"])
+                costs[k] = costs[k] + c if k in costs else c
+        for k in heads:
+            space = all_a[k].space
+            transform[space] = spec.spaces[space].nearest(-costs[k])
     d0 = distance(spec, sa, sb)
     att = None
     if part.attention:

@@ -72,31 +72,41 @@ and resumes from them: the batch, ``lambda`` and learning rate of a step are pur
 the step, so an interrupted and resumed run reproduces the uninterrupted one. Resuming with
 another recipe (learning rate, schedule, ``lambda`` range, seed, and ``steps`` when the
 schedule depends on it) raises :class:`~symalign.errors.MatchError`.
+
+Modules: :mod:`symalign.match.latents` (:class:`Latents`), :mod:`symalign.match.objective`
+(the interpolated loss ``J`` and the state plumbing), :mod:`symalign.match.optimise` (batches,
+schedule, resume, the Adam loop shared with :mod:`symalign.match.learned_many`); this module
+holds :func:`learn_matching` and re-exports their names.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence, Union
+from typing import Iterable, Sequence
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from symalign.atomic import atomic_path
-from symalign.errors import GroupError, MatchError
-from symalign.groups import one_hot, polar_st, straight_through  # noqa: F401  (re-exported)
-from symalign.match.ff import assign
+from symalign.groups import one_hot, polar_st, straight_through
 from symalign.match.distance import distance
+from symalign.match.latents import Latents, proj_perm
+from symalign.match.objective import (LAM, Batch, LossFn, default_loss, floating, functional_state,
+                                      interpolated_objective, mean_loss, mix_states, restore_ties, tied_names)
+from symalign.match.optimise import (SCHEDULES, BatchSource, _Bar, _check_data, batch_source, check_recipe,
+                                     compare_recipe, lam_at, lr_factor, optimise, recipe_of, save_checkpoint)
 from symalign.match.whole import WholeMatch, align_whole
-from symalign.spec import SymmetrySpec, Transform, act_on, apply, on_segment
+from symalign.spec import apply
 
-Batch = tuple[Tensor, Tensor]
-LossFn = Callable[[Tensor, Tensor], Tensor]
+# The pieces of learned matching live in one module each (latents, objective, optimisation loop);
+# their names are re-exported here for older imports.
+__all__ = ["LAM", "SCHEDULES", "Batch", "BatchSource", "LearnedMatch", "Latents", "LossFn", "batch_source",
+           "check_recipe", "compare_recipe", "default_loss", "floating", "functional_state", "interpolated_objective",
+           "lam_at", "learn_matching", "lr_factor", "mean_loss", "mix_states", "one_hot", "optimise", "polar_st",
+           "proj_perm", "recipe_of", "restore_ties", "save_checkpoint", "straight_through", "tied_names", "_Bar",
+           "_check_data"]
 
 
 @dataclass
@@ -117,306 +127,6 @@ class LearnedMatch(WholeMatch):
                  objective_init=self.objective_init, objective=self.objective, selected=self.selected,
                  fallbacks=list(self.fallbacks))
         return d
-
-
-# ----------------------------------------------------------------------------
-# projections
-# ----------------------------------------------------------------------------
-
-
-def proj_perm(z: Tensor) -> tuple[Tensor, Tensor]:
-    """``(perm, P_st)``: the Hungarian projection and its straight-through matrix."""
-    perm = assign(z.detach())
-    return perm, straight_through(perm, z)
-
-
-# ----------------------------------------------------------------------------
-# latents of every space
-# ----------------------------------------------------------------------------
-
-
-class Latents:
-    """Learnable latents for ``spaces`` of ``spec`` around ``init`` (see the module docstring).
-
-    Each space's group owns its parametrisation (:meth:`~symalign.groups.Group.latent`,
-    :meth:`~symalign.groups.Group.soft`, :meth:`~symalign.groups.Group.soft_act`,
-    :meth:`~symalign.groups.Group.from_latent`); this class only keeps the tensors. The other
-    spaces stay at their ``init`` element. ``params`` maps a latent name (``space`` or
-    ``space:part``) to its float64 leaf tensor.
-    """
-
-    def __init__(self, spec: SymmetrySpec, init: Mapping[str, Tensor], spaces: Sequence[str] | None = None):
-        self.spec = spec
-        self.init: Transform = {k: v for k, v in init.items() if k in spec.spaces}
-        self.spaces = list(spec.spaces if spaces is None else spaces)
-        self.params: dict[str, Tensor] = {}
-        self.parts: dict[str, list[str]] = {}
-        for s in self.spaces:
-            if s not in spec.spaces:
-                raise MatchError(f"space {s!r} is not declared by the spec")
-            g = spec.spaces[s]
-            el = self.init.get(s, g.identity())
-            try:
-                latent = g.latent(el)
-            except GroupError:
-                raise MatchError(f"space {s!r} ({g.describe()}) is not supported by learned matching") from None
-            self.parts[s] = list(latent)
-            self.params.update({s + k: v for k, v in latent.items()})
-            self.init[s] = el
-        for p in self.params.values():
-            p.requires_grad_(True)
-
-    def parameters(self) -> list[Tensor]:
-        return list(self.params.values())
-
-    def latent(self, s: str, detach: bool = False) -> dict[str, Tensor]:
-        """Space ``s``'s latent tensors by suffix (as its group's methods take them)."""
-        return {k: (self.params[s + k].detach() if detach else self.params[s + k]) for k in self.parts[s]}
-
-    # -- training forward -----------------------------------------------------
-    def soft(self) -> dict[str, object]:
-        """The differentiable elements of this step (computed once per step)."""
-        return {s: self.spec.spaces[s].soft(self.latent(s), self.init[s]) for s in self.spaces}
-
-    def soft_apply(self, state: Mapping[str, Tensor], soft: dict[str, object] | None = None) -> dict[str, Tensor]:
-        """``T(Z) . state`` (differentiable in the latents; fixed spaces act exactly, in spec order; an
-        action with a segment acts on that slice of a fused tensor only)."""
-        soft = self.soft() if soft is None else soft
-        out = dict(state)
-        for t, acts in self.spec.tensors.items():
-            x = state[t]
-            for a in acts:
-                g = self.spec.spaces[a.space]
-                if a.space in soft:
-                    x = on_segment(x, a, lambda y, axis, a=a, g=g: g.soft_act(soft[a.space], y, axis, a.variance,
-                                                                                a.rep))
-                elif a.space in self.init:
-                    x = act_on(g, self.init[a.space], x, a)
-            out[t] = x
-        return out
-
-    # -- exact projection -----------------------------------------------------
-    def project(self, max_cond: float = 1e6) -> tuple[Transform, list[str]]:
-        """The exact group elements of the current latents, and the per-block fallbacks."""
-        out: Transform = dict(self.init)
-        fallbacks: list[str] = []
-        for s in self.spaces:
-            g = self.spec.spaces[s]
-            out[s], bad = g.from_latent(self.latent(s, detach=True), self.init[s], max_cond)
-            for i, cond in bad:
-                fallbacks.append(f"{s} block {i}: cond {cond:.3g} > {max_cond:g}; kept the weight-matching element")
-            if not g.contains(out[s]):
-                raise MatchError(f"learned matching produced an element outside {g.describe()} for {s!r}; "
-                                 "this is a bug")
-        return out, fallbacks
-
-    def state_dict(self) -> dict[str, Tensor]:
-        return {k: v.detach().clone() for k, v in self.params.items()}
-
-    def load_state_dict(self, saved: Mapping[str, Tensor], where: str = "checkpoint") -> None:
-        if set(saved) != set(self.params):
-            raise MatchError(f"{where} holds latents for other spaces; delete it to start afresh")
-        with torch.no_grad():
-            for k, v in saved.items():
-                self.params[k].copy_(v)
-
-
-# ----------------------------------------------------------------------------
-# objective and the training loop
-# ----------------------------------------------------------------------------
-
-
-def default_loss(logits: Tensor, y: Tensor) -> Tensor:
-    """Mean cross-entropy (classification ``(B, C)``/``(B,)`` or LM ``(B, T, V)``/``(B, T)``)."""
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-
-
-def tied_names(model: nn.Module) -> list[list[str]]:
-    """The groups of parameter names that share one parameter (e.g. ``[tok_emb.weight, head.weight]``)."""
-    names_of: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        names_of.setdefault(id(p), []).append(name)
-    return [names for names in names_of.values() if len(names) > 1]
-
-
-def functional_state(model: nn.Module, spec: SymmetrySpec) -> dict[str, Tensor]:
-    """The model's ``state_dict`` (detached) with each tied parameter once, as ``functional_call``
-    needs it (it refuses two values for tied names, e.g. a head tied to the token embedding): of
-    the names sharing one parameter, the one the spec labels is kept (else the first)."""
-    state = {k: v.detach() for k, v in model.state_dict().items()}
-    labelled = set(spec.tensors)
-    for names in tied_names(model):
-        keep = next((n for n in names if n in labelled), names[0])
-        for n in names:
-            if n != keep:
-                state.pop(n, None)
-    return state
-
-
-def restore_ties(model: nn.Module, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """``state`` with the tied names :func:`functional_state` dropped filled in again (same tensor),
-    so that it loads with ``model.load_state_dict``."""
-    out = dict(state)
-    for names in tied_names(model):
-        present = next((n for n in names if n in out), None)
-        if present is not None:
-            for n in names:
-                out.setdefault(n, out[present])
-    return out
-
-
-def floating(state: Mapping[str, Tensor]) -> list[str]:
-    return [k for k, v in state.items() if v.is_floating_point()]
-
-
-def mix_states(states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
-    """``sum_k w_k theta_k`` over floating tensors (others from the first state); differentiable."""
-    out = {}
-    for k, v in states[0].items():
-        out[k] = sum(w * s[k] for w, s in zip(weights, states)) if v.is_floating_point() else v
-    return out
-
-
-@torch.no_grad()
-def mean_loss(model: nn.Module, state: Mapping[str, Tensor], data: Sequence[Batch], loss: LossFn) -> float:
-    """Mean over ``data`` of ``loss(model_state(x), y)``."""
-    return float(sum(float(loss(functional_call(model, dict(state), (x,)), y)) for x, y in data) / len(data))
-
-
-LAM = (0.2, 0.8)  # the default lambda range (module docstring: why not seed 002's (0.4, 0.6))
-
-
-def interpolated_objective(model: nn.Module, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor],
-                           data: Sequence[Batch], loss: LossFn | None = None, lam: tuple[float, float] = LAM,
-                           points: int = 5) -> float:
-    """``J = mean_{lambda, batches} L((1 - lambda) A + lambda B)`` on ``points`` evenly spaced ``lambda``."""
-    loss = loss or default_loss
-    lams = np.linspace(lam[0], lam[1], points) if points > 1 else [0.5 * (lam[0] + lam[1])]
-    return float(np.mean([mean_loss(model, mix_states([state_a, state_b], [1 - t, t]), data, loss) for t in lams]))
-
-
-def _check_data(batches, what: str) -> list[Batch]:
-    data = list(batches) if batches is not None else []
-    if not data:
-        raise MatchError(f"{what} needs data: pass a non-empty iterable of (inputs, targets) training batches")
-    return data
-
-
-BatchSource = Union[Iterable[Batch], Callable[[int], Batch], None]
-SCHEDULES = ("cosine", "constant")
-
-
-def batch_source(batches: BatchSource, what: str) -> tuple[Callable[[int], Batch], list[Batch] | None]:
-    """``(batch_of_step, fixed)``: a stream ``batch(step)`` is used as it is (``fixed`` is ``None``);
-    a finite iterable is listed and cycled (``batch_of_step(s) = fixed[s mod n]``)."""
-    if callable(batches):
-        return batches, None
-    data = _check_data(batches, what)
-    return (lambda step: data[step % len(data)]), data
-
-
-def lr_factor(step: int, steps: int, schedule: str = "cosine", warmup: int = 0) -> float:
-    """The learning-rate multiplier of step ``step`` (0-based) of a ``steps``-step run.
-
-    ``(step + 1) / warmup`` during the warm-up, then ``1`` (``"constant"``) or
-    ``(1 + cos(pi p)) / 2`` with ``p = (step - warmup) / (steps - warmup)`` (``"cosine"``:
-    1 at the end of the warm-up, decaying to 0 at ``steps``).
-    """
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    p = (step - warmup) / max(1, steps - warmup)
-    return 0.5 * (1.0 + math.cos(math.pi * min(p, 1.0)))
-
-
-def check_recipe(schedule: str, warmup: int, steps: int) -> None:
-    if schedule not in SCHEDULES:
-        raise MatchError(f"unknown learning-rate schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
-    if warmup < 0 or steps < 0:
-        raise MatchError(f"steps and warmup must be non-negative, got steps={steps}, warmup={warmup}")
-
-
-def recipe_of(schedule: str, warmup: int, steps: int, **kw) -> dict:
-    """What a resumed run must share with the interrupted one (``steps`` only when the schedule
-    depends on it, so a constant-rate run can be extended)."""
-    out = dict(kw, schedule=schedule, warmup=int(warmup))
-    if schedule != "constant" or warmup:
-        out["steps"] = int(steps)
-    return out
-
-
-def compare_recipe(saved: dict | None, recipe: dict, where: str) -> None:
-    if saved is None:  # a checkpoint written before recipes were recorded
-        return
-    diff = {k: (saved.get(k), v) for k, v in recipe.items() if saved.get(k) != v}
-    if diff:
-        what = ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
-        raise MatchError(f"{where} was written by a run with other settings ({what}); pass the same settings "
-                         "to resume, or delete it to start afresh")
-
-
-def save_checkpoint(path: Path, payload: dict) -> None:
-    """``torch.save`` written atomically."""
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
-
-
-def lam_at(seed: int, step: int, lam: tuple[float, float]) -> float:
-    """The ``lambda`` of a step: a pure function of ``(seed, step)``."""
-    return float(np.random.default_rng([seed, step]).uniform(lam[0], lam[1]))
-
-
-class _Bar:
-    """A ``rich`` progress bar (or nothing)."""
-
-    def __init__(self, on: bool, label: str, total: int, done: int):
-        self.bar = None
-        self.label = label
-        if on:
-            from rich.console import Console
-            from rich.progress import Progress
-
-            self.bar = Progress(console=Console(stderr=True), transient=False)  # stdout stays for results
-            self.bar.start()
-            self.task = self.bar.add_task(label, total=total, completed=done)
-
-    def step(self, loss: float) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, advance=1, description=f"{self.label} loss {loss:.4f}")
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
-def optimise(objective: Callable[[int], Tensor], opt: torch.optim.Optimizer, *, start: int, steps: int, lr: float,
-             schedule: str, warmup: int, losses: list[float], save: Callable[[int], None], save_every: int,
-             bar: "_Bar", what: str) -> None:
-    """Adam steps ``start..steps-1`` on ``objective(step)`` (a scalar loss tensor), shared by
-    :func:`learn_matching` and :func:`~symalign.match.learned_many.learn_many`.
-
-    The learning rate of step ``s`` is ``lr * lr_factor(s, steps, schedule, warmup)``; each
-    loss is appended to ``losses``; ``save(step)`` runs every ``save_every`` steps and at the
-    end (a resumable checkpoint). A non-finite loss raises :class:`MatchError` naming ``what``.
-    """
-    try:
-        for step in range(start, steps):
-            for group in opt.param_groups:
-                group["lr"] = lr * lr_factor(step, steps, schedule, warmup)
-            value = objective(step)
-            if not math.isfinite(float(value.detach())):
-                raise MatchError(f"{what} diverged (non-finite loss); lower the learning rate")
-            opt.zero_grad()
-            value.backward()
-            opt.step()
-            losses.append(float(value.detach()))
-            bar.step(losses[-1])
-            if (step + 1) % save_every == 0:
-                save(step + 1)
-    finally:
-        bar.close()
-    save(max(steps, start))
 
 
 def learn_matching(model_a: nn.Module, model_b: nn.Module, batches: BatchSource, *,

@@ -45,9 +45,10 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from symalign.errors import MatchError
-from symalign.match.learned import Batch, BatchSource, Latents, LossFn, _Bar, _check_data, batch_source, optimise, \
-    check_recipe, compare_recipe, floating, functional_state, mean_loss, restore_ties, recipe_of, save_checkpoint, \
-    default_loss
+from symalign.match.latents import Latents
+from symalign.match.objective import Batch, LossFn, default_loss, floating, functional_state, mean_loss, restore_ties
+from symalign.match.optimise import BatchSource, _Bar, _check_data, batch_source, check_recipe, compare_recipe, \
+    optimise, recipe_of, save_checkpoint
 from symalign.match.universe import UniverseMatch, check_models, mean_state, match_universe
 from symalign.spec import SymmetrySpec, Transform, apply
 

@@ -25,7 +25,7 @@ labels, by block-coordinate descent (git re-basin's loop, for any spec):
    already transformed by their own spaces, flattened). ReLU units
    (:class:`~symalign.groups.PositiveMonomial`) get the exact joint minimiser over
    permutation and positive per-unit scales: one assignment on the per-pair costs, each
-   pair at its own best scale (:func:`symalign.match.ff.match_monomial`). Either way the
+   pair at its own best scale (:meth:`symalign.groups.PositiveMonomial.fit`). Either way the
    step is the exact block minimiser, so ``D`` never rises. Chains of unit spaces
    that share tensors (an MLP: ``fc_2`` carries ``ff.0`` on its columns and ``ff.1`` on
    its rows) are thereby really coordinate-descended;
@@ -56,12 +56,12 @@ import torch
 from torch import Tensor
 
 from symalign.errors import MatchError
-from symalign.groups import HeadPermutation, Orthogonal, PerHead, Permutation, PositiveMonomial
 from symalign.match.api import match_attention
 from symalign.match.distance import distance
-from symalign.match.ff import match_monomial
 from symalign.match.inputs import check_pair, check_spec_fits
-from symalign.match.residual import FixingOrthogonal, cross
+from symalign.groups import FixingOrthogonal
+from symalign.match.residual import axis_rows, cross
+from symalign.models.config import ModelConfig
 from symalign.spec import SymmetrySpec, Transform, apply
 
 
@@ -78,12 +78,12 @@ def partition(spec: SymmetrySpec) -> Partition:
     """Split the spaces into attention / permutation / orthogonal (anything else: :class:`MatchError`)."""
     coupled = {b for bs in spec.couplings.values() for b in bs} | set(spec.couplings)
     att, perm, orth = [], [], []
-    for name, g in spec.spaces.items():
-        if name in coupled or isinstance(g, (HeadPermutation, PerHead)):
+    for name, g in spec.spaces.items():  # each group says which step solves it (Group.matcher)
+        if name in coupled or g.matcher == "attention":
             att.append(name)
-        elif isinstance(g, Permutation):
+        elif g.matcher == "permutation":
             perm.append(name)
-        elif isinstance(g, Orthogonal):
+        elif g.matcher == "orthogonal":
             orth.append(name)
         else:
             raise MatchError(f"space {name!r} ({g.describe()}) is not supported by whole-model matching "
@@ -143,9 +143,8 @@ def _solve_space(spec: SymmetrySpec, space: str, state_a, state_b, only_free: bo
 
 
 def restricted_note(name: str, group: FixingOrthogonal) -> str:
-    """Diagnostics line for a residual space restricted to rotations fixing a subspace."""
-    return (f"{name}: {group.describe()}: rotations act on a {group.k}-dimensional subspace only "
-            f"({group.n - group.k} of {group.n} dimensions fixed; fixed vectors move by <= {group.error:.1e} relative)")
+    """Diagnostics line for a residual space restricted to rotations fixing a subspace (:meth:`Group.note`)."""
+    return group.note(name) or ""
 
 
 def attention_step(spec: SymmetrySpec, names: list[str], state_a, state_b, stage1: bool = True,
@@ -207,10 +206,11 @@ def unit_spaces(spec: SymmetrySpec, part: Partition) -> tuple[list[str], list[st
 
 def solve_unit(spec: SymmetrySpec, name: str, state_a, cur) -> Tensor | None:
     """The best element of unit space ``name`` against ``cur`` (B with every other element applied)."""
-    g = spec.spaces[name]
-    if isinstance(g, PositiveMonomial):  # ReLU: permutation + positive scales
-        return match_monomial(_pairs(spec, name), state_a, cur, g.n)
-    return _solve_space(spec, name, state_a, cur)
+    pairs = _pairs(spec, name)
+    if not pairs:
+        return None
+    # the group's exact block minimiser (an assignment; ReLU units: permutation and positive scales)
+    return spec.spaces[name].fit([(axis_rows(state_a[t], a), axis_rows(cur[t], a), a.variance) for t, a in pairs])
 
 
 def _block_distance(spec: SymmetrySpec, name: str, el: Tensor | None, state_a, cur) -> float:
@@ -274,8 +274,7 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
     validate_states(spec, state_a, state_b)
     part = partition(spec)
     transform: Transform = dict(init) if init is not None else {}
-    notes: list[str] = [restricted_note(name, spec.spaces[name]) for name in part.orthogonal
-                        if isinstance(spec.spaces[name], FixingOrthogonal)]
+    notes: list[str] = [n for n in (spec.spaces[name].note(name) for name in part.orthogonal) if n]
     units, stream = unit_spaces(spec, part)
     free_m: dict[str, Tensor] = {}
     for name in stream:  # the free tensors' cross term is the same in every sweep: computed once
@@ -344,8 +343,10 @@ def check_configs(cfg_a, cfg_b, allow_heterogeneous: bool = False) -> None:
 def model_states(model_a, model_b) -> tuple[SymmetrySpec, dict[str, Tensor], dict[str, Tensor]]:
     """A's spec and both (detached) state dicts, after checking the configs are compatible."""
     cfg_a, cfg_b = getattr(model_a, "cfg", None), getattr(model_b, "cfg", None)
-    if cfg_a is not None and cfg_b is not None:
+    if isinstance(cfg_a, ModelConfig) and isinstance(cfg_b, ModelConfig):
         check_configs(cfg_a, cfg_b)
+    elif model_a.symmetry_spec().describe() != model_b.symmetry_spec().describe():
+        raise MatchError("the models have different symmetry groups (different depth, widths or family)")
     sa = {k: v.detach() for k, v in model_a.state_dict().items()}
     sb = {k: v.detach() for k, v in model_b.state_dict().items()}
     return model_a.symmetry_spec(), sa, sb

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 from symalign.models.blocks import RESIDUAL, Block, PositionalInput, act_on_norm, blocks_spec, has_residual_symmetry, \
     init_weights, make_norm
 from symalign.models.config import ModelConfig
+from symalign.nn.sites import ActivationSite, linear_heads_site
 from symalign.spec import SymmetrySpec
 
 
@@ -40,6 +41,18 @@ class Trunk(nn.Module):
 
     def residual_tensors(self) -> list[tuple[str, int, str]]:
         raise NotImplementedError
+
+    def activation_sites(self) -> list[ActivationSite]:
+        """Where activation matching reads each space (:mod:`symalign.nn.sites`): ``residual`` at the
+        input of every block and of ``norm_f``, ``ff.i`` at the input of ``fc_out`` (the hidden units
+        after the nonlinearity), ``heads.i`` at the input of ``o_proj`` (per-head contributions)."""
+        sites = []
+        for i, blk in enumerate(self.blocks):
+            sites.append(ActivationSite(RESIDUAL, blk))
+            sites.append(ActivationSite(f"ff.{i}", blk.mlp.fc_out))
+            sites.append(linear_heads_site(f"heads.{i}", blk.attn.o_proj, self.cfg.n_heads))
+        sites.append(ActivationSite(RESIDUAL, self.norm_f))
+        return sites
 
     def symmetry_spec(self) -> SymmetrySpec:
         """Exact symmetries: per layer ``heads.i``, ``qk.i``, ``vo.i``, ``ff.i``; plus

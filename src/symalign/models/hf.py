@@ -50,6 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from symalign.arch.base import Adapter
 from symalign.errors import ConfigError, SymalignError
 from symalign.spec import SymmetrySpec
 
@@ -155,6 +156,18 @@ def whole_model_refusal(fam: Family, fields: dict) -> str | None:
                 "so first-block and full are refused; set tie_word_embeddings = false or use the scopes "
                 + ", ".join(ATTENTION_SCOPES))
     return None
+
+
+def activation_refusal(fam: Family) -> str | None:
+    """Why activation matching cannot run for this family (``None``: it can): its adapter declares no
+    activation sites (:meth:`symalign.arch.base.Adapter.activation_sites`)."""
+    from symalign.families import get_adapter
+
+    adapter = get_adapter({"model_type": fam.model_type})
+    if type(adapter).activation_sites is not Adapter.activation_sites:
+        return None
+    return (f"{fam.name} declares no activation sites (where a forward pass shows the stream, FF units and "
+            "head outputs), so activation matching cannot read its activations; use the methods weight or learned")
 
 
 def check_model_section(model: dict, scopes: list[str] | tuple[str, ...] = ()) -> Family:
@@ -441,6 +454,15 @@ class HFModel(nn.Module):
         out.hf.load_state_dict(p.state, strict=True)
         out.rewritten = True
         return out.train(self.training), list(p.notes)
+
+    def activation_sites(self) -> list:
+        """Where activation matching reads each space (:mod:`symalign.nn.sites`), from the family
+        adapter (:meth:`symalign.arch.base.Adapter.activation_sites`); a family without sites raises
+        :class:`~symalign.errors.ConfigError` (:func:`activation_refusal` refuses it at config time)."""
+        sites = self._adapter().activation_sites(self.hf)
+        if sites is None:
+            raise ConfigError(activation_refusal(self.cfg.fam) or f"{self.cfg.family} declares no activation sites")
+        return sites
 
     # -- re-initialisation scopes ------------------------------------------------
     def attention_names(self, layers: list[int] | None = None) -> set[str]:
