@@ -28,7 +28,7 @@ from symalign.arch import layout_spec
 from symalign.families import get_adapter
 from symalign.families import Family, get_family
 from symalign.groups import GeneralLinear, Orthogonal, PlaneSigns, RotaryPlanes
-from symalign.families.hfmodel import prepare
+from symalign.families import prepare
 from symalign.spec import apply, sample
 
 VARIANTS = [

@@ -21,7 +21,7 @@ from hf_tiny import output, rel
 from _cli_util import run_symalign
 
 from symalign.families import get_adapter
-from symalign.families.hfmodel import prepare
+from symalign.families import prepare
 from symalign.spec import apply, sample
 
 

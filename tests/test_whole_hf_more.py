@@ -23,7 +23,7 @@ from symalign.families import get_adapter
 from symalign.arch.check import _first_output
 from symalign.errors import ConfigError
 from symalign.groups import Orthogonal, Permutation, PositiveMonomial
-from symalign.families.hfmodel import prepare
+from symalign.families import prepare
 from symalign.match.residual import CenteredOrthogonal
 from symalign.match.whole import match_whole
 from symalign.spec import SymmetrySpec, apply, sample
@@ -125,7 +125,7 @@ def test_headless_models_get_no_residual_space():
     pr = prepare(config("bert"), _prepared(_model("bert", "BertModel")).state,
                  get_adapter(config("bert")).spec(config("bert")), arch="BertForSomethingNew")
     assert "residual" not in pr.spec.spaces and "not mapped" in pr.notes[0]
-    with pytest.raises(ConfigError, match="--scope model supports"):
+    with pytest.raises(ConfigError, match="no adapter for architecture .opt.; supported: gpt2"):
         prepare(SimpleNamespace(model_type="opt"), {}, SymmetrySpec())
 
 
