@@ -14,6 +14,8 @@ Everything else is derived here, once for every family:
   "QK-norm"). V-O is ``GL(d)``. Fused Q|K|V tensors are labelled by segments:
   ``[Q | K | V]`` blocks (Phi-3 ``qkv_proj``) or per-head interleaved
   ``(head, [q | k | v])`` (GPT-NeoX ``query_key_value``, ``segment=(start, d, 3 d)``).
+  ``Conv1D`` weights (GPT-2, ``conv1d=True``) store ``W^T``: every declared axis is
+  transposed (Q/K/V heads on axis 1, O on axis 0), in both scopes.
 * **Whole model** (``--scope model``): :meth:`Family.prepare` rewrites the checkpoint
   exactly and adds ``ff.i`` (FF unit permutations; gated, fused gate|up, or plain with
   biases) and the residual stream's group ``residual``:
@@ -27,7 +29,10 @@ Everything else is derived here, once for every family:
     nothing folded (a permutation commutes with the normalisation and moves the gain
     entries; the sign flips of the full signed-permutation group are not declared).
 
-  A checkpoint without a language-model head (the bare model) gets no residual space.
+  A checkpoint without a language-model head (the bare model), or with cross-attention
+  (its layers read an external stream), gets no residual space. Encoders (embeddings
+  written on several axes, norms on the stream, a head per model class) declare an
+  :class:`~symalign.families.encoder.Encoder` instead.
 """
 
 from __future__ import annotations
