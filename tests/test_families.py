@@ -28,7 +28,7 @@ from symalign.arch import layout_spec
 from symalign.families import get_adapter
 from symalign.families import Family, get_family
 from symalign.groups import GeneralLinear, Orthogonal, PlaneSigns, RotaryPlanes
-from symalign.families.hfmodel import prepare
+from symalign.families import prepare
 from symalign.spec import apply, sample
 
 VARIANTS = [
@@ -193,7 +193,7 @@ class _Layer(torch.nn.Module):
 
 @pytest.mark.parametrize("family", ["gpt2", "vit"])
 def test_older_families_declared_dimension_equals_probe_nullity(family):
-    """The same measurement for the adapters still in symalign.arch (their layer 0, float64, dense Jacobian)."""
+    """The same measurement for GPT-2 and ViT (their layer 0, float64, dense Jacobian; no positional inputs)."""
     from hf_tiny import make_model
 
     from symalign.arch.base import find_prefix
@@ -275,7 +275,7 @@ class _EncoderAttention(torch.nn.Module):
 
 @pytest.mark.parametrize("family", ["bert", "roformer", "modernbert"])
 def test_encoder_families_declared_dimension_equals_probe_nullity(family, monkeypatch):
-    """The encoders still in symalign.arch, layer 0. ModernBERT rotates Q/K in float32 whatever the dtype; its
+    """BERT, RoFormer and ModernBERT, layer 0. ModernBERT rotates Q/K in float32 whatever the dtype; its
     rotation is evaluated in float64 here (same formula) so that rounding does not hide null directions."""
     from hf_tiny import make_model
     import transformers.models.modernbert.modeling_modernbert as mb

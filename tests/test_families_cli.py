@@ -21,7 +21,7 @@ from hf_tiny import output, rel
 from _cli_util import run_symalign
 
 from symalign.families import get_adapter
-from symalign.families.hfmodel import prepare
+from symalign.families import prepare
 from symalign.spec import apply, sample
 
 
@@ -100,7 +100,7 @@ def test_float32_pair_stays_exact(family, tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("family", ["gpt2", "bert", "vit", "roformer", "modernbert"])
 def test_older_families_planted_recovery_float64(family, tmp_path, capsys, monkeypatch):
-    """The adapters still in symalign.arch, attention scope, float64 (their whole-model scope: test_whole_hf*.py)."""
+    """GPT-2 and the encoders as hf_tiny builds them (BERT, RoFormer: bare), attention scope, float64."""
     from hf_tiny import inputs, make_model
 
     a = make_model(family, dtype=torch.float64, seed=0)
@@ -121,3 +121,51 @@ def test_older_families_planted_recovery_float64(family, tmp_path, capsys, monke
     assert _rel_state({k: sa[k] for k in spec.tensors}, {k: so[k] for k in spec.tensors}) <= 1e-8
     x = inputs(b)
     assert rel(output(o, x), output(b, x)) <= max(1e-10, get_adapter(b).precision_floor)
+
+
+OLDER = {"gpt2": "GPT2LMHeadModel", "bert": "BertForMaskedLM", "vit": "ViTForImageClassification",
+         "roformer": "RoFormerForMaskedLM", "modernbert": "ModernBertForMaskedLM"}
+
+
+@pytest.mark.parametrize("scope", ["attention", "model"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("family", list(OLDER))
+def test_gpt2_and_encoders_planted_both_scopes(family, dtype, scope, tmp_path, capsys, monkeypatch):
+    """GPT-2 and the encoders (tiny configs of tests/hf_tiny.py, with a head that reads the stream): B = g . A
+    (g in the attention spec, or in the whole-model spec of A's rewrite) as saved checkpoints; OUT recovers
+    A's weights and, loaded with ``from_pretrained``, computes B's function through the model's own forward
+    (float64: <= 1e-10, or the family's floor; float32: <= 1e-5). GPT-2 with an untied head, so that A and B
+    share the layout (a tied A and an independent B: tests/test_whole_hf.py)."""
+    from hf_tiny import T, config, inputs, randomize
+
+    from symalign import hf_io
+
+    cls = getattr(T, OLDER[family])
+    kw = {"tie_word_embeddings": False} if family == "gpt2" else {}
+    a = cls._from_config(config(family, **kw), attn_implementation="eager").to(torch.float64)
+    randomize(a, 0)
+    a.to(dtype).save_pretrained(tmp_path / "A")
+    ck = hf_io.load_checkpoint(tmp_path / "A")
+    spec, target = ck.adapter.spec(ck.config, ck.state.keys()), ck.state
+    if scope == "model":
+        prep = prepare(ck.config, ck.state, spec)
+        spec, target = prep.spec, prep.state
+        assert "residual" in spec.spaces and not prep.untied
+    t = sample(spec, 7)
+    b_state = {k: v.to(dtype) for k, v in apply(spec, t, target).items()}
+    hf_io.write_checkpoint(tmp_path / "B", b_state, tmp_path / "A")
+    code, stdout, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",
+                                     tmp_path / "OUT", "--scope", scope, "--json")
+    assert code == 0, err
+    info = json.loads(stdout)
+    exact = 1e-8 if dtype == torch.float64 else 1e-4
+    assert info["distance"]["before"]["total"] > 0.1 and info["distance"]["after"]["total"] <= exact
+    assert _rel_state({k: target[k] for k in spec.tensors}, {k: v for k, v in _load(tmp_path / "OUT").items()
+                                                             if k in spec.tensors}) <= exact
+    if scope == "attention":
+        assert info["match"]["layers"][0]["permutation"] == torch.argsort(t["heads.0"]).tolist()
+    o = cls.from_pretrained(tmp_path / "OUT", dtype=dtype, attn_implementation="eager").eval()
+    b = cls.from_pretrained(tmp_path / "B", dtype=dtype, attn_implementation="eager").eval()
+    x = inputs(b)
+    floor = get_adapter(b).precision_floor
+    assert rel(output(o, x), output(b, x)) <= (max(1e-10, floor) if dtype == torch.float64 else max(1e-5, floor))

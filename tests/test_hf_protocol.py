@@ -194,7 +194,7 @@ def test_planted_recovery_through_the_adapter(family):
 @pytest.mark.parametrize("scope", ["first-block", "full"])
 @pytest.mark.parametrize("family", list(TINY))
 def test_planted_whole_model_recovery(family, scope):
-    """first-block / full through families/hfmodel.py's whole-model spec (full: in its rewritten
+    """first-block / full through symalign.families.prepare's whole-model spec (full: in its rewritten
     coordinates, where the residual stream has its group: O(D), O_1(D) or S_D)."""
     assert whole_supported(family)
     model = build_model(fitted(family), 0)
@@ -299,11 +299,12 @@ def test_protocol_device_is_validated_and_recorded_only_when_set():
 
 
 def test_unsupported_scopes_refused_at_parse_time(monkeypatch):
-    """A family families/hfmodel.py does not map (simulated) and a tied Llama get only the attention scopes."""
-    import symalign.families.hfmodel as hfmodel
+    """A family symalign.families does not map (simulated) and a tied Llama get only the attention scopes."""
+    import symalign.families as families
 
     parse_config(experiment("bert", scopes=["all-attention", "full"]))
-    monkeypatch.setattr(hfmodel, "SUPPORTED", tuple(s for s in hfmodel.SUPPORTED if s != "bert"))
+    mapped = families.supported()
+    monkeypatch.setattr(families, "supported", lambda: [s for s in mapped if s != "bert"])
     with pytest.raises(ConfigError, match=r"protocol.scopes \['full'\]: hf:bert supports the scopes "
                                           r"first-attention, all-attention; .*hf:gpt2"):
         parse_config(experiment("bert", scopes=["all-attention", "full"]))

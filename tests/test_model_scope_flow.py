@@ -4,7 +4,7 @@
 solver made short is ``(1 - t) fold(A) + t OUT``. ``interpolate A OUT`` must measure exactly that
 path (it folds A itself when OUT is marked folded), and ``--write-reference REF`` writes fold(A).
 The test measures the midpoint directly in the solver's coordinates (fold(A) from
-:func:`symalign.families.hfmodel.prepare`, OUT's tensors) and compares.
+:func:`symalign.families.prepare`, OUT's tensors) and compares.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _midpoint_in_solver_coordinates(a_dir, out_dir, tmp, data_args):
     from symalign import hf_io
     from symalign.evaluate import EvalOptions, build_eval, evaluate_model
     from symalign.hf_lmc import load_hf_model
-    from symalign.families.hfmodel import prepare
+    from symalign.families import prepare
 
     a = hf_io.load_checkpoint(a_dir)
     folded_a = prepare(a.config, a.state, a.adapter.spec(a.config, a.state.keys())).state

@@ -15,7 +15,7 @@ from hf_tiny import inputs, make_model, output, rel
 from _cli_util import run_symalign
 
 from symalign.families import get_adapter
-from symalign.families.hfmodel import prepare
+from symalign.families import prepare
 from symalign.spec import apply, sample
 
 

@@ -23,7 +23,7 @@ from symalign.families import get_adapter
 from symalign.arch.check import _first_output
 from symalign.errors import ConfigError
 from symalign.groups import Orthogonal, Permutation, PositiveMonomial
-from symalign.families.hfmodel import prepare
+from symalign.families import prepare
 from symalign.match.residual import CenteredOrthogonal
 from symalign.match.whole import match_whole
 from symalign.spec import SymmetrySpec, apply, sample
@@ -106,6 +106,7 @@ def test_planted_recovery_every_variant(family, cls, kw, group):
     ("bert", "BertForMaskedLM", {}, CenteredOrthogonal),             # post-LN: rotations of the stream
     ("roformer", "RoFormerForMaskedLM", {}, CenteredOrthogonal),
     ("modernbert", "ModernBertForMaskedLM", {}, CenteredOrthogonal),  # embeddings-norm gain on the stream
+    ("gpt2", "GPT2LMHeadModel", {"tie_word_embeddings": False}, Orthogonal),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_a_bigger_residual_group_is_not_a_symmetry(family, cls, kw, bigger):
     m = _model(family, cls, **kw)
@@ -118,15 +119,37 @@ def test_a_bigger_residual_group_is_not_a_symmetry(family, cls, kw, bigger):
 
 
 def test_headless_models_get_no_residual_space():
-    for family, cls in (("bert", "BertModel"), ("vit", "ViTModel"), ("modernbert", "ModernBertModel")):
-        pr = _prepared(_model(family, cls))
+    """A bare model outputs the stream (a residual map would change it): FF and attention only, exact. (GPT-2's
+    bare ``GPT2Model`` used to get the residual group and an ``lm_head`` it does not have.)"""
+    for family, cls in (("bert", "BertModel"), ("vit", "ViTModel"), ("modernbert", "ModernBertModel"),
+                        ("gpt2", "GPT2Model")):
+        m = _model(family, cls)
+        pr = _prepared(m)
         assert "residual" not in pr.spec.spaces and "ff.0" in pr.spec.spaces
         assert "outputs the stream itself" in pr.notes[0]
+        x = inputs(m)
+        y = _out(m, x)
+        assert rel(_out(_load(m, apply(pr.spec, sample(pr.spec, 2), pr.state)), x), y) <= FLOOR.get(family, 1e-10)
     pr = prepare(config("bert"), _prepared(_model("bert", "BertModel")).state,
                  get_adapter(config("bert")).spec(config("bert")), arch="BertForSomethingNew")
     assert "residual" not in pr.spec.spaces and "not mapped" in pr.notes[0]
-    with pytest.raises(ConfigError, match="--scope model supports"):
+    with pytest.raises(ConfigError, match="no adapter for architecture .opt.; supported: gpt2"):
         prepare(SimpleNamespace(model_type="opt"), {}, SymmetrySpec())
+
+
+
+@pytest.mark.parametrize("family,cls", [("gpt2", "GPT2LMHeadModel"), ("bert", "BertLMHeadModel")])
+def test_cross_attention_leaves_the_stream_unaligned(family, cls):
+    """Cross-attention reads an external stream through the residual's coordinates: no residual space (FF and
+    self-attention only, exact with the encoder states as input). GPT-2 used to get the residual group here."""
+    m = _model(family, cls, add_cross_attention=True, is_decoder=True)
+    pr = _prepared(m)
+    assert "residual" not in pr.spec.spaces and "ff.1" in pr.spec.spaces and "cross-attention" in pr.notes[0]
+    x = inputs(m)
+    x["encoder_hidden_states"] = torch.randn(2, 5, m.config.hidden_size, dtype=torch.float64,
+                                             generator=torch.Generator().manual_seed(3))
+    y = _out(m, x)
+    assert rel(_out(_load(m, apply(pr.spec, sample(pr.spec, 2), pr.state)), x), y) <= 1e-10
 
 
 # -- through the CLI --------------------------------------------------------------

@@ -1,7 +1,7 @@
 """A checkpoint's *folded* form: the coordinates in which ``align --scope model`` aligns.
 
 Whole-model alignment first rewrites both checkpoints exactly
-(:func:`symalign.families.hfmodel.prepare`): norm gains folded into the weights that read
+(:func:`symalign.families.prepare`): norm gains folded into the weights that read
 the normalised stream, and -- GPT-2 -- ``lm_head`` untied from ``wte``. The aligned
 output B' is written in those coordinates. Interpolating B' with A itself would mix two
 parametrisations of A's function: ``(1 - t) A + t B'`` is not the path the matcher made
@@ -26,7 +26,7 @@ RMSNORM_FLOOR = 1e-6
 
 def fold(ckpt: hf_io.Checkpoint):
     """The :class:`~symalign.families.common.Prepared` rewrite of a loaded checkpoint."""
-    from symalign.families.hfmodel import prepare
+    from symalign.families import prepare
 
     return prepare(ckpt.config, ckpt.state, ckpt.adapter.spec(ckpt.config, ckpt.state.keys()))
 
@@ -45,7 +45,7 @@ def write_folded(ckpt: hf_io.Checkpoint, out: str | os.PathLike, marker: dict[st
                  ) -> dict[str, Any]:
     """Write ``fold(ckpt)`` to ``out`` (checked first with :func:`hf_io.check_output_dir`) only
     if it computes ``ckpt``'s function; returns the check's numbers."""
-    from symalign.families.hfmodel import LLAMA_LIKE
+    from symalign.families import LLAMA_LIKE
 
     floor = RMSNORM_FLOOR if ckpt.config.model_type in LLAMA_LIKE else 0.0
     tmp = stage_folded(ckpt, out, marker)

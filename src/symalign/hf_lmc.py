@@ -55,11 +55,11 @@ class HFPair:
 
 def load_rewritten(path: str | Path) -> nn.Module:
     """The checkpoint rewritten exactly in the whole-model format of ``symalign align --scope model``
-    (:func:`symalign.families.hfmodel.prepare`: norm gains folded, GPT-2's head untied), loaded with
+    (:func:`symalign.families.prepare`: norm gains folded, GPT-2's head untied), loaded with
     ``from_pretrained`` from a temporary copy. It computes the checkpoint's function; ``prepare`` leaves
     a checkpoint that is already in this format (an aligned output) unchanged."""
     from symalign import hf_io
-    from symalign.families.hfmodel import prepare
+    from symalign.families import prepare
 
     ckpt = hf_io.load_checkpoint(path)
     prep = prepare(ckpt.config, ckpt.state, ckpt.adapter.spec(ckpt.config, ckpt.state.keys()))

@@ -109,14 +109,14 @@ def universe_states(ckpts: list[Any], weights: list[float], rounds: int = 3, sta
     r"""Seed 002's universe matching on Hugging Face checkpoints (whole-model symmetries).
 
     Every checkpoint is rewritten exactly in its own format
-    (:func:`symalign.families.hfmodel.prepare`); with ``U^(0) = theta_1``, round ``r``
+    (:func:`symalign.families.prepare`); with ``U^(0) = theta_1``, round ``r``
     matches every ``theta_k`` to ``U^(r)`` (:func:`symalign.match.whole.match_whole`,
     warm-started from its previous transform), ``theta_k' = T_k . theta_k`` and
     ``U^(r+1) = sum_k w_k theta_k'``. Returns the aligned states of the last round,
     whether the head was untied, and the spread ``sum_k ||theta_k' - U||^2`` per round.
     """
     from symalign.match.distance import distance
-    from symalign.families.hfmodel import prepare
+    from symalign.families import prepare
     from symalign.match.whole import match_whole
     from symalign.spec import apply
 

@@ -1,9 +1,11 @@
-"""Attention-layout adapters: the :class:`Adapter` protocol and :func:`layout_spec`, plus the
-adapters of GPT-2, BERT, ViT, RoFormer and ModernBERT (one module each).
+"""Family-independent attention machinery: the :class:`Adapter` protocol, :class:`AttentionLayout`
+and :func:`layout_spec` (layouts -> spec), RoPE widths (:mod:`symalign.arch.rope`), unfused
+views of fused tensors (:mod:`symalign.arch.fused`) and the functional check
+(:mod:`symalign.arch.check`).
 
-The registry that picks a family's adapter by ``config.model_type``
-(``get_adapter``, ``supported``) is :mod:`symalign.families`, one layer above: it holds
-these adapters and the decoder families. See ``docs/adapters.md``.
+No module here knows a family: every family is one module of :mod:`symalign.families`,
+one layer above, whose registry (``get_adapter``, ``supported``) picks it by
+``config.model_type``. See ``docs/adapters.md``.
 """
 
 from __future__ import annotations

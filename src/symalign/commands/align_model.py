@@ -1,7 +1,7 @@
 """``symalign align --scope model``: whole-model alignment of two Hugging Face checkpoints.
 
 Steps: load and validate both checkpoints, rewrite each exactly in its own format
-(:func:`symalign.families.hfmodel.prepare`: norm gains folded where the residual group
+(:func:`symalign.families.prepare`: norm gains folded where the residual group
 needs it; the group per family -- ``O(D)``, ``O_1(D)`` or ``S_D`` -- is tabled there),
 match the rewritten B to the rewritten A with
 :func:`symalign.match.whole.match_whole` (residual stream, FF units, attention),
@@ -32,7 +32,7 @@ def run_align_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full
     ``say``: receives progress lines (stderr in the CLI)."""
     from symalign import hf_io
     from symalign.match.distance import distance, relative_distance
-    from symalign.families.hfmodel import LLAMA_LIKE, prepare
+    from symalign.families import LLAMA_LIKE, prepare
     from symalign.match.whole import match_whole
     from symalign.spec import apply
 

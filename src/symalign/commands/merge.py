@@ -86,7 +86,7 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
             if untied:
                 edits["tie_word_embeddings"] = False
         elif align and scope == "model":  # A in the same exactly rewritten format as the aligned models
-            from symalign.families.hfmodel import prepare
+            from symalign.families import prepare
 
             pa = prepare(a_config, a_state, a_adapter.spec(a_config, a_state.keys()))
             states.append(pa.state)

@@ -60,7 +60,7 @@ def alignment_models(model_a: nn.Module, model_b: nn.Module, scope: str) -> tupl
     gains folded, writers centred: :mod:`symalign.rewrite`) so that the residual stream
     has its ``O(D)`` symmetry -- the same functions in other coordinates; interpolation
     then happens in those coordinates, as in seed 002. ``hf:`` models are rewritten by
-    :func:`symalign.families.hfmodel.prepare` (:meth:`~symalign.models.hf.HFModel.rewritten_model`).
+    :func:`symalign.families.prepare` (:meth:`~symalign.models.hf.HFModel.rewritten_model`).
     Other scopes keep the models.
     """
     if scope != "full":

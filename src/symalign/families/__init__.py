@@ -1,38 +1,44 @@
 r"""Model families, one module each: everything symalign knows about a family in one place.
 
-Each module declares a :class:`~symalign.families.base.Decoder` (the tensors of a
-layer, norms and where they sit, fusions, QK-norm) and a
-:class:`~symalign.families.base.Family` with its ``model_type`` values; attention
-scope, whole-model scope and the probe read it from there. :func:`get_family` finds
-the family of a config; :data:`FAMILIES` lists them. Llama, Mistral and Qwen2 moved here
-from the older pair of modules; GPT-2, BERT, ViT, RoFormer and ModernBERT (``Conv1D``
-and encoder layouts) still live in :mod:`symalign.arch` (attention) and
-:mod:`symalign.families.hfmodel` (whole model). :func:`get_adapter` (here) and
-:func:`symalign.families.hfmodel.prepare` dispatch to both. Adding a family: docs/adapters.md.
+Each module declares its layout as data -- a :class:`~symalign.families.base.Decoder`
+(decoder-only families and GPT-2's ``Conv1D`` layout) or an
+:class:`~symalign.families.encoder.Encoder` (BERT, RoFormer, ViT, ModernBERT: embeddings,
+norms on the stream, heads per model class) -- and a
+:class:`~symalign.families.base.Family` subclass with its ``model_type`` values; the
+attention scope, the whole-model scope (:func:`prepare`), ``probe --hf`` and the folded
+reference of ``interpolate`` read it from there. :func:`get_family` (alias
+:func:`get_adapter`) finds the family of a config; :data:`FAMILIES` lists them. Adding a
+family: one module here, one line in :data:`FAMILIES`, its tests (docs/adapters.md).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
+
+from torch import Tensor
 
 from symalign.arch.base import DOCS, Adapter, UnsupportedArchitectureError
-from symalign.arch.bert import BertAdapter
-from symalign.arch.gpt2 import GPT2Adapter
-from symalign.arch.modernbert import ModernBertAdapter
-from symalign.arch.roformer import RoFormerAdapter
-from symalign.arch.vit import ViTAdapter
 from symalign.families.base import Decoder, Family
+from symalign.families.bert import BertFamily
+from symalign.families.common import Prepared
+from symalign.families.encoder import Encoder, Head
 from symalign.families.falcon import FalconFamily
 from symalign.families.gemma import Gemma2Family, Gemma3Family, GemmaFamily
 from symalign.families.gpt_neox import GPTNeoXFamily
+from symalign.families.gpt2 import GPT2Family
 from symalign.families.gptj import GPTJFamily
-from symalign.families.llama import LlamaFamily, MistralFamily, Qwen2Family
+from symalign.families.llama import LLAMA_LIKE, LlamaFamily, MistralFamily, Qwen2Family
+from symalign.families.modernbert import ModernBertFamily
 from symalign.families.olmo2 import Olmo2Family
 from symalign.families.phi import PhiFamily
 from symalign.families.phi3 import Phi3Family
 from symalign.families.qwen3 import Qwen3Family
+from symalign.families.roformer import RoFormerFamily
+from symalign.families.vit import ViTFamily
+from symalign.spec import SymmetrySpec
 
 FAMILIES: tuple[Family, ...] = (
+    GPT2Family(), BertFamily(), ViTFamily(), RoFormerFamily(), ModernBertFamily(),
     LlamaFamily(), MistralFamily(), Qwen2Family(), GPTNeoXFamily(), GPTJFamily(), PhiFamily(), Phi3Family(),
     Qwen3Family(), Olmo2Family(), GemmaFamily(), Gemma2Family(), Gemma3Family(), FalconFamily(),
 )
@@ -48,8 +54,6 @@ def get_family(model_or_config: Any) -> Family | None:
 def model_types() -> list[str]:
     return [mt for f in FAMILIES for mt in f.model_types]
 
-# The adapters of symalign.arch (GPT-2's Conv1D layout and the encoders), tried before the decoder families.
-ADAPTERS: tuple[Adapter, ...] = (GPT2Adapter(), BertAdapter(), ViTAdapter(), RoFormerAdapter(), ModernBertAdapter())
 
 # Known families whose attention breaks the per-head groups: refused with the reason.
 UNSUPPORTED: dict[str, str] = {
@@ -61,19 +65,14 @@ UNSUPPORTED: dict[str, str] = {
 
 
 def supported() -> list[str]:
-    """The ``model_type`` values with an adapter (an :mod:`symalign.arch` adapter or a family here)."""
-    return [mt for a in ADAPTERS for mt in a.model_types] + model_types()
+    """The ``model_type`` values with a family (both scopes: attention and whole model)."""
+    return model_types()
 
 
-def get_adapter(model_or_config: Any) -> Adapter:
-    """The adapter for a transformers model or config (by ``config.model_type``)."""
+def get_adapter(model_or_config: Any) -> Family:
+    """The family of a transformers model or config (by ``config.model_type``); refuses an unknown one."""
     config = getattr(model_or_config, "config", model_or_config)
-    model_type = getattr(config, "model_type", None)
-    if model_type is None and isinstance(config, dict):
-        model_type = config.get("model_type")
-    for adapter in ADAPTERS:
-        if adapter.model_type == model_type or (model_type is not None and adapter.matches(config)):
-            return adapter
+    model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
     family = get_family(config)
     if family is not None:
         return family
@@ -83,5 +82,19 @@ def get_adapter(model_or_config: Any) -> Adapter:
         f"See {DOCS} to write one")
 
 
-__all__ = ["ADAPTERS", "Decoder", "FAMILIES", "Family", "UNSUPPORTED", "get_adapter", "get_family", "model_types",
-           "supported"]
+def architecture(config: Any) -> str | None:
+    """The model class a checkpoint was saved from (``config.architectures[0]``), if recorded."""
+    archs = getattr(config, "architectures", None) or []
+    return str(archs[0]) if archs else None
+
+
+def prepare(config: Any, state: Mapping[str, Tensor], attention_spec: SymmetrySpec,
+            arch: str | None = None) -> Prepared:
+    """Rewrite ``state`` exactly and build its whole-model spec (``--scope model``): the family's
+    :meth:`~symalign.families.base.Family.prepare`. ``arch``: the model class (default
+    :func:`architecture`); it decides which head reads the stream."""
+    return get_adapter(config).prepare(config, state, attention_spec, arch or architecture(config))
+
+
+__all__ = ["Adapter", "Decoder", "Encoder", "FAMILIES", "Family", "Head", "LLAMA_LIKE", "Prepared", "UNSUPPORTED",
+           "architecture", "get_adapter", "get_family", "model_types", "prepare", "supported"]

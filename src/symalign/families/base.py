@@ -14,6 +14,8 @@ Everything else is derived here, once for every family:
   "QK-norm"). V-O is ``GL(d)``. Fused Q|K|V tensors are labelled by segments:
   ``[Q | K | V]`` blocks (Phi-3 ``qkv_proj``) or per-head interleaved
   ``(head, [q | k | v])`` (GPT-NeoX ``query_key_value``, ``segment=(start, d, 3 d)``).
+  ``Conv1D`` weights (GPT-2, ``conv1d=True``) store ``W^T``: every declared axis is
+  transposed (Q/K/V heads on axis 1, O on axis 0), in both scopes.
 * **Whole model** (``--scope model``): :meth:`Family.prepare` rewrites the checkpoint
   exactly and adds ``ff.i`` (FF unit permutations; gated, fused gate|up, or plain with
   biases) and the residual stream's group ``residual``:
@@ -27,7 +29,10 @@ Everything else is derived here, once for every family:
     nothing folded (a permutation commutes with the normalisation and moves the gain
     entries; the sign flips of the full signed-permutation group are not declared).
 
-  A checkpoint without a language-model head (the bare model) gets no residual space.
+  A checkpoint without a language-model head (the bare model), or with cross-attention
+  (its layers read an external stream), gets no residual space. Encoders (embeddings
+  written on several axes, norms on the stream, a head per model class) declare an
+  :class:`~symalign.families.encoder.Encoder` instead.
 """
 
 from __future__ import annotations
@@ -66,6 +71,11 @@ class Decoder:
     ``ff_act``: the config attribute naming the FF activation (ReLU units get scales).
     ``qkv_bias``: whether Q/K/V have biases when only a config is known (``None``: the
     config's ``attention_bias``); with a checkpoint, the tensors present decide.
+    ``conv1d``: the layer's 2-d weights are ``Conv1D`` (GPT-2: stored ``(in, out)``,
+    ``y = x W + b``), so every axis is the transpose of the ``nn.Linear`` one.
+    ``positions``: other input tables written into the stream beside ``embed`` (GPT-2's
+    learned ``wpe``; columns on the stream). ``ff_size``: the config attribute holding
+    the FF width.
     """
 
     layer: str = "layers.{i}."
@@ -95,6 +105,9 @@ class Decoder:
     final_norm: str = "norm"
     heads: tuple[str, ...] = ("lm_head",)
     base: str = "model."
+    conv1d: bool = False
+    positions: tuple[str, ...] = ()
+    ff_size: str = "intermediate_size"
 
     @property
     def first_q(self) -> str:
@@ -131,6 +144,10 @@ class Family(Adapter):
         """The declared layout for ``config`` (:attr:`decl`; a family whose layout depends on the config overrides)."""
         return self.decl
 
+    def named(self, dec: Decoder, prefix: str, keys: set[str]) -> Decoder:
+        """``dec`` under the names ``keys`` use (a family saved under older names overrides; e.g. ViT)."""
+        return dec
+
     def heads(self, config: Any) -> tuple[int, int, int, int]:
         """``(hidden, n_heads, head_dim, n_kv_heads)``."""
         return heads_of(config)
@@ -148,7 +165,7 @@ class Family(Adapter):
 
     def layouts(self, config: Any, prefix: str, keys: set[str]) -> list[AttentionLayout]:
         _, h, d, kv = self.heads(config)
-        dec = self.declaration(config)
+        dec = self.named(self.declaration(config), prefix, keys)
         qk, vo = self.qk_group(config, d), GeneralLinear(d)
         out = []
         for i in range(int(config.num_hidden_layers)):
@@ -174,7 +191,10 @@ class Family(Adapter):
                 q, k, v = (Proj(w, 0, s, b) for s in segs)
             else:
                 q, k, v = (Proj(p + n + ".weight", 0, None, bias(n)) for n in (dec.q, dec.k, dec.v))  # type: ignore
-            out.append(AttentionLayout(q, k, v, Proj(p + dec.o + ".weight", 1), h, d, kv, qk, vo))
+            o = Proj(p + dec.o + ".weight", 1)
+            if dec.conv1d:  # Conv1D stores W^T: the head axis of Q/K/V is 1, of O 0
+                q, k, v, o = (Proj(x.weight, 1 - x.axis, x.segment, x.bias) for x in (q, k, v, o))
+            out.append(AttentionLayout(q, k, v, o, h, d, kv, qk, vo))
         return out
 
     def extra_spaces(self, spec: SymmetrySpec, config: Any, prefix: str, layouts: list[AttentionLayout]) -> None:
@@ -237,7 +257,7 @@ class Family(Adapter):
         """Activation matching's sites on a transformers ``model`` (:mod:`symalign.nn.sites`), from the
         declared names: ``residual`` at the input of every layer and of the final norm, ``ff.i`` at the
         input of the FF output projection (``down``), ``heads.i`` at the input of the attention output
-        projection (``o``, an ``nn.Linear``)."""
+        projection (``o``; a ``Conv1D`` stores it transposed)."""
         config = model.config
         dec = self.declaration(config)
         p = self.prefix(set(model.state_dict().keys()))
@@ -251,14 +271,33 @@ class Family(Adapter):
             lp = dec.layer.format(i=i)
             sites.append(ActivationSite(RESIDUAL, module(lp)))
             sites.append(ActivationSite(f"ff.{i}", module(lp + dec.down)))
-            sites.append(linear_heads_site(f"heads.{i}", module(lp + dec.o), h))
+            sites.append(linear_heads_site(f"heads.{i}", module(lp + dec.o), h, transposed=dec.conv1d))
         sites.append(ActivationSite(RESIDUAL, module(dec.final_norm)))
         return sites
 
     # -- whole model --------------------------------------------------------
     def prepare(self, config: Any, state: Mapping[str, Tensor], att: SymmetrySpec,
                 arch: str | None = None) -> Prepared:
-        """Rewrite ``state`` exactly and build the whole-model spec (see the module docstring)."""
+        """Rewrite ``state`` exactly and build the whole-model spec (see the module docstring).
+
+        ``Conv1D`` layers (:attr:`Decoder.conv1d`) are rewritten in their ``nn.Linear``
+        view (every ``Conv1D`` weight transposed) and stored back: the spec's actions on
+        those weights move to the other axis (:func:`transpose_actions`).
+        """
+        dec = self.declaration(config)
+        if not dec.conv1d:
+            return self._prepare(config, state, att, arch)
+        p = find_prefix(state.keys(), dec.first_q, self.family)
+        names = {p + dec.layer.format(i=i) + n + ".weight" for i in range(int(config.num_hidden_layers))
+                 for n in (*dec.readers_attn(), dec.o, *dec.readers_ff(), dec.down)}
+        names &= set(state)
+        view = {k: (v.t() if k in names else v) for k, v in state.items()}
+        out = self._prepare(config, view, transpose_actions(att, names), arch)
+        out.state = {k: (v.t().contiguous() if k in names else v) for k, v in out.state.items()}
+        out.spec = transpose_actions(out.spec, names)
+        return out
+
+    def _prepare(self, config: Any, state: Mapping[str, Tensor], att: SymmetrySpec, arch: str | None) -> Prepared:
         dec = self.declaration(config)
         if dec.norm not in NORMS:
             raise ConfigError(f"{self.family}: unknown norm kind {dec.norm!r}")
@@ -269,13 +308,15 @@ class Family(Adapter):
         notes: list[str] = []
         head = next((h + ".weight" for h in dec.heads if h + ".weight" in s), None)
         tied = bool(getattr(config, "tie_word_embeddings", False))  # an in-memory state lists the head anyway
-        lm = arch is None or arch.endswith("ForCausalLM")
+        lm = arch is None or arch.endswith(("ForCausalLM", "LMHeadModel"))
         bare = arch is not None and arch.endswith("Model") and not arch.endswith("LMHeadModel")
-        if bare or not lm or (head is None and not tied):
+        cross = bool(getattr(config, "add_cross_attention", False))
+        if bare or not lm or (head is None and not tied) or cross:
             from symalign.families.common import headless_note
 
             # a bare model outputs the stream itself; any other head (classification...) is not mapped
-            notes.append(headless_note(arch, self.family, [arch] if bare else ["...ForCausalLM"]))
+            notes.append(CROSS_NOTE if cross else headless_note(arch, self.family, [arch] if bare else
+                                                                 ["...ForCausalLM"]))
             self._ff_spaces(spec, config, s, p)
             return Prepared(back(s, dt, torch.float32), spec, False, notes)
         post = dec.post_attn_norm or dec.post_ff_norm
@@ -326,7 +367,8 @@ class Family(Adapter):
                          head: str | None) -> None:
         dec = self.declaration(config)
         spec.add_space(RESIDUAL, Permutation(int(config.hidden_size)), "residual")
-        spec.act_on(p + dec.embed + ".weight", RESIDUAL, 1)
+        for e in (dec.embed, *dec.positions):
+            spec.act_on(p + e + ".weight", RESIDUAL, 1)
         if head is not None:
             spec.act_on(head, RESIDUAL, 1)
         norms = [p + dec.final_norm]
@@ -347,7 +389,8 @@ class Family(Adapter):
         D = int(config.hidden_size)
         layer_norm = dec.norm == "layer"
         spec.add_space(RESIDUAL, CenteredOrthogonal(D) if layer_norm else Orthogonal(D), "residual")
-        spec.act_on(p + dec.embed + ".weight", RESIDUAL, 1, "co")
+        for e in (dec.embed, *dec.positions):
+            spec.act_on(p + e + ".weight", RESIDUAL, 1, "co")
         folds = [(p + dec.final_norm, [head[: -len(".weight")]])]
         for i in range(int(config.num_hidden_layers)):
             lp = p + dec.layer.format(i=i)
@@ -394,9 +437,22 @@ def bias_gauge(lay: AttentionLayout, keys: Iterable[str]) -> dict[str, int]:
     return out
 
 
+CROSS_NOTE = "residual stream not aligned: cross-attention layers read an external stream; FF units and attention only"
+
+
+def transpose_actions(spec: SymmetrySpec, names: set[str]) -> SymmetrySpec:
+    """``spec`` with every action on a 2-d weight in ``names`` moved to the other axis (``W -> W^T``)."""
+    from dataclasses import replace
+
+    out = copy_spec(spec)
+    for t in names & set(out.tensors):
+        out.tensors[t] = [replace(a, axis=1 - a.axis) for a in out.tensors[t]]
+    return out
+
+
 def refuse(family: str, option: str, why: str) -> UnsupportedArchitectureError:
     """The refusal of a config option that leaves no exact symmetry to declare."""
     return UnsupportedArchitectureError(f"{family}: {option} is not supported: {why}")
 
 
-__all__ = ["Decoder", "Family", "bias_gauge", "refuse"]
+__all__ = ["CROSS_NOTE", "Decoder", "Family", "bias_gauge", "refuse", "transpose_actions"]

@@ -24,6 +24,9 @@ from __future__ import annotations
 
 from symalign.families.base import Decoder, Family
 
+LLAMA_LIKE = ("llama", "mistral", "qwen2")
+"""The Llama-style families the streamed ``--scope model`` handles (RMSNorm gains folded, residual ``O(D)``)."""
+
 
 class LlamaFamily(Family):
     family = "Llama"

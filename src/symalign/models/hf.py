@@ -24,9 +24,9 @@ with an adapter in :mod:`symalign.arch`) and put the transformers config fields 
   holds the transformers names under the prefix ``hf.``; ``forward(x)`` returns the
   logits, so training, checkpoints and interpolation treat it like a built-in model.
 * **Symmetries**: the adapter's attention spec (``heads.i``, ``qk.i``, ``vo.i``) plus,
-  for the families :mod:`symalign.families.hfmodel` maps (``SUPPORTED``), the FF unit
+  for the families :mod:`symalign.families` maps (``supported()``), the FF unit
   permutations ``ff.i`` (exact on the model as it is). The ``full`` scope aligns in
-  the coordinates of :func:`symalign.families.hfmodel.prepare` -- the same function with
+  the coordinates of :func:`symalign.families.prepare` -- the same function with
   the norm gains folded where the family needs it (Llama-style: RMSNorm gains, residual
   ``O(D)``; GPT-2, ViT: LayerNorm gains and biases, ``O_1(D)``, GPT-2's head untied;
   BERT, RoFormer, ModernBERT unchanged, ``S_D``), where the spec has the residual
@@ -145,12 +145,13 @@ def allowed_keys(fam: Family) -> list[str]:
 
 def whole_model_refusal(fam: Family, fields: dict) -> str | None:
     """Why ``first-block``/``full`` cannot run for this family and config (``None``: they can)."""
-    from symalign.families.hfmodel import LLAMA_LIKE, SUPPORTED
+    from symalign.families import LLAMA_LIKE, supported
 
-    if fam.model_type not in SUPPORTED:
+    mapped = supported()
+    if fam.model_type not in mapped:
         return (f"{fam.name} supports the scopes {', '.join(ATTENTION_SCOPES)}; first-block and full need "
                 f"whole-model alignment (FF units, residual stream), which symalign maps for "
-                f"{', '.join(HF_PREFIX + s for s in SUPPORTED)} (docs/whole-model.md)")
+                f"{', '.join(HF_PREFIX + s for s in mapped)} (docs/whole-model.md)")
     if fam.model_type in LLAMA_LIKE and fields.get("tie_word_embeddings"):
         return (f"{fam.name} with tie_word_embeddings = true cannot fold its final RMSNorm gain into the head, "
                 "so first-block and full are refused; set tie_word_embeddings = false or use the scopes "
@@ -391,7 +392,7 @@ class HFModel(nn.Module):
     def __init__(self, cfg: HFConfig, seed: int | None = 0):
         super().__init__()
         self.cfg = cfg
-        self.rewritten = False  # True: in symalign.families.hfmodel.prepare's coordinates, where the spec has the residual stream
+        self.rewritten = False  # True: in symalign.families.prepare's coordinates, where the spec has the residual stream
         cls = getattr(_transformers(), cfg.class_name)
         config = cfg.hf_config()
         if seed is None:
@@ -419,8 +420,8 @@ class HFModel(nn.Module):
         return self._adapter().spec(self.hf.config, self.state_dict().keys())
 
     def _prepared(self):
-        """:func:`symalign.families.hfmodel.prepare` of this model's weights (transformers names)."""
-        from symalign.families.hfmodel import prepare
+        """:func:`symalign.families.prepare` of this model's weights (transformers names)."""
+        from symalign.families import prepare
 
         st = {k: v.detach() for k, v in self.hf.state_dict().items()}
         return prepare(self.hf.config, st, self._adapter().spec(self.hf.config, st.keys()), arch=self.cfg.class_name)
@@ -437,7 +438,7 @@ class HFModel(nn.Module):
         return spec.restrict([s for s in spec.spaces if spec.role(s) != "residual"])
 
     def rewritten_model(self) -> tuple["HFModel", list[str]]:
-        """The same function in :func:`symalign.families.hfmodel.prepare`'s coordinates (norm gains
+        """The same function in :func:`symalign.families.prepare`'s coordinates (norm gains
         folded into the next linear maps where the family needs it, GPT-2's head untied), whose
         spec has the residual stream; for the ``full`` scope. Returns ``(model, notes)``."""
         why = whole_model_refusal(self.cfg.fam, self.cfg.hf)

@@ -32,7 +32,7 @@ def streamable(a_dir: Path, scope: str) -> str | None:
     if scope == "attention":
         return None
     from symalign.hf_io import load_config
-    from symalign.families.hfmodel import LLAMA_LIKE
+    from symalign.families import LLAMA_LIKE
 
     mt = load_config(a_dir).model_type
     return None if mt in LLAMA_LIKE else (f"--scope model --stream supports {', '.join(LLAMA_LIKE)}; "

@@ -79,10 +79,9 @@ class LayerChecker:
         if hasattr(cfg, "vocab_size"):
             cfg.vocab_size = TINY_VOCAB
         if shrink_ff:
-            if getattr(cfg, "intermediate_size", None) is not None:
-                cfg.intermediate_size = TINY_FF
-            if cfg.model_type == "gpt2":
-                cfg.n_inner = TINY_FF
+            ff_size = getattr(getattr(adapter, "decl", None), "ff_size", "intermediate_size")  # GPT-2: n_inner
+            if ff_size != "intermediate_size" or getattr(cfg, ff_size, None) is not None:
+                setattr(cfg, ff_size, TINY_FF)
             layer_params = min(layer_params, FLOAT64_MAX_LAYER_PARAMS)
         cfg._attn_implementation = "eager"
         self.config = cfg

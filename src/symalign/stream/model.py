@@ -4,7 +4,7 @@ The whole-model problem (docs/whole-model.md) is: find the residual rotation ``O
 (one ``D x D`` element for the whole stream), per layer ``i`` the FF permutation
 ``P_i`` and the attention element ``g_i``, minimising
 ``sum_t ||A_t - (O, P, g) . B_t||^2`` over every labelled tensor of the exactly
-rewritten checkpoints (norm gains folded, :func:`symalign.families.hfmodel.prepare`).
+rewritten checkpoints (norm gains folded, :func:`symalign.families.prepare`).
 The residual couples the layers; given ``O`` the layers are independent. So each
 **pass** reads the layers of A and B in order, one layer of each in memory, and
 
@@ -60,7 +60,7 @@ CHUNK_ELEMENTS = 1 << 24  # rows of a big global tensor (embedding, head) read a
 
 
 class Preparer:
-    """:func:`symalign.families.hfmodel.prepare` on part of a checkpoint.
+    """:func:`symalign.families.prepare` on part of a checkpoint.
 
     The fold is defined once, for whole state dicts; here every tensor not given is a
     meta-device placeholder (no memory, no work), so folding a layer or a row chunk
@@ -68,7 +68,7 @@ class Preparer:
     """
 
     def __init__(self, ck: LazyCheckpoint, att_spec: SymmetrySpec):
-        from symalign.families.hfmodel import prepare
+        from symalign.families import prepare
 
         self._prepare = prepare
         self.config = ck.config
@@ -282,7 +282,7 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
                      rtol: float = 1e-6) -> dict[str, Any]:
     """Streamed whole-model alignment (see the module docstring); writes OUT."""
     from symalign import hf_io
-    from symalign.families.hfmodel import LLAMA_LIKE
+    from symalign.families import LLAMA_LIKE
 
     t0 = time.perf_counter()
     bound_heap()
