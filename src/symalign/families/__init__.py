@@ -31,10 +31,12 @@ from symalign.families.olmo2 import Olmo2Family
 from symalign.families.phi import PhiFamily
 from symalign.families.phi3 import Phi3Family
 from symalign.families.qwen3 import Qwen3Family
+from symalign.families.t5 import T5Family
 
 FAMILIES: tuple[Family, ...] = (
     LlamaFamily(), MistralFamily(), Qwen2Family(), GPTNeoXFamily(), GPTJFamily(), PhiFamily(), Phi3Family(),
     Qwen3Family(), Olmo2Family(), GemmaFamily(), Gemma2Family(), Gemma3Family(), FalconFamily(),
+    T5Family(),
 )
 
 
