@@ -147,14 +147,16 @@ def _rel_state(a, b, names):
     return (num / sum(float(a[k].double().pow(2).sum()) for k in names)) ** 0.5
 
 
-@pytest.mark.parametrize("ff", ["relu", "gated-gelu"])
-def test_planted_recovery_in_memory(ff):
-    model = make(feed_forward_proj=ff)
+@pytest.mark.parametrize("ff,cls", [("relu", None), ("gated-gelu", None), ("relu", "T5EncoderModel")])
+def test_planted_recovery_in_memory(ff, cls):
+    model = make(getattr(T, cls) if cls else None, feed_forward_proj=ff)
     att = get_adapter(model).spec(model)
     sa = dict(model.state_dict())
     t = sample(att, 5)
     res = match_attention(att, sa, apply(att, t, sa))
-    for space in ("heads.encoder", "heads.decoder", "heads.5", "heads.7"):
+    heads = [h for h in ("heads.encoder", "heads.decoder", "heads.5", "heads.7") if h in att.spaces]
+    assert len(heads) == (1 if cls else 4)
+    for space in heads:
         assert res.transform[space].tolist() == torch.argsort(t[space]).tolist(), space
     assert _rel_state(sa, res.apply(apply(att, t, sa)), att.tensors) <= 1e-8
     prep = _prepared(model)
@@ -162,7 +164,8 @@ def test_planted_recovery_in_memory(ff):
     sb = apply(prep.spec, t, prep.state)
     whole = match_whole(prep.spec, prep.state, sb)
     assert _rel_state(prep.state, whole.apply(sb), prep.spec.tensors) <= 1e-8
-    assert whole.transform["residual"].tolist() == torch.argsort(t["residual"]).tolist()
+    if not cls:
+        assert whole.transform["residual"].tolist() == torch.argsort(t["residual"]).tolist()
     assert whole.transform["heads.encoder"].tolist() == torch.argsort(t["heads.encoder"]).tolist()
 
 
@@ -211,11 +214,12 @@ def test_planted_recovery_cli(scope, tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
-def test_float32_pair_stays_exact(tmp_path, capsys, monkeypatch):
-    _save_pair(tmp_path, "model", torch.float32)
+@pytest.mark.parametrize("scope", ["attention", "model"])
+def test_float32_pair_stays_exact(scope, tmp_path, capsys, monkeypatch):
+    _save_pair(tmp_path, scope, torch.float32)
     out = tmp_path / "OUT"
     code, stdout, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o", out,
-                                     "--scope", "model", "--json")
+                                     "--scope", scope, "--json")
     assert code == 0, err
     assert json.loads(stdout)["dtype"] == "float32"
     cls = T.T5ForConditionalGeneration
