@@ -52,12 +52,12 @@ output the stream itself: no residual space (FF and attention only).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import torch
 from torch import Tensor, nn
 
-from symalign.arch.base import AttentionLayout, Proj, _AllKeys, find_prefix, heads_of
+from symalign.arch.base import AttentionLayout, Proj, _AllKeys, find_prefix
 from symalign.families.base import Family
 from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_group, headless_note, to_f64
 from symalign.groups import GeneralLinear, Permutation
@@ -111,14 +111,8 @@ class T5Family(Family):
             out += [(f"decoder.block.{j}.{CROSS}", None) for j in range(n_dec)]
         return out
 
-    def heads(self, config: Any) -> tuple[int, int, int, int]:
-        return heads_of(config)  # transformers maps hidden_size -> d_model, head_dim -> d_kv
-
-    def check_config(self, config: Any) -> None:
-        pass  # every T5 option keeps an exact group (module docstring); feed_forward_proj picks the FF group
-
     def layouts(self, config: Any, prefix: str, keys: set[str]) -> list[AttentionLayout]:
-        _, h, d, _ = self.heads(config)
+        _, h, d, _ = self.heads(config)  # transformers maps hidden_size -> d_model, head_dim -> d_kv
         gl = GeneralLinear(d)
         out = []
         for site, shared in self.sites(config, _has_decoder(config, prefix, keys)):
@@ -137,9 +131,6 @@ class T5Family(Family):
         self-attention layer's head permutation is its stack's, declared once for all of them)."""
         return [f"heads.{i}", f"qk.{i}", f"vo.{i}"]
 
-    def gauge_nullity(self, config: Any, keys: Iterable[str], i: int) -> dict[str, int]:
-        return {}  # no biases on Q/K/V/O
-
     # -- probe --------------------------------------------------------------
     def attention_module(self, model: nn.Module, i: int) -> nn.Module:
         """Layer ``i`` as ``x -> attn(x)`` through the real ``T5Attention`` (see :class:`AttentionSite`)."""
@@ -151,12 +142,6 @@ class T5Family(Family):
         stack = site.split(".")[0]
         table = base.get_submodule(f"{stack}.block.0.{SELF[:-1]}")
         return AttentionSite(attn, table, cross=CROSS in site, causal=stack == "decoder")
-
-    def position_embeddings(self, model: nn.Module, i: int, x: Tensor, positions: Tensor) -> Any:
-        return None
-
-    def attention_kwargs(self, x: Tensor) -> dict[str, Any]:
-        return {}
 
     def dummy_inputs(self, config: Any, batch: int = 2, seq: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
         """Token ids for the encoder and, unless the class is encoder-only, ``decoder_input_ids``."""
