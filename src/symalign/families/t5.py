@@ -127,8 +127,8 @@ class T5Family(Family):
                 spec.act_on(prefix + f"{stack}.block.0.{SELF}{TABLE}", heads, 1, "co", "head")
 
     def layer_spaces(self, i: int) -> list[str]:
-        """Layer ``i``'s per-layer spaces: ``qk.i``, ``vo.i`` and, for cross-attention, ``heads.i`` (a
-        self-attention layer's head permutation is its stack's, declared once for all of them)."""
+        """Layer ``i``'s per-layer spaces: ``qk.i``, ``vo.i`` and ``heads.i``, which only a cross-attention
+        layer has (a self-attention layer's head permutation is its stack's, declared once for all of them)."""
         return [f"heads.{i}", f"qk.{i}", f"vo.{i}"]
 
     # -- probe --------------------------------------------------------------
