@@ -2,7 +2,8 @@
 
 Usage: ``.venv/bin/python benchmarks/families_table.py`` (about 30 s). Tiny random transformers models built
 from configs (D=16, 2 heads, head_dim 4 or 8, one K/V head where the family has GQA), O(1) random weights,
-dense float64 Jacobian of the real attention module (``symalign.probe.families.probe_layer``).
+dense float64 Jacobian of the real attention module (``symalign.probe.families.probe_layer``); T5: each of its
+three kinds of attention layer.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ ROWS = [
     ("Gemma 2 (soft-capping)", T.Gemma2ForCausalLM, T.Gemma2Config(query_pre_attn_scalar=4, **GQA, **BASE)),
     ("Gemma 3 (QK-norm, 1 + w gains)", T.Gemma3ForCausalLM, T.Gemma3TextConfig(query_pre_attn_scalar=4, **GQA, **EPS, **BASE)),
 ]
+# T5: every attention site of a one-block encoder-decoder (layer numbers: encoder 0, decoder self 1, cross 2)
+T5 = T.T5Config(d_model=16, num_heads=2, d_kv=4, d_ff=16, num_layers=1, num_decoder_layers=1, vocab_size=32,
+                decoder_start_token_id=0)
+ROWS += [(f"T5 ({site})", T.T5ForConditionalGeneration, T5, i)
+         for i, site in enumerate(["encoder self-attention", "decoder self-attention, causal", "cross-attention"])]
 
 
 def randomize(model: torch.nn.Module, seed: int = 0) -> None:
@@ -59,10 +65,10 @@ def main() -> None:
     torch.set_num_threads(1)
     print("| family (config) | params | measured nullity | declared | group terms | bias gauges | gap |")
     print("|---|---|---|---|---|---|---|")
-    for name, cls, cfg in ROWS:
+    for name, cls, cfg, *layer in ROWS:
         model = cls._from_config(cfg, attn_implementation="eager").to(torch.float64).eval()
         randomize(model)
-        r = probe_layer(get_adapter(model), model, 0)
+        r = probe_layer(get_adapter(model), model, layer[0] if layer else 0)
         flag = "" if r.match else " **MISMATCH**"
         groups = ", ".join(f"{k.split('.')[0]} {v}" for k, v in r.describe.items())
         gauge = ", ".join(f"{k} {v}" for k, v in r.gauge.items()) or "-"

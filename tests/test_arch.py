@@ -161,10 +161,11 @@ def test_unknown_and_refused_architectures():
     import transformers
 
     with pytest.raises(UnsupportedArchitectureError, match="docs/adapters.md") as e:
-        get_adapter(transformers.T5Config())
+        get_adapter(transformers.MambaConfig())
     assert "gpt2" in str(e.value) and "llama" in str(e.value) and "gpt_neox" in str(e.value)
     with pytest.raises(UnsupportedArchitectureError, match="ALiBi"):
         get_adapter(transformers.BloomConfig())
     # families of symalign.families are found through the same entry point
     assert get_adapter(transformers.GPTNeoXConfig()).family == "GPT-NeoX"
     assert get_adapter(transformers.Qwen3Config()).family == "Qwen3"
+    assert get_adapter(transformers.T5Config()).family == "T5"

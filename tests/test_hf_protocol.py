@@ -277,7 +277,8 @@ def test_run_experiment_whole_model_scopes(family, tmp_path):
 
 
 @pytest.mark.parametrize("model, msg", [
-    ({"family": "hf:t5"}, r"no adapter for 't5'; supported: hf:gpt2, hf:llama"),
+    ({"family": "hf:mamba"}, r"no adapter for 'mamba'; supported: hf:gpt2, hf:llama"),
+    ({"family": "hf:t5"}, r"'t5' has an adapter.*not an hf: experiment family"),
     ({"family": "hf:bloom"}, r"ALiBi.*supported: hf:gpt2"),
     ({"family": "hf:qwen3"}, r"has an adapter.*not an hf: experiment family; supported: hf:gpt2"),
     ({"family": "hf:gpt2", "n_embed": 16}, r"unknown key \[model\] 'n_embed'.*GPT2Config"),

@@ -807,7 +807,9 @@ class HeadPermutation(Group):
     of the *query* heads, ``(T x)_{head i} = x_{head pi[i]}``; it acts on query-head
     axes (``rep="query"``, ``n_heads * head_dim`` entries) by ``pi`` and on K/V axes
     (``rep="kv"``, ``n_kv_heads * head_dim`` entries) by the induced group
-    permutation ``sigma[k] = pi[k g] // g``.
+    permutation ``sigma[k] = pi[k g] // g``. An axis with one entry per query head
+    (``rep="head"``, ``n_heads`` entries: a per-head table such as T5's relative position
+    bias) is permuted by ``pi`` itself.
     """
 
     n_heads: int
@@ -872,18 +874,20 @@ class HeadPermutation(Group):
 
     def block_permutation(self, a: Tensor, rep: str | None) -> Tensor:
         """The permutation of blocks on an axis of kind ``rep`` (``query`` or ``kv``)."""
-        if rep in (None, "query"):
+        if rep in (None, "query", "head"):
             return a
         if rep == "kv":
             return self.kv_permutation(a)
-        raise GroupError(f"HeadPermutation has no representation {rep!r}; use 'query' or 'kv'")
+        raise GroupError(f"HeadPermutation has no representation {rep!r}; use 'query', 'kv' or 'head'")
 
     def axis_size(self, rep: str | None = None) -> int:
+        if rep == "head":
+            return self.n_heads
         return (self.kv if rep == "kv" else self.n_heads) * self.head_dim
 
     def index(self, a: Tensor, rep: str | None) -> Tensor:
         blocks = self.block_permutation(a, rep)
-        d = self.head_dim
+        d = 1 if rep == "head" else self.head_dim
         return (blocks.view(-1, 1) * d + torch.arange(d)).reshape(-1)
 
     def matrix(self, a: Tensor, rep: str | None = None, size: int | None = None) -> Tensor:
@@ -949,7 +953,7 @@ class HeadPermutation(Group):
 
     def soft_act(self, soft, x, axis, variance, rep=None) -> Tensor:
         p = soft[1] if rep == "kv" else soft[0]
-        return apply_on_axis(x, axis, torch.kron(p, torch.eye(self.head_dim, dtype=p.dtype)))
+        return apply_on_axis(x, axis, p if rep == "head" else torch.kron(p, torch.eye(self.head_dim, dtype=p.dtype)))
 
     def from_latent(self, latent, start, max_cond=1e6):
         return self.nearest(latent[""].detach()), []

@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Iterable
 
 import torch
 
-from symalign.errors import CheckpointError, ConfigError
+from symalign.errors import CheckpointError, ConfigError, SpecError
 from symalign.groups import GeneralLinear, HeadPermutation, MatrixGroup, PerHead
 from symalign.spec import SymmetrySpec
 
@@ -65,6 +65,9 @@ class AttentionLayout:
 
     ``qk``: the group acting inside each K/V group on Q-K (``GeneralLinear(d)``, or
     ``RotaryPlanes(d, pairing, rotary_dims)`` under RoPE); ``vo``: on V-O.
+    ``heads``: the name of a head-permutation space shared with other layers (one
+    permutation for all of them: T5's stacks, whose layers all add the same per-head
+    position bias); ``None``: the layer's own ``heads.{i}``.
     """
 
     q: Proj
@@ -76,14 +79,24 @@ class AttentionLayout:
     n_kv_heads: int
     qk: MatrixGroup
     vo: MatrixGroup
+    heads: str | None = None
 
 
 def layout_spec(layouts: Iterable[AttentionLayout]) -> SymmetrySpec:
-    """Spaces ``heads.{i}``, ``qk.{i}``, ``vo.{i}`` per layer, coupled, labelled as in the table above."""
+    """Spaces ``heads.{i}``, ``qk.{i}``, ``vo.{i}`` per layer, coupled, labelled as in the table above.
+
+    A layout naming a shared head space (:attr:`AttentionLayout.heads`) acts with that one
+    space (declared once, model-wide: no layer) instead of its own ``heads.{i}``.
+    """
     spec = SymmetrySpec()
     for i, lay in enumerate(layouts):
-        heads, qk, vo = f"heads.{i}", f"qk.{i}", f"vo.{i}"
-        spec.add_space(heads, HeadPermutation(lay.n_heads, lay.head_dim, lay.n_kv_heads), "heads", i)
+        heads, qk, vo = lay.heads or f"heads.{i}", f"qk.{i}", f"vo.{i}"
+        group = HeadPermutation(lay.n_heads, lay.head_dim, lay.n_kv_heads)
+        if heads not in spec.spaces:
+            spec.add_space(heads, group, "heads", None if lay.heads else i)
+        elif spec.spaces[heads] != group:
+            raise SpecError(f"layer {i} shares head space {heads!r} ({spec.spaces[heads].describe()}) but has "
+                            f"{group.describe()} heads of width {lay.head_dim}")
         spec.add_space(qk, PerHead(lay.qk, lay.n_kv_heads), "qk", i)
         spec.add_space(vo, PerHead(lay.vo, lay.n_kv_heads), "vo", i)
         spec.couple(heads, qk, vo)
@@ -131,6 +144,8 @@ class Adapter(ABC):
     auto_classes: ClassVar[tuple[str, ...]] = ("AutoModel",)
     probe: ClassVar[str]  # layer-0 Q weight key relative to the base model
     alt_probes: ClassVar[tuple[str, ...]] = ()  # other namings of it (e.g. the legacy names save_pretrained writes)
+    # Why ``align --stream`` (layer by layer) cannot align this family, or None when it can.
+    no_stream: ClassVar[str | None] = None
     # Smallest relative output change a functional check can resolve, when the
     # family computes part of attention in float32 whatever the weights' dtype.
     precision_floor: ClassVar[float] = 0.0

@@ -45,6 +45,10 @@ def head_objective(model_or_class: nn.Module | type | str) -> str:
     for suffixes, objective in _SUFFIXES:
         if name.endswith(suffixes):
             return objective
+    if getattr(getattr(model_or_class, "config", None), "is_encoder_decoder", False):
+        raise ConfigError(f"{name} is an encoder-decoder (sequence-to-sequence) model and symalign's evaluation "
+                          "has no sequence-to-sequence objective yet (it evaluates causal LM, masked LM and "
+                          "classification heads), so it cannot be interpolated; `symalign align` supports it")
     raise ConfigError(f"{name} has no task head symalign can evaluate; save the model as a ...ForCausalLM, "
                       "...ForMaskedLM, ...ForSequenceClassification or ...ForImageClassification")
 

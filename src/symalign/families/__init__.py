@@ -34,6 +34,7 @@ from symalign.families.phi import PhiFamily
 from symalign.families.phi3 import Phi3Family
 from symalign.families.qwen3 import Qwen3Family
 from symalign.families.roformer import RoFormerFamily
+from symalign.families.t5 import T5Family
 from symalign.families.vit import ViTFamily
 from symalign.spec import SymmetrySpec
 
@@ -41,6 +42,7 @@ FAMILIES: tuple[Family, ...] = (
     GPT2Family(), BertFamily(), ViTFamily(), RoFormerFamily(), ModernBertFamily(),
     LlamaFamily(), MistralFamily(), Qwen2Family(), GPTNeoXFamily(), GPTJFamily(), PhiFamily(), Phi3Family(),
     Qwen3Family(), Olmo2Family(), GemmaFamily(), Gemma2Family(), Gemma3Family(), FalconFamily(),
+    T5Family(),
 )
 
 

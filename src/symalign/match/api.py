@@ -29,7 +29,7 @@ from symalign.match.qknorm import has_qknorm, match_qknorm
 from symalign.match.rope import solve_rope
 from symalign.match.views import AttentionLayer, SpaceSides, block_rows, find_layers, side_gram
 from symalign.match.vo import solve_vo
-from symalign.spec import SymmetrySpec, Transform, act_on, apply
+from symalign.spec import SymmetrySpec, Transform, act_on, apply, segment_view
 
 STAGE2_MODES = ("none", "orthogonal", "full")
 
@@ -260,6 +260,12 @@ def match_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: 
     diags: list[LayerMatch] = []
     batches = _plan_batches(layers)
     t_stage1 = t_grams = 0.0
+    costs: dict[int, Tensor] = {}
+    pis: dict[str, Tensor] = {}
+    if stage1:
+        ts = time.perf_counter()
+        costs, pis = _assign_head_spaces(spec, layers, state_a, state_b, s1dtype)
+        t_stage1 += time.perf_counter() - ts
     for li, lay in enumerate(layers):
         tl = time.perf_counter()
         rope = lay.qk.rope
@@ -268,12 +274,9 @@ def match_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: 
         if lay.heads is not None:
             hg = lay.heads_group
             if stage1:
-                ts = time.perf_counter()
-                cost = head_cost(lay, state_a, state_b, dtype=s1dtype)
-                pi = assign_heads(cost, hg)
-                diag.stage1_cost = objective(cost, pi)
-                diag.stage1_cost_identity = float(cost.diagonal().sum())
-                t_stage1 += time.perf_counter() - ts
+                pi = pis[lay.heads]
+                diag.stage1_cost = objective(costs[li], pi)
+                diag.stage1_cost_identity = float(costs[li].diagonal().sum())
             else:
                 pi = hg.identity()
             transform[lay.heads] = pi
@@ -322,6 +325,53 @@ def match_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: 
     if not all(math.isfinite(v) for v in totals.values()):
         raise MatchError("the match produced non-finite distances; check the inputs for extreme values")
     return AttentionMatch(transform, diags, spec, stage1, stage2, totals)
+
+
+def _assign_head_spaces(spec: SymmetrySpec, layers: list[AttentionLayer], state_a, state_b,
+                        dtype: torch.dtype) -> tuple[dict[int, Tensor], dict[str, Tensor]]:
+    """Stage 1 for every head space: ``(cost per layer, permutation per head space)``.
+
+    A head space shared by several layers (T5: one permutation per stack) is assigned once,
+    on the sum of its layers' costs plus :func:`table_cost` of the other tensors it permutes
+    (T5's relative position bias table): the objective is the sum of the distances it
+    governs, each invariant under stage 2, so the joint assignment is its exact minimiser
+    over the shared permutation (planted pairs: zero at the planted one).
+    """
+    costs: dict[int, Tensor] = {}
+    members: dict[str, list[int]] = {}
+    for li, lay in enumerate(layers):
+        if lay.heads is not None:
+            costs[li] = head_cost(lay, state_a, state_b, dtype=dtype)
+            members.setdefault(lay.heads, []).append(li)
+    pis = {}
+    for name, lis in members.items():
+        total = sum((costs[li] for li in lis[1:]), costs[lis[0]].clone())
+        own = {t for li in lis for t in layers[li].tensors}
+        total += table_cost(spec, name, [(t, a) for t, a in spec.tensors_of(name) if t not in own], state_a, state_b)
+        pis[name] = assign_heads(total, layers[lis[0]].heads_group)
+    return costs, pis
+
+
+def table_cost(spec: SymmetrySpec, space: str, parts, state_a, state_b) -> Tensor:
+    """``C[i, j] = ||X_A[head i] - X_B[head j]||^2`` summed over ``parts`` (tensor, action) that head
+    space ``space`` permutes but no per-head group transforms (e.g. a per-head bias table), ``(h, h)``
+    float64. A K/V-head axis under GQA is counted once per K/V head (``/ g`` per query head)."""
+    hg = spec.spaces[space]
+    h = hg.n_heads
+    cost = torch.zeros(h, h, dtype=torch.float64)
+    for t, a in parts:
+        xs = []
+        for st in (state_a, state_b):
+            x = st[t] if a.segment is None else segment_view(st[t], a.axis, a.segment)
+            xs.append(torch.movedim(x, a.axis, 0).to(torch.float64))
+        units = hg.kv if a.rep == "kv" else h
+        xa, xb = (x.reshape(units, -1) for x in xs)
+        c = (xa * xa).sum(1)[:, None] + (xb * xb).sum(1)[None, :] - 2 * xa @ xb.T
+        if units != h:
+            idx = torch.arange(h) // hg.group_size
+            c = c[idx][:, idx] / hg.group_size
+        cost += c
+    return cost.clamp_min(0.0)
 
 
 def align_models(model_a, model_b, **kw) -> AttentionMatch:

@@ -38,10 +38,13 @@ def relative_distance(a: Mapping[str, Tensor], b: Mapping[str, Tensor], names: I
 
 
 def attention_distance(spec: SymmetrySpec, a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> dict[str, Any]:
-    """:func:`relative_distance` over the attention tensors the spec labels, in total and per layer."""
+    """:func:`relative_distance` over the attention tensors the spec labels, in total and per layer (the
+    total also counts what a head space shared by several layers alone acts on, e.g. T5's bias tables)."""
     per_layer, every = [], set()
     for i in spec.layers(("heads", "qk")):
         names = {t for space in spec.select(ATTENTION_ROLES, i) for t, _ in spec.tensors_of(space)}
         per_layer.append(relative_distance(a, b, names))
         every |= names
+    every |= {t for space in spec.select(ATTENTION_ROLES) if spec.layer(space) is None
+              for t, _ in spec.tensors_of(space)}
     return {"total": relative_distance(a, b, every), "per_layer": per_layer}

@@ -128,7 +128,8 @@ def find_layers(spec: SymmetrySpec, state: Mapping[str, Tensor] | None = None) -
     """Every attention layer of ``spec``, in declaration order of its ``qk`` spaces.
 
     A layer is a space of role ``qk`` and the ``vo`` space of the same head permutation
-    (coupling), or of the same layer when no head permutation is declared. Its ``tag`` is
+    (coupling; of the same layer when that permutation is shared by several layers), or of
+    the same layer when no head permutation is declared. Its ``tag`` is
     the layer number (the ``qk`` space's name when it has none).
     With ``state`` given, parts whose tensor is 1-D are marked homogeneous (biases).
     """
@@ -143,6 +144,8 @@ def find_layers(spec: SymmetrySpec, state: Mapping[str, Tensor] | None = None) -
         hq = heads_of.get(name)
         if hq is not None:
             vos = [b for b in spec.couplings[hq] if spec.role(b) == "vo"]
+            if len(vos) > 1:  # a head space shared by several layers (T5): this layer's V-O space
+                vos = [b for b in vos if spec.layer(b) == layer]
         else:
             vos = [s for s in spec.select(role="vo", layer=layer) if s not in heads_of] if layer is not None else []
         if len(vos) != 1:

@@ -6,7 +6,8 @@ softmax (``softmax(..., dtype=float32)``) and the RMSNorm normalisation. Their r
 values ``~1e-8 s_1`` instead of ``~1e-16 s_1``, where a ``1e-9`` threshold counts them
 as rank. :func:`float64_numerics` swaps in the same formulas evaluated in the weights'
 dtype (an attention function registered with transformers' ``AttentionInterface``, and
-the RMSNorm forward ``w * x / sqrt(mean(x^2) + eps)``, ``(1 + w) * ...`` for Gemma), after
+the RMSNorm forward ``w * x / sqrt(mean(x^2) + eps)``, ``(1 + w) * ...`` for Gemma; T5's
+``T5LayerNorm`` is that RMSNorm too), after
 which null singular values sit at ``~1e-16`` with a gap of ``1e8`` or more.
 
 :func:`probe_layer` measures layer ``i``'s attention (``x -> attn(x)``, RoPE from the
@@ -27,7 +28,8 @@ ATTENTION = "symalign_eager_float64"
 
 
 def eager_float64(module, query, key, value, attention_mask, scaling, dropout=0.0, softcap=None, **kw):
-    """transformers' eager attention (GQA repeat, soft-capping, additive mask) with the softmax in the inputs' dtype."""
+    """transformers' eager attention (GQA repeat, soft-capping, T5's position bias, additive mask) with the
+    softmax in the inputs' dtype."""
     g = getattr(module, "num_key_value_groups", 1)
     b, h, s, d = key.shape
     key = key[:, :, None].expand(b, h, g, s, d).reshape(b, h * g, s, d)
@@ -35,6 +37,8 @@ def eager_float64(module, query, key, value, attention_mask, scaling, dropout=0.
     w = torch.matmul(query, key.transpose(2, 3)) * scaling
     if softcap is not None:
         w = torch.tanh(w / softcap) * softcap
+    if kw.get("position_bias") is not None:  # T5: the stack's relative position bias, before the mask
+        w = w + kw["position_bias"]
     if attention_mask is not None:
         w = w + attention_mask[:, :, :, : key.shape[-2]]
     w = torch.softmax(w, dim=-1)
@@ -58,7 +62,7 @@ def float64_numerics(model: nn.Module) -> nn.Module:
     # already takes the softmax in the inputs' dtype)
     interface = hasattr(sys.modules[type(model).__module__], "eager_attention_forward")
     for m in model.modules():
-        if type(m).__name__.endswith("RMSNorm"):
+        if type(m).__name__.endswith("RMSNorm") or type(m).__name__ == "T5LayerNorm":
             m.forward = types.MethodType(_rms, m)
         cfg = getattr(m, "config", None)
         if interface and cfg is not None and hasattr(cfg, "_attn_implementation"):

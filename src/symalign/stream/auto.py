@@ -29,12 +29,17 @@ def weights_bytes(path: Path) -> int:
 
 def streamable(a_dir: Path, scope: str) -> str | None:
     """``None`` if the streamed engine covers this checkpoint and scope, else why not."""
-    if scope == "attention":
-        return None
+    from symalign.families import get_adapter
     from symalign.hf_io import load_config
     from symalign.families import LLAMA_LIKE
 
-    mt = load_config(a_dir).model_type
+    config = load_config(a_dir)
+    why = getattr(get_adapter(config), "no_stream", None)
+    if why is not None:
+        return why
+    if scope == "attention":
+        return None
+    mt = config.model_type
     return None if mt in LLAMA_LIKE else (f"--scope model --stream supports {', '.join(LLAMA_LIKE)}; "
                                           f"{mt!r} is aligned in memory (use --no-stream)")
 
