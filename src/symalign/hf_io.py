@@ -134,6 +134,21 @@ def expected_shapes(adapter: Adapter, config: Any) -> tuple[dict[str, tuple[int,
     return {k: tuple(v.shape) for k, v in state.items()}, tied
 
 
+def saved_names(config: Any, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """``state`` under the names ``save_pretrained`` writes: unchanged when it has them already, else converted
+    by transformers' own ``revert_weight_conversion`` (e.g. the fused 3-D expert tensors of a mixture of experts,
+    ``experts.gate_up_proj`` ``(E, 2F, D)``, written back as one ``gate``/``up``/``down`` matrix per expert)."""
+    adapter = get_adapter(config)
+    shapes, _ = expected_shapes(adapter, config)
+    if all(k in shapes for k in state):
+        return dict(state)
+    from transformers.core_model_loading import revert_weight_conversion
+
+    with torch.device("meta"):
+        model = adapter.model_class(config)._from_config(config)
+    return revert_weight_conversion(model, dict(state))
+
+
 def validate(ckpt: Checkpoint, check_finite: bool = True) -> None:
     """Raise :class:`CheckpointError` naming the first tensor the config does not predict, or non-finite."""
     shapes, tied = expected_shapes(ckpt.adapter, ckpt.config)
@@ -317,7 +332,7 @@ def stage_checkpoint(out: str | os.PathLike, state: Mapping[str, Tensor], like: 
     tmp = make_temp_dir(out.parent, f".{out.name}.tmp-")
     try:
         copy_non_weights(like, tmp, config_edits, marker)
-        tensors = {k: v.detach().contiguous() for k, v in state.items()}
+        tensors = {k: v.detach().contiguous() for k, v in saved_names(load_config(tmp), state).items()}
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         fix_modes(tmp)
     except BaseException:

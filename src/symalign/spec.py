@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from symalign.errors import SpecError
-from symalign.groups import Group, HeadPermutation, PerHead, Variance, _generator
+from symalign.groups import BlockPermutations, Group, HeadPermutation, PerHead, Permutation, Variance, _generator
 
 Transform = dict[str, Tensor]
 """A group element per space name; spaces left out act as the identity."""
@@ -329,6 +329,8 @@ def _block_index(spec: SymmetrySpec, perm_space: str, perm: Tensor, block_space:
             return pg.kv_permutation(perm)
         if bg.n_blocks == pg.n_heads:  # type: ignore[attr-defined]
             return perm
+    if isinstance(pg, Permutation) and isinstance(bg, BlockPermutations) and bg.n_blocks == pg.n:
+        return perm  # experts permuted with their per-expert unit permutations
     raise SpecError(f"cannot couple {perm_space!r} ({pg.describe()}) with {block_space!r} ({bg.describe()})")
 
 

@@ -27,6 +27,7 @@ from symalign.families.gemma import Gemma2Family, Gemma3Family, GemmaFamily
 from symalign.families.gpt_neox import GPTNeoXFamily
 from symalign.families.gptj import GPTJFamily
 from symalign.families.llama import LlamaFamily, MistralFamily, Qwen2Family
+from symalign.families.moe import MixtralFamily, OlmoeFamily, Qwen2MoeFamily
 from symalign.families.olmo2 import Olmo2Family
 from symalign.families.phi import PhiFamily
 from symalign.families.phi3 import Phi3Family
@@ -35,6 +36,7 @@ from symalign.families.qwen3 import Qwen3Family
 FAMILIES: tuple[Family, ...] = (
     LlamaFamily(), MistralFamily(), Qwen2Family(), GPTNeoXFamily(), GPTJFamily(), PhiFamily(), Phi3Family(),
     Qwen3Family(), Olmo2Family(), GemmaFamily(), Gemma2Family(), Gemma3Family(), FalconFamily(),
+    MixtralFamily(), Qwen2MoeFamily(), OlmoeFamily(),
 )
 
 

@@ -47,8 +47,19 @@ def _rms(self, x):
     return (1.0 + self.weight) * y if "Gemma" in type(self).__name__ else self.weight * y
 
 
+def _router(self, hidden_states):
+    """transformers' top-k router (Mixtral, Qwen2-MoE, OLMoE) with the softmax in the weights' dtype: softmax over
+    the experts, top-``k``, renormalised when ``norm_topk_prob`` (Mixtral, which has no such flag, always)."""
+    logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+    top, idx = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
+    if getattr(self, "norm_topk_prob", True):
+        top = top / top.sum(dim=-1, keepdim=True)
+    return logits, top, idx
+
+
 def float64_numerics(model: nn.Module) -> nn.Module:
-    """``model`` (in place) with its RMSNorms and eager softmax evaluated in the weights' dtype (same formulas)."""
+    """``model`` (in place) with its RMSNorms, eager softmax and mixture-of-experts routers evaluated in the
+    weights' dtype (same formulas)."""
     import sys
 
     from transformers import AttentionInterface
@@ -60,6 +71,8 @@ def float64_numerics(model: nn.Module) -> nn.Module:
     for m in model.modules():
         if type(m).__name__.endswith("RMSNorm"):
             m.forward = types.MethodType(_rms, m)
+        if type(m).__name__.endswith("TopKRouter"):
+            m.forward = types.MethodType(_router, m)
         cfg = getattr(m, "config", None)
         if interface and cfg is not None and hasattr(cfg, "_attn_implementation"):
             cfg._attn_implementation = ATTENTION

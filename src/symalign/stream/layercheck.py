@@ -95,7 +95,7 @@ class LayerChecker:
         verbosity = logging.get_verbosity()
         logging.set_verbosity_error()
         try:
-            model = cls._from_config(cfg)
+            model = cls._from_config(cfg, experts_implementation="eager")
         finally:
             logging.set_verbosity(verbosity)
         self.model = model.to(self.dtype).eval()
