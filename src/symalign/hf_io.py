@@ -125,7 +125,9 @@ def expected_shapes(adapter: Adapter, config: Any) -> tuple[dict[str, tuple[int,
         from transformers.core_model_loading import revert_weight_conversion
 
         on_disk = revert_weight_conversion(model, dict(state))
-        if len(on_disk) == len(state):
+        # a rename keeps the count; a split (fused experts written per expert) keeps the entries
+        if len(on_disk) == len(state) or sum(v.numel() for v in on_disk.values()) == sum(
+                v.numel() for v in state.values()):
             renamed = {id(v): k for k, v in on_disk.items()}
             tied = {renamed.get(id(state[k]), k) if k in state else k for k in tied}
             state = on_disk
