@@ -245,40 +245,44 @@ def test_olmoe_clip_qkv_is_refused_naming_the_option():
 SMALL = dict(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, intermediate_size=4, rms_norm_eps=1e-2)
 
 
-class _Block(torch.nn.Module):
-    def __init__(self, mlp):
-        super().__init__()
-        self.mlp = mlp
-
-    def forward(self, x):
-        return self.mlp(x)
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_declared_dimension_equals_probe_nullity(family):
     """Layer 0 of the real model, float64: its attention (as every family) and its MoE block, whose declared
     group is discrete (dimension 0) beside the router's softmax shift and the gated units' rescalings."""
-    from symalign.probe import probe
-    from symalign.probe.families import probe_layer
+    from symalign.probe.families import probe_layer, probe_moe_block
 
     kw = dict(SMALL, moe_intermediate_size=4, shared_expert_intermediate_size=4) if family == "qwen2_moe" else SMALL
     model = make(family, **kw)
     fam = get_adapter(model)
     res = probe_layer(fam, model, 0)  # converts the model to float64 numerics (router included)
     assert res.match and res.gap > 1e4, res
-    spec = _prepared(model).spec
-    declared = spec.restrict(spec.select(("experts", "ff"), 0))
-    assert declared.dim == 0 and set(declared.spaces) >= {"experts.0", "expert_ff.0"}
-    gauge = fam.block_gauge(model.config, model.state_dict(), 0)
-    block = _Block(model.model.layers[0].mlp)
-    n = sum(p.numel() for p in block.parameters())
-    x = torch.randn(1, -(-3 * n // 8), 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    router = model.model.layers[0].mlp.gate
+    block = probe_moe_block(fam, model, 0)
+    assert block.group == 0 and {"experts.0", "expert_ff.0"} <= set(block.describe)
+    E, F, Fs = 4, 4, (4 if family == "qwen2_moe" else 0)
+    assert block.gauge == {"router softmax shift": 8, "gated unit rescaling (up row, down column)": E * F + Fs}
+    assert block.match and block.gap > 1e4, block
+
+
+def test_block_probe_refuses_degenerate_routing():
+    """Saturated routing (one router row scaled by 1e3: its expert takes probability 1 where it scores
+    positive, the others tie at 0) adds null directions that are not symmetries: refused, not miscounted."""
+    from symalign.errors import SymalignError
+    from symalign.probe.families import probe_moe_block
+
+    model = make("mixtral", **SMALL)
     with torch.no_grad():
-        _, _, idx = router(x)
-        probs = torch.softmax(x.reshape(-1, 8) @ router.weight.T, dim=-1).sort(dim=-1, descending=True).values
-    assert float((probs[:, 1] - probs[:, 2]).min()) > 1e-4  # a stable top-2 on every token
-    assert torch.bincount(idx.flatten(), minlength=4).min() >= 20  # every expert sees many tokens
-    out = probe(block, x, method="dense", check_heads=False)
-    assert out.nullity == declared.dim + sum(gauge.values()), (out.nullity, gauge)
-    assert out.singular_value_gap > 1e4
+        model.model.layers[0].mlp.gate.weight[3] *= 1e3
+    with pytest.raises(SymalignError, match="routing is not generic"):
+        probe_moe_block(get_adapter(model), model, 0)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_probe_hf_matches_on_the_real_attention_layer(family):
+    """``symalign probe --hf`` (its API): the declared attention group of layer 0, QK-norm gains included (OLMoE),
+    equals the measured nullity."""
+    from symalign.probe.hf import probe_hf
+
+    kw = dict(SMALL, moe_intermediate_size=4, shared_expert_intermediate_size=4) if family == "qwen2_moe" else SMALL
+    (row,) = probe_hf(_configs()[family][1](**kw))
+    assert row.family == get_adapter(make(family)).family and row.match, row.to_dict()
+    assert ("qkgain.0" in row.group) == (family == "olmoe")

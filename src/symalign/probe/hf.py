@@ -375,7 +375,9 @@ def probe_hf(source: Any, layer: int = 0, *, block: bool = False, seed: int = 0,
             config.layer_types = list(config.layer_types)[: layer + 1]
     model = generic_model(config, seed)
     state = dict(model.state_dict())
-    spec = layer_spec(adapter.spec(model), layer)
+    full = adapter.spec(model)
+    spaces = getattr(adapter, "layer_spaces", None)  # a Family names all its attention spaces (QK-norm gains too)
+    spec = full.restrict([s for s in spaces(layer) if s in full.spaces]) if spaces else layer_spec(full, layer)
     tensors = list(spec.tensors)
     if not tensors:
         raise ConfigError(f"the {adapter.family} adapter declares no attention spaces for layer {layer}")
