@@ -286,3 +286,16 @@ def test_probe_hf_matches_on_the_real_attention_layer(family):
     (row,) = probe_hf(_configs()[family][1](**kw))
     assert row.family == get_adapter(make(family)).family and row.match, row.to_dict()
     assert ("qkgain.0" in row.group) == (family == "olmoe")
+
+
+def test_streamed_attention_alignment(tmp_path, capsys, monkeypatch):
+    """``align --stream`` (layer by layer, each layer checked in a one-layer model of the family, in float64
+    with RMSNorm, QK-norm and router kept in float64): OLMoE's planted attention element is recovered."""
+    fam, _ = _planted_dirs("olmoe", "attention", torch.float64, tmp_path)
+    code, stdout, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",
+                                     tmp_path / "OUT", "--stream", "--json")
+    assert code == 0, err
+    info = json.loads(stdout)
+    assert info["distance"]["after"]["total"] <= 1e-8 and info["verify"]["relative_output_change"] <= 1e-12
+    o, b = _from(tmp_path / "OUT", "olmoe", torch.float64), _from(tmp_path / "B", "olmoe", torch.float64)
+    assert rel(output(float64_numerics(o), _ids()), output(float64_numerics(b), _ids())) <= 1e-10

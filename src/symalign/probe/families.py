@@ -57,6 +57,14 @@ def _router(self, hidden_states):
     return logits, top, idx
 
 
+def float64_routers(model: nn.Module) -> nn.Module:
+    """``model`` (in place) with its mixture-of-experts routers' softmax in the weights' dtype (:func:`_router`)."""
+    for m in model.modules():
+        if type(m).__name__.endswith("TopKRouter"):
+            m.forward = types.MethodType(_router, m)
+    return model
+
+
 def float64_numerics(model: nn.Module) -> nn.Module:
     """``model`` (in place) with its RMSNorms, eager softmax and mixture-of-experts routers evaluated in the
     weights' dtype (same formulas)."""
@@ -71,12 +79,10 @@ def float64_numerics(model: nn.Module) -> nn.Module:
     for m in model.modules():
         if type(m).__name__.endswith("RMSNorm"):
             m.forward = types.MethodType(_rms, m)
-        if type(m).__name__.endswith("TopKRouter"):
-            m.forward = types.MethodType(_router, m)
         cfg = getattr(m, "config", None)
         if interface and cfg is not None and hasattr(cfg, "_attn_implementation"):
             cfg._attn_implementation = ATTENTION
-    return model
+    return float64_routers(model)
 
 
 class AttentionProbe(nn.Module):

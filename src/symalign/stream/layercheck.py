@@ -99,6 +99,10 @@ class LayerChecker:
         finally:
             logging.set_verbosity(verbosity)
         self.model = model.to(self.dtype).eval()
+        if self.dtype == torch.float64:  # RMSNorm, eager softmax, MoE routers: in float64 too (same formulas)
+            from symalign.probe.families import float64_numerics
+
+            float64_numerics(self.model)
         self.names = self.model.state_dict()
         self.disk = disk_names(self.model, self.names)
         self.layer0 = layer0
