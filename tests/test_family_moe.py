@@ -299,3 +299,21 @@ def test_streamed_attention_alignment(tmp_path, capsys, monkeypatch):
     assert info["distance"]["after"]["total"] <= 1e-8 and info["verify"]["relative_output_change"] <= 1e-12
     o, b = _from(tmp_path / "OUT", "olmoe", torch.float64), _from(tmp_path / "B", "olmoe", torch.float64)
     assert rel(output(float64_numerics(o), _ids()), output(float64_numerics(b), _ids())) <= 1e-10
+
+
+def test_compose_and_invert_reindex_the_experts_blocks():
+    """``W'[e] = sigma_e W[pi(e)]``: composing two elements re-indexes the per-expert unit permutations by the
+    expert permutation, so compose/invert are exact on the coupled pair."""
+    from symalign.spec import compose
+
+    prep = _prepared(make("qwen2_moe"))
+    spec, st = prep.spec, prep.state
+    g, h = sample(spec, 11), sample(spec, 12)
+    names = [t for t in spec.tensors if "experts" in t or "mlp.gate." in t]
+
+    def dist(x, y):
+        return max(float((x[t] - y[t]).abs().max()) for t in names)
+
+    assert dist(apply(spec, compose(spec, g, h), st), apply(spec, g, apply(spec, h, st))) <= 1e-12
+    assert dist(apply(spec, invert(spec, g), apply(spec, g, st)), st) <= 1e-12
+    assert not torch.equal(g["expert_ff.0"][g["experts.0"]], g["expert_ff.0"])  # the re-indexing matters here
