@@ -317,3 +317,15 @@ def test_compose_and_invert_reindex_the_experts_blocks():
     assert dist(apply(spec, compose(spec, g, h), st), apply(spec, g, apply(spec, h, st))) <= 1e-12
     assert dist(apply(spec, invert(spec, g), apply(spec, g, st)), st) <= 1e-12
     assert not torch.equal(g["expert_ff.0"][g["experts.0"]], g["expert_ff.0"])  # the re-indexing matters here
+
+
+@pytest.mark.parametrize("universe", [False, True], ids=["pairwise", "universe"])
+def test_merge_of_a_planted_pair_is_a(universe, tmp_path, capsys, monkeypatch):
+    """``symalign merge --scope model``: B = g . A merged with A computes A's function (saved per expert)."""
+    _planted_dirs("qwen2_moe", "model", torch.float64, tmp_path)
+    out = tmp_path / "M"
+    code, _, err = run_symalign(monkeypatch, capsys, "merge", tmp_path / "A", tmp_path / "B", "-o", out, "--scope",
+                                "model", *(["--universe"] if universe else []))
+    assert code == 0, err
+    m, a = _from(out, "qwen2_moe", torch.float64), _from(tmp_path / "A", "qwen2_moe", torch.float64)
+    assert rel(output(float64_numerics(m), _ids()), output(float64_numerics(a), _ids())) <= 1e-10
