@@ -27,7 +27,9 @@ are for display and stable result keys). The roles are a closed set, :data:`ROLE
 * ``"heads"``: a permutation of attention heads (:class:`~symalign.groups.HeadPermutation`);
 * ``"qk"``: the per-head transform of the query-key bilinear form (``GL(d_h)``, ``H`` under RoPE);
 * ``"vo"``: the per-head transform between values and the output projection;
-* ``"ff"``: the hidden units of a feed-forward/MLP layer (permutations, positive monomials for ReLU);
+* ``"ff"``: the hidden units of a feed-forward/MLP layer (permutations, positive monomials for ReLU; the
+  units inside each expert of a mixture of experts: :class:`~symalign.groups.BlockPermutations`, coupled
+  to the layer's ``"experts"`` space, which permutes the blocks as a head permutation does per-head blocks);
 * ``"residual"``: the residual stream (permutation, orthogonal or a subgroup);
 * ``"experts"``: a permutation of the experts of a mixture-of-experts layer.
 

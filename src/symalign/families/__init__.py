@@ -4,7 +4,8 @@ Each module declares a :class:`~symalign.families.base.Decoder` (the tensors of 
 layer, norms and where they sit, fusions, QK-norm) and a
 :class:`~symalign.families.base.Family` with its ``model_type`` values; attention
 scope, whole-model scope and the probe read it from there. :func:`get_family` finds
-the family of a config; :data:`FAMILIES` lists them. Llama, Mistral and Qwen2 moved here
+the family of a config; :data:`FAMILIES` lists them. The mixtures of experts (Mixtral, Qwen2-MoE,
+OLMoE) share one module, :mod:`symalign.families.moe`. Llama, Mistral and Qwen2 moved here
 from the older pair of modules; GPT-2, BERT, ViT, RoFormer and ModernBERT (``Conv1D``
 and encoder layouts) still live in :mod:`symalign.arch` (attention) and
 :mod:`symalign.families.hfmodel` (whole model). :func:`get_adapter` (here) and
