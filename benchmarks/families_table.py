@@ -12,7 +12,7 @@ import torch
 import transformers as T
 
 from symalign.families import get_adapter
-from symalign.probe.families import probe_layer
+from symalign.probe.families import probe_layer, probe_moe_block
 
 BASE = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, vocab_size=32,
             max_position_embeddings=32, pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -40,6 +40,24 @@ ROWS = [
     ("Gemma", T.GemmaForCausalLM, T.GemmaConfig(**GQA, **BASE)),
     ("Gemma 2 (soft-capping)", T.Gemma2ForCausalLM, T.Gemma2Config(query_pre_attn_scalar=4, **GQA, **BASE)),
     ("Gemma 3 (QK-norm, 1 + w gains)", T.Gemma3ForCausalLM, T.Gemma3TextConfig(query_pre_attn_scalar=4, **GQA, **EPS, **BASE)),
+    ("Mixtral (GQA)", T.MixtralForCausalLM, T.MixtralConfig(num_local_experts=4, **GQA, **BASE)),
+    ("Qwen2-MoE (GQA, Q/K/V biases)", T.Qwen2MoeForCausalLM,
+     T.Qwen2MoeConfig(num_experts=4, moe_intermediate_size=4, shared_expert_intermediate_size=4, **GQA, **BASE)),
+    ("OLMoE (QK-norm over all heads)", T.OlmoeForCausalLM, T.OlmoeConfig(num_experts=4, num_key_value_heads=1, **EPS,
+                                                                         **BASE)),
+]
+# Mixture-of-experts blocks (layer 0's router + experts [+ shared expert]): D = 8, E = 4 experts, top-2, F = 4.
+MOE = dict(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=4,
+           vocab_size=32, max_position_embeddings=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+           num_experts_per_tok=2)
+MOE_ROWS = [
+    ("Mixtral (renormalised top-2)", T.MixtralForCausalLM, T.MixtralConfig(num_local_experts=4, **MOE)),
+    ("Qwen2-MoE (shared expert F_s = 4)", T.Qwen2MoeForCausalLM,
+     T.Qwen2MoeConfig(num_experts=4, moe_intermediate_size=4, shared_expert_intermediate_size=4, **MOE)),
+    ("Qwen2-MoE, norm_topk_prob", T.Qwen2MoeForCausalLM,
+     T.Qwen2MoeConfig(num_experts=4, moe_intermediate_size=4, shared_expert_intermediate_size=4,
+                      norm_topk_prob=True, **MOE)),
+    ("OLMoE", T.OlmoeForCausalLM, T.OlmoeConfig(num_experts=4, **MOE)),
 ]
 # T5: every attention site of a one-block encoder-decoder (layer numbers: encoder 0, decoder self 1, cross 2)
 T5 = T.T5Config(d_model=16, num_heads=2, d_kv=4, d_ff=16, num_layers=1, num_decoder_layers=1, vocab_size=32,
@@ -65,13 +83,27 @@ def main() -> None:
     torch.set_num_threads(1)
     print("| family (config) | params | measured nullity | declared | group terms | bias gauges | gap |")
     print("|---|---|---|---|---|---|---|")
-    for name, cls, cfg, *layer in ROWS:
-        model = cls._from_config(cfg, attn_implementation="eager").to(torch.float64).eval()
+    for name, cls, cfg in ROWS:
+        model = cls._from_config(cfg, attn_implementation="eager", experts_implementation="eager")
+        model = model.to(torch.float64).eval()
         randomize(model)
         r = probe_layer(get_adapter(model), model, layer[0] if layer else 0)
         flag = "" if r.match else " **MISMATCH**"
         groups = ", ".join(f"{k.split('.')[0]} {v}" for k, v in r.describe.items())
         gauge = ", ".join(f"{k} {v}" for k, v in r.gauge.items()) or "-"
+        print(f"| {name} | {r.parameters} | {r.nullity}{flag} | {r.declared} | {r.group}: {groups} | {gauge} | "
+              f"{r.gap:.0e} |")
+    print()
+    print("| MoE block (config) | params | measured nullity | declared | group | undeclared, named | gap |")
+    print("|---|---|---|---|---|---|---|")
+    for name, cls, cfg in MOE_ROWS:
+        model = cls._from_config(cfg, attn_implementation="eager", experts_implementation="eager")
+        model = model.to(torch.float64).eval()
+        randomize(model)
+        r = probe_moe_block(get_adapter(model), model, 0)
+        flag = "" if r.match else " **MISMATCH**"
+        groups = ", ".join(f"{k.split('.')[0]} {v}" for k, v in r.describe.items())
+        gauge = ", ".join(f"{k} {v}" for k, v in r.gauge.items())
         print(f"| {name} | {r.parameters} | {r.nullity}{flag} | {r.declared} | {r.group}: {groups} | {gauge} | "
               f"{r.gap:.0e} |")
 

@@ -1354,3 +1354,71 @@ def stabiliser(vectors: Tensor, *, fix_ones: bool = False, tol: float = 1e-12,
             k -= 1
     name = label or f"{v.shape[0]} vectors" + (" and 1" if fix_ones else "")
     return FixingOrthogonal(n, q, name, err)
+
+
+# ----------------------------------------------------------------------------
+# Permutations inside blocks of a stacked tensor (mixture-of-experts units)
+# ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockPermutations(Group):
+    r"""``(S_n)^B``: an independent permutation of ``n`` units inside each of ``B`` blocks.
+
+    The FF units of a mixture of experts whose ``B`` experts are stacked on **axis 0**
+    of 3-D tensors (transformers' fused ``gate_up_proj`` ``(E, 2F, D)`` and
+    ``down_proj`` ``(E, D, F)``): expert ``e``'s units are permuted by ``perm[e]``,
+    ``x'[e, .., i, ..] = x[e, .., perm[e, i], ..]`` along the acted-on axis (never
+    axis 0, which must have ``B`` entries). An element is an ``int64`` tensor
+    ``(B, n)``, one permutation per row; ``compose(a, b)[e] = b[e][a[e]]``.
+
+    Declared with a :class:`Permutation` of the ``B`` experts acting on axis 0 of
+    the same tensors **before** it, and coupled to it (``spec.couple(experts,
+    units)``): the pair then acts as ``blockdiag(sigma) P``,
+    ``W'[e] = sigma_e W[pi(e)]``, and composing re-indexes the blocks by ``pi``
+    exactly as per-head blocks are re-indexed by a head permutation.
+    """
+
+    n_blocks: int
+    n: int
+
+    @property
+    def dim(self) -> int:
+        return 0
+
+    def identity(self, dtype=torch.int64) -> Tensor:
+        return torch.arange(self.n).repeat(self.n_blocks, 1)
+
+    def sample(self, gen=None, dtype=None) -> Tensor:
+        g = _generator(gen)
+        return torch.stack([torch.randperm(self.n, generator=g) for _ in range(self.n_blocks)])
+
+    def compose(self, a: Tensor, b: Tensor) -> Tensor:
+        return torch.gather(b, 1, a)
+
+    def inverse(self, a: Tensor) -> Tensor:
+        return torch.argsort(a, dim=1)
+
+    def contains(self, a: Tensor, atol: float = 0.0) -> bool:
+        return a.shape == (self.n_blocks, self.n) and not a.is_floating_point() and bool(
+            torch.equal(torch.sort(a, dim=1).values, self.identity()))
+
+    def matrix(self, a: Tensor, rep: str | None = None, size: int | None = None) -> Tensor:
+        """The block-diagonal ``(B n, B n)`` matrix (blocks and units flattened, block-major)."""
+        return torch.block_diag(*[one_hot(row) for row in a])
+
+    def act(self, a: Tensor, x: Tensor, axis: int, variance: Variance = "co", rep: str | None = None) -> Tensor:
+        axis = axis % x.dim()
+        if axis == 0 or x.shape[0] != self.n_blocks or x.shape[axis] != self.n:
+            raise GroupError(f"{self.describe()} acts on a unit axis (not 0) of a tensor whose axis 0 has "
+                             f"{self.n_blocks} blocks; got axis {axis} of shape {tuple(x.shape)}")
+        shape = [1] * x.dim()
+        shape[0], shape[axis] = self.n_blocks, self.n
+        return torch.gather(x, axis, a.to(x.device).view(shape).expand(x.shape))
+
+    def describe(self) -> str:
+        return f"S_{self.n}^{self.n_blocks}"
+
+    def nearest(self, scores: Tensor) -> Tensor:
+        """Per block, the assignment maximising ``sum_i scores[e, i, perm[e, i]]`` (``scores``: ``(B, n, n)``)."""
+        return torch.stack([assign_max(s) for s in scores])

@@ -125,13 +125,30 @@ def expected_shapes(adapter: Adapter, config: Any) -> tuple[dict[str, tuple[int,
         from transformers.core_model_loading import revert_weight_conversion
 
         on_disk = revert_weight_conversion(model, dict(state))
-        if len(on_disk) == len(state):
+        # a rename keeps the count; a split (fused experts written per expert) keeps the entries
+        if len(on_disk) == len(state) or sum(v.numel() for v in on_disk.values()) == sum(
+                v.numel() for v in state.values()):
             renamed = {id(v): k for k, v in on_disk.items()}
             tied = {renamed.get(id(state[k]), k) if k in state else k for k in tied}
             state = on_disk
     except Exception:  # pragma: no cover - older transformers: names are saved as in memory
         pass
     return {k: tuple(v.shape) for k, v in state.items()}, tied
+
+
+def saved_names(config: Any, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """``state`` under the names ``save_pretrained`` writes: unchanged when it has them already, else converted
+    by transformers' own ``revert_weight_conversion`` (e.g. the fused 3-D expert tensors of a mixture of experts,
+    ``experts.gate_up_proj`` ``(E, 2F, D)``, written back as one ``gate``/``up``/``down`` matrix per expert)."""
+    adapter = get_adapter(config)
+    shapes, _ = expected_shapes(adapter, config)
+    if all(k in shapes for k in state):
+        return dict(state)
+    from transformers.core_model_loading import revert_weight_conversion
+
+    with torch.device("meta"):
+        model = adapter.model_class(config)._from_config(config)
+    return revert_weight_conversion(model, dict(state))
 
 
 def validate(ckpt: Checkpoint, check_finite: bool = True) -> None:
@@ -317,7 +334,7 @@ def stage_checkpoint(out: str | os.PathLike, state: Mapping[str, Tensor], like: 
     tmp = make_temp_dir(out.parent, f".{out.name}.tmp-")
     try:
         copy_non_weights(like, tmp, config_edits, marker)
-        tensors = {k: v.detach().contiguous() for k, v in state.items()}
+        tensors = {k: v.detach().contiguous() for k, v in saved_names(load_config(tmp), state).items()}
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
         fix_modes(tmp)
     except BaseException:

@@ -36,7 +36,7 @@ def load_hf_model(path: str | Path) -> nn.Module:
     logging.set_verbosity_error()  # no "Loading weights" bars or load reports in symalign's output
     logging.disable_progress_bar()
     try:
-        model = cls.from_pretrained(str(path), attn_implementation="eager")
+        model = cls.from_pretrained(str(path), attn_implementation="eager", experts_implementation="eager")
     finally:
         logging.set_verbosity(verbosity)
     return model.eval()

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from symalign.errors import ConfigError
 from symalign.atomic import fix_modes, make_temp_dir
-from symalign.hf_io import INDEX_NAME, WEIGHTS_NAME, copy_non_weights
+from symalign.hf_io import INDEX_NAME, WEIGHTS_NAME, copy_non_weights, load_config, saved_names
 
 
 def normalise_weights(weights: Sequence[float] | None, n: int) -> list[float]:
@@ -83,7 +83,7 @@ def stage_like(out: Path, state: Mapping[str, Tensor], like: Path,
     tmp = make_temp_dir(out.parent, f".{out.name}.tmp-")
     try:
         copy_non_weights(like, tmp, config_edits, marker)
-        tensors = {k: v.detach().contiguous() for k, v in state.items()}
+        tensors = {k: v.detach().contiguous() for k, v in saved_names(load_config(tmp), state).items()}
         layout = shard_map(Path(like))
         if layout is None:
             save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})

@@ -27,7 +27,9 @@ are for display and stable result keys). The roles are a closed set, :data:`ROLE
 * ``"heads"``: a permutation of attention heads (:class:`~symalign.groups.HeadPermutation`);
 * ``"qk"``: the per-head transform of the query-key bilinear form (``GL(d_h)``, ``H`` under RoPE);
 * ``"vo"``: the per-head transform between values and the output projection;
-* ``"ff"``: the hidden units of a feed-forward/MLP layer (permutations, positive monomials for ReLU);
+* ``"ff"``: the hidden units of a feed-forward/MLP layer (permutations, positive monomials for ReLU; the
+  units inside each expert of a mixture of experts: :class:`~symalign.groups.BlockPermutations`, coupled
+  to the layer's ``"experts"`` space, which permutes the blocks as a head permutation does per-head blocks);
 * ``"residual"``: the residual stream (permutation, orthogonal or a subgroup);
 * ``"experts"``: a permutation of the experts of a mixture-of-experts layer.
 
@@ -46,7 +48,7 @@ import torch
 from torch import Tensor
 
 from symalign.errors import SpecError
-from symalign.groups import Group, HeadPermutation, PerHead, Variance, _generator
+from symalign.groups import BlockPermutations, Group, HeadPermutation, PerHead, Permutation, Variance, _generator
 
 Transform = dict[str, Tensor]
 """A group element per space name; spaces left out act as the identity."""
@@ -329,6 +331,8 @@ def _block_index(spec: SymmetrySpec, perm_space: str, perm: Tensor, block_space:
             return pg.kv_permutation(perm)
         if bg.n_blocks == pg.n_heads:  # type: ignore[attr-defined]
             return perm
+    if isinstance(pg, Permutation) and isinstance(bg, BlockPermutations) and bg.n_blocks == pg.n:
+        return perm  # experts permuted with their per-expert unit permutations
     raise SpecError(f"cannot couple {perm_space!r} ({pg.describe()}) with {block_space!r} ({bg.describe()})")
 
 

@@ -39,7 +39,7 @@ def run_checkpoint(adapter: Adapter, config: Any, path: str | os.PathLike, dtype
                    seed: int = 0) -> Tensor:
     """Output of ``path`` (loaded with its model class, eager attention, in ``dtype``) on a random batch."""
     cls = adapter.model_class(config)
-    model = cls.from_pretrained(str(path), dtype=dtype, attn_implementation="eager").eval()
+    model = cls.from_pretrained(str(path), dtype=dtype, attn_implementation="eager", experts_implementation="eager").eval()
     inputs = adapter.dummy_inputs(config, seed=seed)
     inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
     y = _first_output(model(**inputs)).to(torch.float64)

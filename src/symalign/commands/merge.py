@@ -89,7 +89,7 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
             from symalign.families import prepare
 
             pa = prepare(a_config, a_state, a_adapter.spec(a_config, a_state.keys()))
-            states.append(pa.state)
+            states.append(hf_io.saved_names(a_config, pa.state))  # the names the aligned checkpoints are read with
             if pa.untied:
                 edits["tie_word_embeddings"] = False
         else:

@@ -4,7 +4,8 @@ Each module declares its layout as data -- a :class:`~symalign.families.base.Dec
 (decoder-only families and GPT-2's ``Conv1D`` layout) or an
 :class:`~symalign.families.encoder.Encoder` (BERT, RoFormer, ViT, ModernBERT: embeddings,
 norms on the stream, heads per model class) -- and a
-:class:`~symalign.families.base.Family` subclass with its ``model_type`` values; the
+:class:`~symalign.families.base.Family` subclass (T5, an encoder-decoder, lists its own layouts; the
+mixtures of experts Mixtral, Qwen2-MoE and OLMoE share :mod:`symalign.families.moe`) with its ``model_type`` values; the
 attention scope, the whole-model scope (:func:`prepare`), ``probe --hf`` and the folded
 reference of ``interpolate`` read it from there. :func:`get_family` (alias
 :func:`get_adapter`) finds the family of a config; :data:`FAMILIES` lists them. Adding a
@@ -29,6 +30,8 @@ from symalign.families.gpt2 import GPT2Family
 from symalign.families.gptj import GPTJFamily
 from symalign.families.llama import LLAMA_LIKE, LlamaFamily, MistralFamily, Qwen2Family
 from symalign.families.modernbert import ModernBertFamily
+from symalign.families.llama import LlamaFamily, MistralFamily, Qwen2Family
+from symalign.families.moe import MixtralFamily, OlmoeFamily, Qwen2MoeFamily
 from symalign.families.olmo2 import Olmo2Family
 from symalign.families.phi import PhiFamily
 from symalign.families.phi3 import Phi3Family
@@ -43,6 +46,7 @@ FAMILIES: tuple[Family, ...] = (
     LlamaFamily(), MistralFamily(), Qwen2Family(), GPTNeoXFamily(), GPTJFamily(), PhiFamily(), Phi3Family(),
     Qwen3Family(), Olmo2Family(), GemmaFamily(), Gemma2Family(), Gemma3Family(), FalconFamily(),
     T5Family(),
+    MixtralFamily(), Qwen2MoeFamily(), OlmoeFamily(),
 )
 
 

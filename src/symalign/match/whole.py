@@ -28,7 +28,10 @@ labels, by block-coordinate descent (git re-basin's loop, for any spec):
    pair at its own best scale (:meth:`symalign.groups.PositiveMonomial.fit`). Either way the
    step is the exact block minimiser, so ``D`` never rises. Chains of unit spaces
    that share tensors (an MLP: ``fc_2`` carries ``ff.0`` on its columns and ``ff.1`` on
-   its rows) are thereby really coordinate-descended;
+   its rows) are thereby really coordinate-descended. A mixture-of-experts layer's expert
+   permutation and the per-expert unit permutations coupled to it are one block, solved
+   jointly and exactly by :func:`symalign.match.experts.match_experts` (the assignment
+   over experts of each pair's best unit-matching score plus router-row similarity);
 2. the attention spaces by :func:`match_attention` on ``B`` with every non-attention
    element applied (actions on different axes commute);
 3. each residual-stream space (orthogonal: Procrustes; a permuted stream: linear
@@ -58,6 +61,8 @@ from torch import Tensor
 from symalign.errors import MatchError
 from symalign.match.api import match_attention
 from symalign.match.distance import distance
+from symalign.match.experts import expert_units, match_experts
+from symalign.match.ff import match_monomial
 from symalign.match.inputs import check_pair, check_spec_fits
 from symalign.groups import FixingOrthogonal
 from symalign.match.residual import axis_rows, cross
@@ -67,18 +72,24 @@ from symalign.spec import SymmetrySpec, Transform, apply
 
 @dataclass
 class Partition:
-    """The spaces of a spec by role."""
+    """The spaces of a spec by role (``experts``: mixture-of-experts permutations, each solved jointly with
+    its coupled per-expert unit spaces, :mod:`symalign.match.experts`)."""
 
     attention: list[str]
     permutations: list[str]
     orthogonal: list[str]
+    experts: list[str] = field(default_factory=list)
 
 
 def partition(spec: SymmetrySpec) -> Partition:
     """Split the spaces into attention / permutation / orthogonal (anything else: :class:`MatchError`)."""
-    coupled = {b for bs in spec.couplings.values() for b in bs} | set(spec.couplings)
+    moe = expert_units(spec)
+    in_moe = set(moe) | {u for us in moe.values() for u in us}
+    coupled = {b for p, bs in spec.couplings.items() if p not in moe for b in bs} | (set(spec.couplings) - set(moe))
     att, perm, orth = [], [], []
     for name, g in spec.spaces.items():  # each group says which step solves it (Group.matcher)
+        if name in in_moe:  # experts and their units: solved jointly per layer (match.experts)
+            continue
         if name in coupled or g.matcher == "attention":
             att.append(name)
         elif g.matcher == "permutation":
@@ -88,7 +99,7 @@ def partition(spec: SymmetrySpec) -> Partition:
         else:
             raise MatchError(f"space {name!r} ({g.describe()}) is not supported by whole-model matching "
                              "(expected attention, permutation or orthogonal spaces)")
-    return Partition(att, perm, orth)
+    return Partition(att, perm, orth, list(moe))
 
 
 def validate_states(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor]) -> None:
@@ -201,7 +212,7 @@ def unit_spaces(spec: SymmetrySpec, part: Partition) -> tuple[list[str], list[st
     """``(units, stream)``: the permutation spaces solved in step 1 (everything but the residual
     stream) and the residual-stream spaces of step 3 (orthogonal ones, and a permuted stream)."""
     stream = part.orthogonal + [p for p in part.permutations if spec.role(p) == "residual"]
-    return [p for p in part.permutations if p not in stream], stream
+    return [p for p in part.permutations if p not in stream] + part.experts, stream
 
 
 def solve_unit(spec: SymmetrySpec, name: str, state_a, cur) -> Tensor | None:
@@ -220,12 +231,28 @@ def _block_distance(spec: SymmetrySpec, name: str, el: Tensor | None, state_a, c
     return float(sum(float((state_a[t].double() - moved[t].double()).pow(2).sum()) for t in tensors))
 
 
+def _group_distance(spec: SymmetrySpec, group: list[str], els: Transform, state_a, cur) -> float:
+    """``sum_t ||A_t - (els . cur)_t||^2`` over the tensors the spaces ``group`` act on."""
+    moved = apply_subset(spec, els, cur, group)
+    return float(sum(float((state_a[t].double() - moved[t].double()).pow(2).sum()) for t in moved))
+
+
 def unit_step(spec: SymmetrySpec, units: list[str], transform: Transform, state_a, state_b,
               order: list[str], tol: float) -> int:
     """Step 1 in ``order``: each unit space given every other current element; updates ``transform`` in
     place and returns how many spaces moved (lowered their block distance by more than ``tol``)."""
     changed = 0
+    moe = expert_units(spec)
     for name in order:
+        if name in moe:  # experts and the units inside each, jointly (symalign.match.experts)
+            group = [name, *moe[name]]
+            cur = apply_subset(spec, _without(transform, group), state_b, group)
+            old = {k: transform[k] for k in group if k in transform}
+            new = match_experts(spec, name, moe[name], state_a, cur)
+            d_old = _group_distance(spec, group, old, state_a, cur)
+            transform.update(new)
+            changed += int(_group_distance(spec, group, new, state_a, cur) < d_old - tol)
+            continue
         cur = apply_subset(spec, _without(transform, [name]), state_b, [name])
         el = solve_unit(spec, name, state_a, cur)
         if el is None:

@@ -51,8 +51,27 @@ def _rms(self, x):
     return (1.0 + self.weight) * y if "Gemma" in type(self).__name__ else self.weight * y
 
 
+def _router(self, hidden_states):
+    """transformers' top-k router (Mixtral, Qwen2-MoE, OLMoE) with the softmax in the weights' dtype: softmax over
+    the experts, top-``k``, renormalised when ``norm_topk_prob`` (Mixtral, which has no such flag, always)."""
+    logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+    top, idx = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
+    if getattr(self, "norm_topk_prob", True):
+        top = top / top.sum(dim=-1, keepdim=True)
+    return logits, top, idx
+
+
+def float64_routers(model: nn.Module) -> nn.Module:
+    """``model`` (in place) with its mixture-of-experts routers' softmax in the weights' dtype (:func:`_router`)."""
+    for m in model.modules():
+        if type(m).__name__.endswith("TopKRouter"):
+            m.forward = types.MethodType(_router, m)
+    return model
+
+
 def float64_numerics(model: nn.Module) -> nn.Module:
-    """``model`` (in place) with its RMSNorms and eager softmax evaluated in the weights' dtype (same formulas)."""
+    """``model`` (in place) with its RMSNorms, eager softmax and mixture-of-experts routers evaluated in the
+    weights' dtype (same formulas)."""
     import sys
 
     from transformers import AttentionInterface
@@ -67,7 +86,7 @@ def float64_numerics(model: nn.Module) -> nn.Module:
         cfg = getattr(m, "config", None)
         if interface and cfg is not None and hasattr(cfg, "_attn_implementation"):
             cfg._attn_implementation = ATTENTION
-    return model
+    return float64_routers(model)
 
 
 class AttentionProbe(nn.Module):
@@ -118,6 +137,54 @@ def probe_layer(family: Any, model: nn.Module, i: int = 0, seq: int = 6, ratio: 
     D = int(model.config.hidden_size)
     x = torch.randn(-(-ratio * n // (seq * D)), seq, D, dtype=torch.float64,
                     generator=torch.Generator().manual_seed(seed))
+    res = probe(mod, x, method="dense", check_heads=False)
+    return LayerProbe(family.family, i, n, int(res.nullity), spec.dim, gauge, float(res.singular_value_gap or 0.0),
+                      spec.describe())
+
+
+class BlockProbe(nn.Module):
+    """Layer ``i``'s real feed-forward block (``layer.mlp``: router, experts, shared expert) as ``x -> mlp(x)``."""
+
+    def __init__(self, model: nn.Module, i: int):
+        super().__init__()
+        self.mlp = model.base_model.layers[i].mlp
+
+    def forward(self, x):
+        return self.mlp(x)
+
+
+def probe_moe_block(family: Any, model: nn.Module, i: int = 0, ratio: int = 3, seed: int = 1) -> LayerProbe:
+    """Dense float64 probe of sparse layer ``i``'s mixture-of-experts block (model converted in place).
+
+    Declared: the layer's ``experts``/``ff`` spaces (permutations: dimension 0) plus the family's named
+    continuous directions (:meth:`~symalign.families.moe.MoEFamily.block_gauge`). The input is one sequence
+    of ``ceil(ratio n / D)`` generic tokens; routing must be generic and stable on it (every expert chosen by
+    some token, the ``k``-th and ``k+1``-th router probabilities of every token apart by more than ``1e-6``),
+    else :class:`~symalign.errors.SymalignError`: an unused expert or a tie would add null directions that
+    are not symmetries.
+    """
+    from symalign.errors import SymalignError
+    from symalign.families import prepare
+    from symalign.probe.measure import probe
+
+    model = float64_numerics(model.to(torch.float64))
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    spec = prepare(model.config, state, family.spec(model.config, state.keys())).spec
+    spec = spec.restrict(spec.select(("experts", "ff"), i))
+    gauge = family.block_gauge(model.config, state, i)
+    mod = BlockProbe(model, i)
+    n = sum(p.numel() for p in mod.parameters())
+    D = int(model.config.hidden_size)
+    x = torch.randn(1, -(-ratio * n // D), D, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    router = mod.mlp.gate
+    with torch.no_grad():
+        p = torch.softmax(x.reshape(-1, D) @ router.weight.T, dim=-1).sort(dim=-1, descending=True)
+    k, E = int(router.top_k), int(router.weight.shape[0])
+    margin = float((p.values[:, k - 1] - p.values[:, k]).min()) if k < E else 1.0
+    used = int(torch.unique(p.indices[:, :k]).numel())
+    if margin <= 1e-6 or used < E:
+        raise SymalignError(f"layer {i}: routing is not generic on the probe's input (top-{k} margin {margin:.1e}, "
+                            f"{used} of {E} experts used); try another seed")
     res = probe(mod, x, method="dense", check_heads=False)
     return LayerProbe(family.family, i, n, int(res.nullity), spec.dim, gauge, float(res.singular_value_gap or 0.0),
                       spec.describe())

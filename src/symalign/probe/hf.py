@@ -147,7 +147,7 @@ def generic_model(config: Any, seed: int = 0) -> nn.Module:
     if hasattr(config, "use_cache"):
         config.use_cache = False
     torch.manual_seed(seed)
-    model = transformers.AutoModel.from_config(config, attn_implementation="eager").to(torch.float64).eval()
+    model = transformers.AutoModel.from_config(config, attn_implementation="eager", experts_implementation="eager").to(torch.float64).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -375,7 +375,9 @@ def probe_hf(source: Any, layer: int = 0, *, block: bool = False, seed: int = 0,
             config.layer_types = list(config.layer_types)[: layer + 1]
     model = generic_model(config, seed)
     state = dict(model.state_dict())
-    spec = layer_spec(adapter.spec(model), layer)
+    full = adapter.spec(model)
+    spaces = getattr(adapter, "layer_spaces", None)  # a Family names all its attention spaces (QK-norm gains too)
+    spec = full.restrict([s for s in spaces(layer) if s in full.spaces]) if spaces else layer_spec(full, layer)
     tensors = list(spec.tensors)
     if not tensors:
         raise ConfigError(f"the {adapter.family} adapter declares no attention spaces for layer {layer}")

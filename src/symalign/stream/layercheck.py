@@ -94,10 +94,14 @@ class LayerChecker:
         verbosity = logging.get_verbosity()
         logging.set_verbosity_error()
         try:
-            model = cls._from_config(cfg)
+            model = cls._from_config(cfg, experts_implementation="eager")
         finally:
             logging.set_verbosity(verbosity)
         self.model = model.to(self.dtype).eval()
+        if self.dtype == torch.float64:  # RMSNorm, eager softmax, MoE routers: in float64 too (same formulas)
+            from symalign.probe.families import float64_numerics
+
+            float64_numerics(self.model)
         self.names = self.model.state_dict()
         self.disk = disk_names(self.model, self.names)
         self.layer0 = layer0

@@ -1,0 +1,258 @@
+r"""Mixture-of-experts decoders: Mixtral, Qwen2-MoE and OLMoE (transformers' fused 3-D expert tensors).
+
+A sparse layer ``i`` (under ``layers.{i}.mlp``) holds
+
+* ``gate.weight`` ``(E, D)``: the router. ``z = W_r x``, ``p = softmax(z)`` over the ``E``
+  experts, the top-``k`` experts by ``p``, weighted by ``p_e`` or, renormalised, by
+  ``p_e / sum_{top-k} p`` (Mixtral always; Qwen2-MoE and OLMoE with ``norm_topk_prob``);
+* ``experts.gate_up_proj`` ``(E, 2F, D)`` (rows ``[gate | up]``: ``chunk(2)`` of the output)
+  and ``experts.down_proj`` ``(E, D, F)``: expert ``e`` computes
+  ``D_e (act(G_e x) * (U_e x))``;
+* Qwen2-MoE only: ``shared_expert.{gate,up,down}_proj`` (a plain gated FF of width
+  ``F_s``, every token) scaled by ``sigmoid(shared_expert_gate.weight x)`` (``(1, D)``).
+
+The block's output is ``sum_{e in top-k} w_e D_e h_e(x)`` (plus the gated shared expert).
+
+**Exact group of the block** (besides the residual stream):
+
+* ``experts.i``: ``S_E``, one permutation ``pi`` on the router's rows and on axis 0 of
+  both expert tensors (softmax, top-``k`` and the renormalisation are equivariant, so
+  ``norm_topk_prob`` either way keeps it);
+* ``expert_ff.i``: ``(S_F)^E`` (:class:`~symalign.groups.BlockPermutations`), the units of
+  each expert: the same permutation on the rows of the gate half and of the up half of
+  ``gate_up_proj[e]`` and on the columns of ``down_proj[e]``; coupled to ``experts.i``
+  (``W'[e] = sigma_e W[pi(e)]``);
+* ``shared_ff.i``: ``S_{F_s}`` on the shared expert's units (Qwen2-MoE).
+
+Routing is discrete: the group has dimension 0 and the probe sees no continuous
+direction from it. Two continuous symmetries of the block are not declared (they do not
+help alignment; :meth:`MoEFamily.block_gauge` names them for the probe): the router's
+softmax shift ``W_r -> W_r + 1 c^T`` (``D``) and the rescaling of a gated unit's up row
+by ``c`` and its down column by ``1 / c`` (``E F + F_s``).
+
+**Residual stream**: RMSNorm pre-norms, so the gains fold into their readers (the
+router's columns, ``gate_up_proj``'s last axis, the shared expert's gate/up and
+``shared_expert_gate``) and the stream has ``O(D)``, acting on those readers' ``D`` axes
+and on the writers' (``down_proj`` axis 1, the shared ``down_proj`` rows); a tied head
+gives ``S_D`` with the gains permuted. Qwen2-MoE's dense layers (``mlp_only_layers``,
+``decoder_sparse_step``) are Llama's gated FF (``ff.i``). Attention is Llama's (Mixtral,
+Qwen2-MoE with ``qkv_bias``) or OLMo 2's QK-norm over all heads (OLMoE; pre-norms).
+OLMoE's ``clip_qkv`` (clamping Q, K and V entries) is refused: ``GL(d)`` on V-O and the
+QK-norm gain scales do not commute with a clamp.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+import torch
+from torch import Tensor
+
+from symalign.errors import CheckpointError
+from symalign.families.base import Decoder, Family, refuse
+from symalign.families.common import RESIDUAL, Prepared
+from symalign.groups import BlockPermutations, Orthogonal, Permutation
+from symalign.spec import SymmetrySpec
+
+
+@dataclass(frozen=True)
+class Experts:
+    """Where a sparse layer's tensors live (relative to the layer; ``None``: absent).
+
+    ``router``/``shared_gate``: ``nn.Linear`` modules (``.weight`` appended);
+    ``gate_up``/``down``: the stacked parameters themselves; ``shared``: the module of a
+    plain gated FF (``gate_proj``, ``up_proj``, ``down_proj``). On disk (what
+    ``save_pretrained`` writes) the block is ``disk_block`` (Mixtral: ``block_sparse_moe``) and
+    each expert ``e`` is three matrices ``experts.{e}.{gate,up,down}`` named ``disk_ffn``.
+    """
+
+    router: str = "mlp.gate"
+    gate_up: str = "mlp.experts.gate_up_proj"
+    down: str = "mlp.experts.down_proj"
+    shared: str | None = None
+    shared_gate: str | None = None
+    disk_block: str = "mlp"
+    disk_ffn: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+
+
+class MoEFamily(Family):
+    """A :class:`Family` whose FF blocks are (some or all) mixtures of experts (module docstring)."""
+
+    moe: ClassVar[Experts] = Experts()
+
+    @property
+    def precision_floor(self) -> float:  # type: ignore[override]
+        """transformers' routers take the softmax (and the top-k weights) in float32 whatever the weights' dtype,
+        on top of the float32 RMSNorm: ``~1e-7`` per layer (measured up to ``8e-7`` on 2-layer models)."""
+        return 1e-5
+
+    def fused(self, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """``state`` with the experts in transformers' in-memory layout (exact; unchanged if already so).
+
+        A checkpoint stores expert ``e`` of a layer as ``{disk_block}.experts.{e}.{gate,up,down}.weight``
+        (``(F, D)``, ``(F, D)``, ``(D, F)``); the model holds ``gate_up_proj[e] = [gate; up]`` (``(E, 2F, D)``)
+        and ``down_proj[e] = down`` (``(E, D, F)``), and the block under ``mlp``. Written back by
+        :func:`symalign.hf_io.saved_names` (transformers' own reverse conversion).
+        """
+        m = self.moe
+        mark = "." + m.disk_block + "."
+        pat = re.compile(r"^experts\.(\d+)\.(" + "|".join(map(re.escape, m.disk_ffn)) + r")\.weight$")
+        out: dict[str, Tensor] = {}
+        experts: dict[str, dict[tuple[int, str], Tensor]] = {}
+        for k, v in state.items():
+            lp, sep, tail = k.partition(mark)
+            hit = pat.match(tail) if sep else None
+            if hit:
+                experts.setdefault(lp + ".", {})[(int(hit.group(1)), hit.group(2))] = v
+            else:
+                out[lp + ".mlp." + tail if sep else k] = v
+        gate, up, down = m.disk_ffn
+        for lp, parts in experts.items():
+            n = 1 + max(e for e, _ in parts)
+            missing = [f"{lp}{m.disk_block}.experts.{e}.{w}.weight" for e in range(n) for w in m.disk_ffn
+                       if (e, w) not in parts]
+            if missing:
+                raise CheckpointError(f"{self.family}: expert tensor {missing[0]!r} is missing")
+            out[lp + m.gate_up] = torch.stack([torch.cat([parts[(e, gate)], parts[(e, up)]]) for e in range(n)])
+            out[lp + m.down] = torch.stack([parts[(e, down)] for e in range(n)])
+        return out
+
+    def prepare(self, config: Any, state: Mapping[str, Tensor], att: SymmetrySpec,
+                arch: str | None = None) -> Prepared:
+        """:meth:`Family.prepare` on the in-memory expert layout (:meth:`fused`)."""
+        return super().prepare(config, self.fused(state), att, arch)
+
+    def sparse(self, s: Mapping[str, Tensor], lp: str) -> bool:
+        """Whether the layer at prefix ``lp`` is a mixture of experts (its router is in the state)."""
+        return lp + self.moe.router + ".weight" in s
+
+    def _reads_writes(self, config: Any, s: Mapping[str, Tensor], lp: str):
+        """``(attention readers, FF readers, writers)``: ``(tensor, D axis)`` lists of the layer at ``lp``."""
+        dec, m = self.declaration(config), self.moe
+        attn = [(lp + n + ".weight", 1) for n in dec.readers_attn()]
+        writers = [(t, 0) for t in (lp + dec.o + ".weight", lp + dec.o + ".bias") if t in s]
+        if self.sparse(s, lp):
+            ff = [(lp + m.router + ".weight", 1), (lp + m.gate_up, 2)]
+            writers.append((lp + m.down, 1))
+            if m.shared and lp + m.shared + ".down_proj.weight" in s:
+                ff += [(lp + m.shared + n, 1) for n in (".gate_proj.weight", ".up_proj.weight")]
+                ff.append((lp + m.shared_gate + ".weight", 1))  # type: ignore[operator]
+                writers.append((lp + m.shared + ".down_proj.weight", 0))
+        else:
+            ff = [(lp + n + ".weight", 1) for n in (dec.gate, dec.up)]  # type: ignore[operator]
+            writers.append((lp + dec.down + ".weight", 0))
+        return attn, ff, writers
+
+    def _permuted_stream(self, spec: SymmetrySpec, config: Any, s: Mapping[str, Tensor], p: str,
+                         head: str | None) -> None:
+        dec = self.declaration(config)
+        spec.add_space(RESIDUAL, Permutation(int(config.hidden_size)), "residual")
+        spec.act_on(p + dec.embed + ".weight", RESIDUAL, 1)
+        if head is not None:
+            spec.act_on(head, RESIDUAL, 1)
+        norms = [p + dec.final_norm]
+        for i in range(int(config.num_hidden_layers)):
+            lp = p + dec.layer.format(i=i)
+            attn, ff, writers = self._reads_writes(config, s, lp)
+            for t, axis in attn + ff + writers:
+                spec.act_on(t, RESIDUAL, axis)
+            norms += [lp + n for n in (dec.pre_attn_norm, dec.pre_ff_norm) if n]
+        for n in norms:
+            spec.act_on(n + ".weight", RESIDUAL, 0)
+
+    def _folded_stream(self, spec: SymmetrySpec, config: Any, s: dict[str, Tensor], p: str, head: str) -> None:
+        dec = self.declaration(config)
+        spec.add_space(RESIDUAL, Orthogonal(int(config.hidden_size)), "residual")
+        spec.act_on(p + dec.embed + ".weight", RESIDUAL, 1, "co")
+        folds = [(p + dec.final_norm, [(head, 1)])]
+        for i in range(int(config.num_hidden_layers)):
+            lp = p + dec.layer.format(i=i)
+            attn, ff, writers = self._reads_writes(config, s, lp)
+            folds += [(lp + dec.pre_attn_norm, attn), (lp + dec.pre_ff_norm, ff)]  # type: ignore[operator]
+            for t, axis in writers:
+                spec.act_on(t, RESIDUAL, axis, "co")
+        for norm, readers in folds:  # RMS(x) * g read by W: W diag(g) on W's D axis, the gain set to 1
+            g = s[norm + ".weight"]
+            for t, axis in readers:
+                shape = [1] * s[t].dim()
+                shape[axis] = -1
+                s[t] = s[t] * g.view(shape)
+                spec.act_on(t, RESIDUAL, axis, "contra")
+            s[norm + ".weight"] = torch.ones_like(g)
+
+    def _ff_spaces(self, spec: SymmetrySpec, config: Any, s: Mapping[str, Tensor], p: str) -> None:
+        dec, m = self.declaration(config), self.moe
+        for i in range(int(config.num_hidden_layers)):
+            lp = p + dec.layer.format(i=i)
+            if not self.sparse(s, lp):  # a dense gated FF (Qwen2-MoE's mlp_only_layers)
+                f = int(s[lp + dec.down + ".weight"].shape[1])
+                spec.add_space(f"ff.{i}", Permutation(f), "ff", i)
+                for n in (dec.gate, dec.up):
+                    spec.act_on(lp + n + ".weight", f"ff.{i}", 0)  # type: ignore[operator]
+                spec.act_on(lp + dec.down + ".weight", f"ff.{i}", 1, "contra")
+                continue
+            gate_up, down = lp + m.gate_up, lp + m.down
+            E, f = int(s[down].shape[0]), int(s[down].shape[2])
+            ex, units = f"experts.{i}", f"expert_ff.{i}"
+            spec.add_space(ex, Permutation(E), "experts", i)
+            spec.add_space(units, BlockPermutations(E, f), "ff", i)
+            for t in (lp + m.router + ".weight", gate_up, down):  # experts first, then the units inside each
+                spec.act_on(t, ex, 0)
+            for seg in ((0, f), (f, f)):  # the same unit permutation on the gate and the up half
+                spec.act_on(gate_up, units, 1, "co", None, seg)
+            spec.act_on(down, units, 2, "contra")
+            spec.couple(ex, units)
+            if m.shared and lp + m.shared + ".down_proj.weight" in s:
+                sh = f"shared_ff.{i}"
+                fs = int(s[lp + m.shared + ".down_proj.weight"].shape[1])
+                spec.add_space(sh, Permutation(fs), "ff", i)
+                for n in (".gate_proj.weight", ".up_proj.weight"):
+                    spec.act_on(lp + m.shared + n, sh, 0)
+                spec.act_on(lp + m.shared + ".down_proj.weight", sh, 1, "contra")
+
+    def block_gauge(self, config: Any, s: Mapping[str, Tensor], i: int) -> dict[str, int]:
+        """Continuous null directions of sparse layer ``i``'s FF block that no declared space covers (module doc):
+        the router's softmax shift (``D``) and the gated units' up/down rescalings (``E F + F_s``)."""
+        dec, m = self.declaration(config), self.moe
+        lp = self.prefix(set(s)) + dec.layer.format(i=i)
+        down = s[lp + m.down]
+        units = int(down.shape[0]) * int(down.shape[2])
+        if m.shared and lp + m.shared + ".down_proj.weight" in s:
+            units += int(s[lp + m.shared + ".down_proj.weight"].shape[1])
+        return {"router softmax shift": int(config.hidden_size), "gated unit rescaling (up row, down column)": units}
+
+
+class MixtralFamily(MoEFamily):
+    family = "Mixtral"
+    model_types = ("mixtral",)
+    decl = Decoder()
+    moe = Experts(disk_block="block_sparse_moe", disk_ffn=("w1", "w3", "w2"))
+
+
+class Qwen2MoeFamily(MoEFamily):
+    family = "Qwen2-MoE"
+    model_types = ("qwen2_moe",)
+    decl = Decoder(qkv_bias=True)
+    moe = Experts(shared="mlp.shared_expert", shared_gate="mlp.shared_expert_gate")
+
+    def declaration(self, config: Any) -> Decoder:
+        """Q/K/V biases follow ``qkv_bias`` (not ``attention_bias``)."""
+        return dataclasses.replace(self.decl, qkv_bias=bool(getattr(config, "qkv_bias", True)))
+
+
+class OlmoeFamily(MoEFamily):
+    family = "OLMoE"
+    model_types = ("olmoe",)
+    decl = Decoder(q_norm="self_attn.q_norm", k_norm="self_attn.k_norm", qk_norm_over="all")
+
+    def check_config(self, config: Any) -> None:
+        clip = getattr(config, "clip_qkv", None)
+        if clip is not None:
+            raise refuse(self.family, f"clip_qkv={clip}", "clamping the Q, K and V entries breaks GL(d) on V-O and "
+                         "the QK-norm gain scales (only sign flips and permutations commute with a clamp)")
+
+
+__all__ = ["Experts", "MixtralFamily", "MoEFamily", "OlmoeFamily", "Qwen2MoeFamily"]
