@@ -152,7 +152,7 @@ def loads_lazily(out: Path, b: Path) -> dict:
     """OUT through ``from_pretrained(device_map="meta")`` and the lazy reader: names, shapes, dtypes as B."""
     import transformers as T
 
-    from symalign.stream.reader import open_checkpoint
+    from symalign.checkpoint.lazy import open_checkpoint
 
     T.utils.logging.set_verbosity_error()
     try:  # needs accelerate

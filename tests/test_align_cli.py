@@ -198,7 +198,7 @@ def test_output_that_changes_b_is_refused_and_old_out_kept(scope, tmp_path, caps
     code, _, err = run_cli([da, db, "-o", out, "--scope", scope], capsys, monkeypatch)
     assert code == 0, err
     before = (out / "model.safetensors").read_bytes()
-    monkeypatch.setattr("symalign.arch.check.functional_difference", lambda *a, **k: 0.5)
+    monkeypatch.setattr("symalign.arch.check.output_change", lambda *a, **k: (0.5, 0.5))
     code, _, err = run_cli([da, db, "-o", out, "--scope", scope, "--force"], capsys, monkeypatch)
     assert code != 0 and "refusing to write" in err and "5.00e-01" in err, err
     assert (out / "model.safetensors").read_bytes() == before

@@ -19,10 +19,6 @@ import torch
 
 from symalign.errors import ConfigError
 
-# HF Llama-style RMSNorm computes in float32 whatever the weights' dtype: a rotated
-# stream changes its rounding, so a float64 check resolves only ~1e-7.
-RMSNORM_FLOOR = 1e-6
-
 
 def run_align_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
                     force: bool = False, max_iter: int = 20, write_reference: Path | None = None,
@@ -32,7 +28,7 @@ def run_align_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full
     ``say``: receives progress lines (stderr in the CLI)."""
     from symalign import hf_io
     from symalign.match.distance import distance, relative_distance
-    from symalign.families.hfmodel import LLAMA_LIKE, prepare
+    from symalign.families.hfmodel import prepare
     from symalign.match.whole import match_whole
     from symalign.spec import apply
 
@@ -66,7 +62,6 @@ def run_align_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full
     out_state = apply(spec, result.transform, pb.state)
     after = relative_distance(pa.state, out_state, spec.tensors)
     t_match = time.perf_counter()
-    floor = RMSNORM_FLOOR if b.config.model_type in LLAMA_LIKE else 0.0
     marker = {"command": "align", "scope": "model", "folded": True, "untied_head": pb.untied,
               "a": str(Path(a_dir).resolve()), "b": str(Path(b_dir).resolve()),
               "reference": str(ref_path) if ref_path is not None else None}
@@ -74,13 +69,14 @@ def run_align_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full
     tmp = hf_io.stage_checkpoint(out_path, out_state, b_dir, {"tie_word_embeddings": False} if pb.untied else None,
                                  marker=marker)
     del out_state
-    verify = hf_io.verify_and_commit(tmp, out_path, b, b_dir, "whole-model alignment", floor)
+    chk = hf_io.verify_and_commit(tmp, out_path, b, b_dir, "whole-model alignment")
+    verify = {"relative_output_change": chk.rel, "tolerance": chk.tolerance, "dtype": chk.dtype}
     reference = None
     if ref_path is not None:
         from symalign.hf_fold import write_folded
 
         say("writing A's folded form (--write-reference)")
-        reference = {"path": str(ref_path), "verify": write_folded(a, ref_path)}
+        reference = {"path": str(ref_path), "verify": write_folded(a, ref_path).to_dict()}
     t_end = time.perf_counter()
     notes = list(pb.notes)
     if not result.converged:

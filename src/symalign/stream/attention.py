@@ -11,11 +11,12 @@ For each layer, in order:
    Q|K|V tensors cut into their segments) and apply the transform exactly;
 3. check the layer's function through the family's own code
    (:class:`~symalign.stream.layercheck.LayerChecker`): the exact (working-dtype)
-   aligned layer must reproduce B's layer output to ``1e-8`` relative (float64
-   check), and the layer as stored (rounded to B's dtype) within the tolerance of
-   that dtype;
+   aligned layer must reproduce B's layer output within the tolerance of the check's
+   and the working dtype (``1e-10`` relative in float64), and the layer as stored
+   (rounded to B's dtype) within the tolerance of that dtype
+   (:mod:`symalign.tolerance`);
 4. round to B's dtype and write the tensors into OUT's shards
-   (:class:`~symalign.stream.writer.ShardWriter`).
+   (:class:`~symalign.checkpoint.shards.ShardWriter`).
 
 Every other tensor of B is copied byte for byte. OUT is committed only when every
 layer passed; on any error nothing is left behind.
@@ -33,11 +34,11 @@ from symalign.errors import SymalignError
 from symalign.stream.layercheck import LayerChecker, layer_prefix
 from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
-from symalign.stream.reader import LazyCheckpoint, check_same_architecture, open_checkpoint
-from symalign.stream.writer import ShardWriter
+from symalign.tolerance import function_tolerance
+from symalign.checkpoint.lazy import LazyCheckpoint, check_same_architecture, open_checkpoint
+from symalign.checkpoint.shards import ShardWriter
 
 FLOAT64_MAX_LAYER_PARAMS = 150_000_000
-EXACT_TOL = 1e-8  # float64 check of the unrounded transform
 
 
 def work_dtype(n_params: int) -> torch.dtype:
@@ -59,10 +60,14 @@ def sq(x: torch.Tensor) -> float:
     return float(x.double().pow(2).sum())
 
 
-def stored_tolerance(dtype: torch.dtype, check: torch.dtype) -> float:
-    from symalign.arch.check import TOLERANCE
+def stored_tolerance(dtype: torch.dtype, check: torch.dtype, floor: float = 0.0) -> float:
+    """Bound on a layer's output change as stored in ``dtype``, checked in ``check``."""
+    return function_tolerance(dtype, check, floor=floor)
 
-    return max(TOLERANCE.get(dtype, 1e-4), TOLERANCE[check])
+
+def exact_tolerance(work: torch.dtype, check: torch.dtype, floor: float = 0.0) -> float:
+    """Bound on a layer's output change with the unrounded transform (computed in ``work``)."""
+    return function_tolerance(work, check, floor=floor)
 
 
 def open_pair(a_dir: Path, b_dir: Path) -> tuple[LazyCheckpoint, LazyCheckpoint]:
@@ -79,14 +84,14 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
 
     ``return_transform``: add the group element found (``"transform"``: space -> tensor) to the result.
     """
-    from symalign import hf_io
+    from symalign.checkpoint.output import check_output_dir, commit
     from symalign.arch.fused import split_segments
     from symalign.match import match_attention
     from symalign.spec import apply
 
     t0 = time.perf_counter()
     bound_heap()
-    out_path = hf_io.check_output_dir(out_dir, [a_dir, b_dir], force)
+    out_path = check_output_dir(out_dir, [a_dir, b_dir], force)
     a, b = open_pair(a_dir, b_dir)
     spec = b.adapter.spec(b.config, b.keys)
     L = n_layers(spec)
@@ -95,9 +100,8 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
     dt = work_dtype(att_params)
     layer0 = layer_prefix(names_of[0][0], 0) if L else ""
     checker = LayerChecker(b.config, b.adapter, layer0, shrink_ff=True, layer_params=att_params * 2)
-    tol = stored_tolerance(b.dtype, checker.dtype)
-    exact_tol = max(EXACT_TOL if checker.dtype == torch.float64 and dt == torch.float64 else 1e-4,
-                    b.adapter.precision_floor)
+    tol = stored_tolerance(b.dtype, checker.dtype, b.adapter.precision_floor)
+    exact_tol = exact_tolerance(dt, checker.dtype, b.adapter.precision_floor)
     shapes = {n: t.shape for n, t in b.tensors.items()}
     total_bytes = sum(a.tensors[n].nbytes for names in names_of for n in names) + b.nbytes
     layers, per_before, per_after, checks = [], [], [], []
@@ -153,7 +157,7 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
             bar.update(a.bytes_read + b.bytes_read, "done")
         tmp = writer.stage(marker={"command": "align", "scope": "attention", "folded": False, "streamed": True,
                                    "a": str(Path(a_dir).resolve()), "b": str(Path(b_dir).resolve())})
-        hf_io.commit(tmp, out_path)
+        commit(tmp, out_path)
     except BaseException:
         writer.abort()
         raise

@@ -31,7 +31,7 @@ def streamable(a_dir: Path, scope: str) -> str | None:
     """``None`` if the streamed engine covers this checkpoint and scope, else why not."""
     if scope == "attention":
         return None
-    from symalign.hf_io import load_config
+    from symalign.checkpoint.config import load_config
     from symalign.families.hfmodel import LLAMA_LIKE
 
     mt = load_config(a_dir).model_type

@@ -46,16 +46,14 @@ from torch import Tensor
 from symalign.errors import ConfigError, MatchError, SymalignError
 from symalign.groups import Orthogonal, Permutation, PositiveMonomial, apply_on_axis
 from symalign.spec import SymmetrySpec, apply
-from symalign.stream.attention import EXACT_TOL, layer_of, n_layers, open_pair, sq, stored_tolerance, work_dtype
+from symalign.stream.attention import (exact_tolerance, layer_of, n_layers, open_pair, sq, stored_tolerance,
+                                      work_dtype)
 from symalign.stream.layercheck import LayerChecker, layer_prefix
 from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
-from symalign.stream.reader import LazyCheckpoint
-from symalign.stream.writer import ShardWriter
+from symalign.checkpoint.lazy import LazyCheckpoint
+from symalign.checkpoint.shards import ShardWriter
 
-# HF Llama-style RMSNorm computes in float32 whatever the weights' dtype: a rotated
-# stream changes its rounding, so even a float64 check resolves only ~1e-7.
-RMSNORM_FLOOR = 1e-6
 CHUNK_ELEMENTS = 1 << 24  # rows of a big global tensor (embedding, head) read at a time
 
 
@@ -281,12 +279,12 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
                      force: bool = False, progress: bool = True, max_iter: int = 20,
                      rtol: float = 1e-6) -> dict[str, Any]:
     """Streamed whole-model alignment (see the module docstring); writes OUT."""
-    from symalign import hf_io
+    from symalign.checkpoint.output import check_output_dir, commit
     from symalign.families.hfmodel import LLAMA_LIKE
 
     t0 = time.perf_counter()
     bound_heap()
-    out_path = hf_io.check_output_dir(out_dir, [a_dir, b_dir], force)
+    out_path = check_output_dir(out_dir, [a_dir, b_dir], force)
     a, b = open_pair(a_dir, b_dir)
     if b.config.model_type not in LLAMA_LIKE:
         raise ConfigError(f"streamed --scope model supports {', '.join(LLAMA_LIKE)}; use --no-stream for "
@@ -299,9 +297,9 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
 
     # final pass: apply, check per layer, write
     checker = LayerChecker(b.config, b.adapter, w.prefixes[0], shrink_ff=False, layer_params=w.layer_params)
-    floor = RMSNORM_FLOOR
-    exact_tol = max(EXACT_TOL if checker.dtype == torch.float64 and w.dtype == torch.float64 else 1e-4, floor)
-    tol = max(stored_tolerance(b.dtype, checker.dtype), floor)
+    floor = b.adapter.precision_floor  # HF RMSNorm computes in float32: a rotated stream changes its rounding
+    exact_tol = exact_tolerance(w.dtype, checker.dtype, floor)
+    tol = stored_tolerance(b.dtype, checker.dtype, floor)
     emb = checker.model.get_input_embeddings().weight
     emb_name = next(k for k, v in checker.model.named_parameters() if v is emb)
     rotated_emb = {emb_name: checker.base[emb_name] @ w.O.T.to(checker.dtype)}
@@ -342,7 +340,7 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
                            marker={"command": "align", "scope": "model", "folded": True, "streamed": True,
                                    "untied_head": bool(w.prep_b.untied),
                                    "a": str(Path(a_dir).resolve()), "b": str(Path(b_dir).resolve())})
-        hf_io.commit(tmp, out_path)
+        commit(tmp, out_path)
     except BaseException:
         writer.abort()
         raise
