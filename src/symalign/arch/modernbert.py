@@ -23,6 +23,7 @@ from typing import Any
 from symalign.arch.base import Adapter, AttentionLayout, Proj, bias_if, gl, heads_of
 from symalign.arch.rope import rotary_dims
 from symalign.groups import RotaryPlanes
+from symalign.tolerance import FLOAT32_ROTARY_FLOOR
 
 
 class ModernBertAdapter(Adapter):
@@ -31,7 +32,7 @@ class ModernBertAdapter(Adapter):
     pairing = "half"
     auto_classes = ("AutoModelForMaskedLM", "AutoModel")
     probe = "layers.0.attn.Wqkv.weight"
-    precision_floor = 1e-5
+    precision_floor = FLOAT32_ROTARY_FLOOR
 
     def layouts(self, config: Any, prefix: str, keys: set[str]) -> list[AttentionLayout]:
         _, h, d, _ = heads_of(config)

@@ -99,7 +99,7 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
         for k, d in enumerate(dirs[1:] if not universe else [], 1):
             if align:
                 info = run_align(dirs[0], d, scratch / str(k), scope=scope, stage2=stage2)
-                aligned_info.append({"model": str(d), "distance": info["distance"], "verify": info["verify"]})
+                aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict()})
                 states.append(load_checkpoint(scratch / str(k)).state)
                 shutil.rmtree(scratch / str(k), ignore_errors=True)
             else:

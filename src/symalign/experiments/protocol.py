@@ -37,6 +37,7 @@ from symalign.atomic import write_json as write_json_atomic
 from symalign.errors import ConfigError, SymalignError
 from symalign.experiments.config import ExperimentConfig
 from symalign.spec import ATTENTION_ROLES, SymmetrySpec, apply
+from symalign.tolerance import function_tolerance
 
 
 def scope_layers(scope: str, n_layers: int) -> list[int]:
@@ -211,7 +212,7 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
         first_match = first_match or m
         rb2 = {**rb, **apply(spec, m.transform, rb)}
         change = relative_output_change(arch_a, rb2, sb, batches[0][0], model_b)
-        tol = 1e-4 if next(iter(sb.values())).dtype == torch.float32 else 1e-9
+        tol = function_tolerance(next(iter(sb.values())).dtype)
         if change > tol:
             raise SymalignError(f"alignment changed model B's function (relative change {change:.2e} > {tol:g}); "
                                 "this is a bug -- please report it with the config")
