@@ -64,6 +64,12 @@ class PhaseClock:
         finally:
             self.spent[phase] += time.perf_counter() - t
 
+    def since(self, phase: str, t: float) -> None:
+        """Count the time since ``t`` (a ``time.perf_counter()`` value) to ``phase``."""
+        if phase not in self.spent:
+            raise ValueError(f"unknown phase {phase!r}; one of {', '.join(PHASES)}")
+        self.spent[phase] += time.perf_counter() - t
+
     def timings(self) -> Timings:
         return Timings(**{f"{p}_s": v for p, v in self.spent.items()}, total_s=time.perf_counter() - self.t0)
 

@@ -13,6 +13,8 @@
   the reference's shard layout with its non-weight files, the function check before the atomic commit).
 * :mod:`~symalign.checkpoint.shards`: :class:`ShardWriter`, streamed atomic writing in B's exact shard
   layout.
+* :mod:`~symalign.checkpoint.statedict`: plain ``torch.save`` state-dict files (``align --module``).
+* :mod:`~symalign.checkpoint.merged`: a universe merge in rewritten form (``save_merged`` / ``load_merged``).
 """
 
 from symalign.checkpoint.native import (CONFIG_FILE, FORMAT, LATEST, MODEL_FILE, OPTIM_FILE, VERSION, Checkpoint,

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from symalign.align_result import AlignResult, PhaseClock
-from symalign.atomic import atomic_path
+from symalign.checkpoint.statedict import load_state_file, save_state_file
 from symalign.errors import CheckpointError, ConfigError
 from symalign.provenance import provenance
 from symalign.tolerance import dtype_name
@@ -60,15 +60,8 @@ def load_factory(spec: str) -> tuple[nn.Module, Any]:
 
 
 def load_state(path: Path, who: str) -> dict[str, torch.Tensor]:
-    if not Path(path).is_file():
-        raise CheckpointError(f"{who} {path} is not a file (expected torch.save(model.state_dict(), path))")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 -- corrupt or foreign file
-        raise CheckpointError(f"cannot read {who} {path} as a torch state dict ({type(e).__name__})") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{who} {path} holds a {type(state).__name__}, not a state dict")
-    return state
+    """A ``torch.save``d state dict (:func:`symalign.checkpoint.statedict.load_state_file`)."""
+    return load_state_file(path, who)
 
 
 def run_align_module(module: str, a_path: Path, b_path: Path, out: Path, scope: str = "model",
@@ -94,8 +87,7 @@ def run_align_module(module: str, a_path: Path, b_path: Path, out: Path, scope: 
         res = align_states(model, state_a, state_b, inputs, scope=scope, stage1=stage1, stage2=stage2,
                            max_iter=max_sweeps)
     with clock("write"):
-        with atomic_path(out) as tmp:
-            torch.save(res.state, tmp)
+        save_state_file(res.state, out)
     m = res.match
     sweeps, converged = (getattr(m, "iterations", 1), getattr(m, "converged", True))
     dtype = next((v.dtype for v in state_b.values() if v.is_floating_point()), torch.float32)

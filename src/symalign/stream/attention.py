@@ -104,7 +104,7 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
     checker = LayerChecker(b.config, b.adapter, layer0, shrink_ff=True, layer_params=att_params * 2)
     tol = stored_tolerance(b.dtype, checker.dtype, b.adapter.precision_floor)
     exact_tol = exact_tolerance(dt, checker.dtype, b.adapter.precision_floor)
-    clock.spent["prepare"] += time.perf_counter() - t_prep
+    clock.since("prepare", t_prep)
     shapes = {n: t.shape for n, t in b.tensors.items()}
     total_bytes = sum(a.tensors[n].nbytes for names in names_of for n in names) + b.nbytes
     layers, per_before, per_after, checks = [], [], [], []
