@@ -152,7 +152,7 @@ def loads_lazily(out: Path, b: Path) -> dict:
     """OUT through ``from_pretrained(device_map="meta")`` and the lazy reader: names, shapes, dtypes as B."""
     import transformers as T
 
-    from symalign.stream.reader import open_checkpoint
+    from symalign.checkpoint.lazy import open_checkpoint
 
     T.utils.logging.set_verbosity_error()
     try:  # needs accelerate
@@ -176,17 +176,17 @@ def summarise(r: dict, floor_s: float, read_bytes_floor: int) -> dict:
     info = json.loads(r["out"])
     st = info["stream"]
     grams = st.get("time_grams_s", 0.0)  # stage-1 products (+ its tiny assignment), stage-2 Grams, FF and residual
-    v = info["verify"]
+    v = info["check"]
     return {"wall_s": round(r["wall_s"], 1), "peak_rss_gb": round(r["peak_rss"] / 2**30, 3),
             "passes": st["passes"], "bytes_read_gb": round(st["bytes_read"] / 2**30, 2),
             "read_bandwidth_gb_s": round(st["bytes_read"] / 2**30 / r["wall_s"], 3),
             "grams_s": round(grams, 1), "floor_s": round(floor_s + grams, 1),
             "wall_over_floor": round(r["wall_s"] / (floor_s + grams), 2),
             "distance": {"before": info["distance"]["before"]["total"], "after": info["distance"]["after"]["total"]},
-            "check": {"layers": len(v["per_layer"]), "exact_max": v["exact_relative_change"],
-                      "stored_max": v["relative_output_change"], "dtype": v["dtype"],
-                      "tolerance": v["tolerance"], "exact_tolerance": v["exact_tolerance"]},
-            "converged": info.get("match", {}).get("converged"), "timing_s": info.get("timing_s"),
+            "check": {"layers": len(v["layers"]) // 2, "exact_max": (v["exact"] or {}).get("rel"),
+                      "stored_max": v["rel"], "dtype": v["dtype"],
+                      "tolerance": v["tolerance"], "exact_tolerance": (v["exact"] or {}).get("tolerance")},
+            "converged": info.get("converged"), "timings": info.get("timings"),
             "self_reported_peak_rss_gb": round(st.get("peak_rss_bytes", 0) / 2**30, 3),
             "matcher_totals": info.get("match", {}).get("totals"),
             "per_layer_time_s": [round(x.get("time_s", 0.0), 2) for x in info.get("match", {}).get("layers", [])

@@ -67,7 +67,8 @@ def test_planted_vit_cli_recovers_a_and_keeps_b(factory, tmp_path, capsys, monke
     assert code == 0, err
     info = json.loads(out)
     assert info["distance"]["before"]["total"] > 0.5 and info["distance"]["after"]["total"] < 1e-5
-    assert info["verify"]["relative_output_change_float64"] <= 1e-10
+    assert info["path"] == "module" and info["check"]["exact"]["dtype"] == "float64"
+    assert info["check"]["exact"]["rel"] <= 1e-10 and info["check"]["passed"]
     bp = torch.load(tmp_path / "out" / "B_aligned.pt", weights_only=True)
     with torch.no_grad():  # independently: B' computes B's function through the module's own forward
         model.load_state_dict(b)
@@ -129,5 +130,5 @@ def test_attention_scope_recovers_a_planted_attention_element_through_fused_segm
     b = apply(sub, sample(sub, 11), a)
     out = align_states(model.double(), a, b, x.double(), scope="attention", traced=res)
     assert out.distance_before > 0.3 and out.distance_after < 1e-8
-    assert out.verify["relative_output_change_float64"] <= 1e-10
+    assert out.verify.exact.rel <= 1e-10 and out.verify.passed
     assert set(out.match.transform) == set(att)

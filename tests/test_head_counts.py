@@ -40,7 +40,7 @@ def pair(request, tmp_path):
 
 
 def test_same_tensor_shapes(pair):
-    from symalign.hf_io import load_checkpoint
+    from symalign.checkpoint.hf import load_checkpoint
 
     a, b = load_checkpoint(pair[0]), load_checkpoint(pair[1])
     assert {k: v.shape for k, v in a.state.items()} == {k: v.shape for k, v in b.state.items()}

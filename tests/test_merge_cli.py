@@ -187,7 +187,7 @@ def test_failed_alignment_writes_nothing_and_keeps_old_out(tmp_path, monkeypatch
     code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, "-o", tmp_path / "M")
     assert code == 0, err
     before = (tmp_path / "M" / "model.safetensors").read_bytes()
-    monkeypatch.setattr("symalign.arch.check.functional_difference", lambda *a, **k: 0.5)
+    monkeypatch.setattr("symalign.arch.check.output_change", lambda *a, **k: (0.5, 0.5))
     for target, extra in (("M2", []), ("M", ["--force"])):
         code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, "-o", tmp_path / target, *extra)
         assert code == 2 and "refusing to write" in err, err

@@ -44,7 +44,7 @@ def _midpoint_in_solver_coordinates(a_dir, out_dir, tmp, data_args):
     """Loss of 0.5 (fold(A) + OUT), built from the solver's tensors, on the same evaluation batches."""
     from safetensors.torch import load_file, save_file
 
-    from symalign import hf_io
+    from symalign.checkpoint import hf as hf_io
     from symalign.evaluate import EvalOptions, build_eval, evaluate_model
     from symalign.hf_lmc import load_hf_model
     from symalign.families import prepare

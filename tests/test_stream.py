@@ -61,7 +61,8 @@ def test_sharded_run_bit_identical_to_unsharded_and_to_in_memory(tmp_path, capsy
     assert code == 0, err
     info = json.loads(out)
     assert info["stream"]["shards"] == len(list(db.glob("*.safetensors")))
-    assert info["verify"]["exact_relative_change"] < 1e-12
+    assert info["check"]["kind"] == "per-layer" and info["check"]["passed"] and info["path"] == "streamed"
+    assert info["check"]["exact"]["rel"] < 1e-12 and len(info["check"]["layers"]) == 2 * mb.config.num_hidden_layers
     code, _, err = _align(monkeypatch, capsys, tmp_path / "A1", tmp_path / "B1", "-o", tmp_path / "OUT1", "--stream")
     assert code == 0, err
     code, _, err = _align(monkeypatch, capsys, tmp_path / "A1", tmp_path / "B1", "-o", tmp_path / "MEM", "--no-stream")
@@ -112,7 +113,9 @@ def test_streamed_model_scope_matches_in_memory_sweeps(family, tmp_path):
     _pair(tmp_path, family=family, dtype=torch.float64, shard="20KB", tie_word_embeddings=False)
     s = run_align(tmp_path / "A", tmp_path / "B", tmp_path / "S", scope="model", stream=True, max_iter=4)
     m = run_align(tmp_path / "A", tmp_path / "B", tmp_path / "M", scope="model", stream=False, max_iter=4)
-    ds, dm = s["match"]["distances"], m["match"]["distances"]
+    assert (s.path, m.path) == ("streamed", "in-memory") and s.sweeps == m.sweeps == 4
+    assert set(s.to_dict()) == set(m.to_dict())  # one JSON shape for both paths
+    ds, dm = s.match["distances"], m.match["distances"]
     assert len(ds) == len(dm) == 5
     for x, y in zip(ds, dm):
         assert abs(x - y) <= 1e-9 * dm[0]
@@ -133,7 +136,7 @@ def test_bf16_stays_bf16_and_is_the_rounded_exact_transform(tmp_path):
     assert all(v.dtype == torch.bfloat16 for v in out.values())
     sb = {k: v.to(torch.float64) for k, v in _state(db).items()}
     spec = get_adapter(mb.config).spec(mb.config, sb.keys())
-    exact = apply(spec, info["transform"], sb)  # float64 products, the in-memory apply
+    exact = apply(spec, info.transform, sb)  # float64 products, the in-memory apply
     worst = 0.0
     for k in spec.tensors:
         x, w = exact[k], out[k].to(torch.float64)
@@ -142,8 +145,8 @@ def test_bf16_stays_bf16_and_is_the_rounded_exact_transform(tmp_path):
         assert bool((err <= 2.0 ** -8 * x.abs() + 1e-38).all()), k
         worst = max(worst, float((err / x.abs().clamp_min(1e-30)).max()))
     assert 0 < worst <= 2.0 ** -8
-    assert info["verify"]["exact_relative_change"] < 1e-12  # the unrounded transform, float64 layer check
-    assert info["verify"]["relative_output_change"] < 5e-2
+    assert info.check.exact.rel < 1e-12 and not info.check.exact.stored  # the unrounded transform, float64
+    assert info.check.rel < 5e-2 and info.check.tolerance == 8 * torch.finfo(torch.bfloat16).eps
 
 
 def _shard_files(d: Path) -> list[Path]:

@@ -18,7 +18,7 @@ import torch
 from hf_tiny import T, config, inputs, randomize, rel
 from _cli_util import run_symalign
 
-from symalign import hf_io
+from symalign.checkpoint import hf as hf_io, output as hf_out
 from symalign.families import get_adapter
 from symalign.arch.check import _first_output
 from symalign.errors import ConfigError
@@ -181,7 +181,7 @@ def test_planted_whole_model_recovery_cli(family, cls, kw, tmp_path, capsys, mon
     a.save_pretrained(tmp_path / "A")
     ck = hf_io.load_checkpoint(tmp_path / "A")
     pa = prepare(ck.config, ck.state, ck.adapter.spec(ck.config, ck.state.keys()))
-    hf_io.write_checkpoint(tmp_path / "B", apply(pa.spec, sample(pa.spec, 11), pa.state), tmp_path / "A")
+    hf_out.write_checkpoint(tmp_path / "B", apply(pa.spec, sample(pa.spec, 11), pa.state), tmp_path / "A")
     info = _run(tmp_path, capsys, monkeypatch)
     assert "residual" in info["group"]["spaces"] and info["notes"]
     assert info["distance"]["before"]["total"] > 0.1

@@ -18,43 +18,40 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from symalign import hf_io
+from symalign.checkpoint.hf import HFCheckpoint, load_checkpoint
+from symalign.checkpoint.output import read_marker, stage_checkpoint, verify_and_commit
+from symalign.tolerance import FunctionCheck
 
-# Llama-style RMSNorm computes in float32 whatever the weights' dtype (see align_model).
-RMSNORM_FLOOR = 1e-6
 
-
-def fold(ckpt: hf_io.Checkpoint):
+def fold(ckpt: HFCheckpoint):
     """The :class:`~symalign.families.common.Prepared` rewrite of a loaded checkpoint."""
     from symalign.families import prepare
 
     return prepare(ckpt.config, ckpt.state, ckpt.adapter.spec(ckpt.config, ckpt.state.keys()))
 
 
-def stage_folded(ckpt: hf_io.Checkpoint, out: str | os.PathLike, marker: dict[str, Any] | None = None) -> Path:
-    """``fold(ckpt)`` staged as a checkpoint beside ``out`` (see :func:`hf_io.stage_checkpoint`),
+def stage_folded(ckpt: HFCheckpoint, out: str | os.PathLike, marker: dict[str, Any] | None = None) -> Path:
+    """``fold(ckpt)`` staged as a checkpoint beside ``out`` (see :func:`symalign.checkpoint.output.stage_checkpoint`),
     marked ``{"folded": true}``; returns the staging folder."""
     p = fold(ckpt)
     edits = {"tie_word_embeddings": False} if p.untied else None
     mark = {"command": "align --write-reference", "folded": True, "folded_from": str(Path(ckpt.path).resolve()),
             "untied_head": p.untied, **(marker or {})}
-    return hf_io.stage_checkpoint(out, p.state, ckpt.path, edits, marker=mark)
+    return stage_checkpoint(out, p.state, ckpt.path, edits, marker=mark)
 
 
-def write_folded(ckpt: hf_io.Checkpoint, out: str | os.PathLike, marker: dict[str, Any] | None = None
-                 ) -> dict[str, Any]:
-    """Write ``fold(ckpt)`` to ``out`` (checked first with :func:`hf_io.check_output_dir`) only
-    if it computes ``ckpt``'s function; returns the check's numbers."""
-    from symalign.families import LLAMA_LIKE
-
-    floor = RMSNORM_FLOOR if ckpt.config.model_type in LLAMA_LIKE else 0.0
+def write_folded(ckpt: HFCheckpoint, out: str | os.PathLike, marker: dict[str, Any] | None = None
+                 ) -> FunctionCheck:
+    """Write ``fold(ckpt)`` to ``out`` (checked first with
+    :func:`symalign.checkpoint.output.check_output_dir`) only if it computes ``ckpt``'s function
+    (the adapter's precision floor covers float32 RMSNorm); returns the check."""
     tmp = stage_folded(ckpt, out, marker)
-    return hf_io.verify_and_commit(tmp, Path(out).resolve(), ckpt, ckpt.path, "the folded reference", floor)
+    return verify_and_commit(tmp, Path(out).resolve(), ckpt, ckpt.path, "the folded reference")
 
 
 def is_folded(path: str | os.PathLike) -> bool:
     """Whether symalign marked the checkpoint at ``path`` as being in folded form."""
-    return bool(hf_io.read_marker(path).get("folded"))
+    return bool(read_marker(path).get("folded"))
 
 
 def folded_copy(a_dir: str | os.PathLike, parent: str | os.PathLike | None = None) -> tuple[Path, Path]:
@@ -62,5 +59,5 @@ def folded_copy(a_dir: str | os.PathLike, parent: str | os.PathLike | None = Non
     returns ``(checkpoint folder, folder to remove afterwards)``."""
     scratch = Path(tempfile.mkdtemp(prefix="symalign-folded-", dir=parent))
     out = scratch / "folded"
-    write_folded(hf_io.load_checkpoint(a_dir), out, {"command": "interpolate (temporary)"})
+    write_folded(load_checkpoint(a_dir), out, {"command": "interpolate (temporary)"})
     return out, scratch

@@ -24,9 +24,9 @@ from symalign.evaluate.run import Metrics
 
 
 def load_hf_model(path: str | Path) -> nn.Module:
-    """``from_pretrained`` with the class the checkpoint names (validated by :mod:`symalign.hf_io`)."""
+    """``from_pretrained`` with the class the checkpoint names (validated by :mod:`symalign.checkpoint`)."""
     from symalign.families import get_adapter
-    from symalign.hf_io import load_config
+    from symalign.checkpoint.config import load_config
 
     from transformers.utils import logging
 
@@ -58,15 +58,16 @@ def load_rewritten(path: str | Path) -> nn.Module:
     (:func:`symalign.families.prepare`: norm gains folded, GPT-2's head untied), loaded with
     ``from_pretrained`` from a temporary copy. It computes the checkpoint's function; ``prepare`` leaves
     a checkpoint that is already in this format (an aligned output) unchanged."""
-    from symalign import hf_io
+    from symalign.checkpoint.hf import load_checkpoint
+    from symalign.checkpoint.output import stage_checkpoint
     from symalign.families import prepare
 
-    ckpt = hf_io.load_checkpoint(path)
+    ckpt = load_checkpoint(path)
     prep = prepare(ckpt.config, ckpt.state, ckpt.adapter.spec(ckpt.config, ckpt.state.keys()))
     edits = {"tie_word_embeddings": False} if prep.untied else None
     scratch = Path(tempfile.mkdtemp(prefix=".symalign-rewrite-"))
     try:
-        tmp = hf_io.stage_checkpoint(scratch / "model", prep.state, path, edits)
+        tmp = stage_checkpoint(scratch / "model", prep.state, path, edits)
         return load_hf_model(tmp)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -83,7 +84,8 @@ def load_pair(dir_a: str | Path, dir_b: str | Path, data: str, opts: EvalOptions
     for the baseline curve, so both curves see the very same tokens and masks).
     """
     from symalign.errors import ConfigError, MatchError
-    from symalign.hf_io import check_same_architecture, load_checkpoint
+    from symalign.checkpoint.config import check_same_architecture
+    from symalign.checkpoint.hf import load_checkpoint
 
     if scope not in ("attention", "model"):
         raise ConfigError(f"unknown scope {scope!r}; use attention or model")

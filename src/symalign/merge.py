@@ -9,12 +9,9 @@ weights ``w_k >= 0`` normalised to ``sum_k w_k = 1``, the merged model is
 per floating tensor (summed in float64, cast back to the first checkpoint's dtype
 of that tensor); integer tensors are taken from the first checkpoint.
 
-:func:`stage_like` writes a state as a checkpoint laid out like a reference one:
-its non-weight files (config, tokenizer, image processor, generation config)
-copied, ``config_edits`` merged into ``config.json``, and the tensors in the same
-safetensors files (``model.safetensors``, or the shards of
-``model.safetensors.index.json`` with the same file names and tensor-to-shard
-map; a tensor the reference lacks goes to the last shard).
+The merged state is written laid out like the first checkpoint by
+:func:`symalign.checkpoint.output.stage_checkpoint` (its non-weight files, its shard
+files; ``stage_like`` is that function's older name here).
 
 :func:`universe_states` aligns every checkpoint to their evolving weighted
 average instead of to the first (seed 002's universe matching).
@@ -22,17 +19,14 @@ average instead of to the first (seed 002's universe matching).
 
 from __future__ import annotations
 
-import json
-import shutil
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
+from symalign.checkpoint.layout import shard_map
+from symalign.checkpoint.output import stage_checkpoint
 from symalign.errors import ConfigError
-from symalign.atomic import fix_modes, make_temp_dir
-from symalign.hf_io import INDEX_NAME, WEIGHTS_NAME, copy_non_weights, load_config, saved_names
 
 
 def normalise_weights(weights: Sequence[float] | None, n: int) -> list[float]:
@@ -63,45 +57,7 @@ def weighted_average(states: Sequence[Mapping[str, Tensor]], weights: Sequence[f
     return out
 
 
-def shard_map(like: Path) -> dict[str, str] | None:
-    """The reference's tensor -> shard file map, or ``None`` for a single ``model.safetensors``."""
-    index = like / INDEX_NAME
-    if not index.is_file():
-        return None
-    return dict(json.loads(index.read_text())["weight_map"])
-
-
-def stage_like(out: Path, state: Mapping[str, Tensor], like: Path,
-               config_edits: Mapping[str, Any] | None = None, marker: Mapping[str, Any] | None = None) -> Path:
-    """A complete checkpoint laid out like ``like`` in a temporary sibling of ``out`` (removed on failure),
-    holding symalign's marker file (``{"tool": "symalign", **marker}``, so ``--force`` may replace it later)
-    and with the modes the umask gives."""
-    from safetensors.torch import save_file
-
-    out = Path(out).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp_dir(out.parent, f".{out.name}.tmp-")
-    try:
-        copy_non_weights(like, tmp, config_edits, marker)
-        tensors = {k: v.detach().contiguous() for k, v in saved_names(load_config(tmp), state).items()}
-        layout = shard_map(Path(like))
-        if layout is None:
-            save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
-            fix_modes(tmp)
-            return tmp
-        files = sorted(set(layout.values()))
-        weight_map = {k: layout.get(k, files[-1]) for k in tensors}
-        for f in files:
-            part = {k: v for k, v in tensors.items() if weight_map[k] == f}
-            save_file(part, str(tmp / f), metadata={"format": "pt"})
-        total = sum(v.numel() * v.element_size() for v in tensors.values())
-        (tmp / INDEX_NAME).write_text(json.dumps({"metadata": {"total_size": total},
-                                                  "weight_map": dict(sorted(weight_map.items()))}, indent=2))
-        fix_modes(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return tmp
+stage_like = stage_checkpoint  # the name this had before symalign.checkpoint.output
 
 
 def universe_states(ckpts: list[Any], weights: list[float], rounds: int = 3, stage2: str = "full"

@@ -3,8 +3,9 @@
 Guards against adapter (and matcher) bugs: both directories are loaded with
 ``from_pretrained`` exactly as a user would, one after the other, run on the
 same small random batch, and the relative difference of the first output
-(logits or last hidden state) is returned. Loading OUT this way also proves
-it is a complete, loadable checkpoint.
+(logits or last hidden state) is measured against the tolerance table
+(:mod:`symalign.tolerance`). Loading OUT this way also proves it is a complete,
+loadable checkpoint.
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ import torch
 from torch import Tensor
 
 from symalign.arch.base import Adapter
+from symalign.tolerance import TOLERANCE, FunctionCheck, function_tolerance, relative_change
 
-# Relative output change allowed by the storage precision of the weights.
-TOLERANCE: dict[torch.dtype, float] = {torch.float64: 1e-8, torch.float32: 1e-4, torch.bfloat16: 5e-2,
-                                       torch.float16: 2e-2}
+__all__ = ["TOLERANCE", "check_function", "output_change", "check_dtype", "run_checkpoint"]
 FLOAT64_MAX_PARAMS = 200_000_000  # above this, compute in float32 to bound memory
 
 
@@ -52,9 +52,10 @@ def check_dtype(n_params: int) -> torch.dtype:
     return torch.float64 if n_params <= FLOAT64_MAX_PARAMS else torch.float32
 
 
-def functional_difference(adapter: Adapter, config: Any, ref_dir: str | os.PathLike, new_dir: str | os.PathLike,
-                          dtype: torch.dtype) -> float:
-    """``||f_new(x) - f_ref(x)|| / ||f_ref(x)||`` on a random batch (``inf`` if not finite)."""
+def output_change(adapter: Adapter, config: Any, ref_dir: str | os.PathLike, new_dir: str | os.PathLike,
+                  dtype: torch.dtype) -> tuple[float, float]:
+    """``(||f_new(x) - f_ref(x)|| / ||f_ref(x)||, max |f_new(x) - f_ref(x)|)`` on a random batch
+    (``inf`` if not finite)."""
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()
@@ -66,8 +67,16 @@ def functional_difference(adapter: Adapter, config: Any, ref_dir: str | os.PathL
     finally:
         logging.set_verbosity(verbosity)
         logging.enable_progress_bar()
-    if not (torch.isfinite(y_ref).all() and torch.isfinite(y_new).all()):
-        return float("inf")
-    denom = float(y_ref.norm())
-    diff = float((y_new - y_ref).norm())
-    return diff / denom if denom > 0 else diff
+    return relative_change(y_ref, y_new)
+
+
+def check_function(b: Any, b_dir: str | os.PathLike, new_dir: str | os.PathLike, floor: float = 0.0
+                   ) -> FunctionCheck:
+    """Does the checkpoint ``new_dir`` compute B's function? ``b``: B loaded or opened (``adapter``,
+    ``config``, ``numel``, ``dtype``). Computed in float64 when B is small enough, else float32;
+    the bound is :func:`symalign.tolerance.function_tolerance` of B's dtype and the check's dtype,
+    raised to the adapter's precision floor and ``floor``."""
+    dtype = check_dtype(b.numel)
+    rel, max_abs = output_change(b.adapter, b.config, b_dir, new_dir, dtype)
+    tol = function_tolerance(b.dtype, dtype, floor=max(b.adapter.precision_floor, floor))
+    return FunctionCheck.of(rel, max_abs, dtype, tol)

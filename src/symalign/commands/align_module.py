@@ -18,15 +18,17 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from symalign.atomic import atomic_path
+from symalign.align_result import AlignResult, PhaseClock
+from symalign.checkpoint.statedict import load_state_file, save_state_file
 from symalign.errors import CheckpointError, ConfigError
+from symalign.provenance import provenance
+from symalign.tolerance import dtype_name
 
 
 def load_factory(spec: str) -> tuple[nn.Module, Any]:
@@ -58,23 +60,18 @@ def load_factory(spec: str) -> tuple[nn.Module, Any]:
 
 
 def load_state(path: Path, who: str) -> dict[str, torch.Tensor]:
-    if not Path(path).is_file():
-        raise CheckpointError(f"{who} {path} is not a file (expected torch.save(model.state_dict(), path))")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 -- corrupt or foreign file
-        raise CheckpointError(f"cannot read {who} {path} as a torch state dict ({type(e).__name__})") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{who} {path} holds a {type(state).__name__}, not a state dict")
-    return state
+    """A ``torch.save``d state dict (:func:`symalign.checkpoint.statedict.load_state_file`)."""
+    return load_state_file(path, who)
 
 
 def run_align_module(module: str, a_path: Path, b_path: Path, out: Path, scope: str = "model",
-                     stage2: str = "full", stage1: bool = True, force: bool = False) -> dict[str, Any]:
-    """Align B.pt to A.pt through the traced symmetries of ``module``'s model and write OUT (module docstring)."""
+                     stage2: str = "full", stage1: bool = True, force: bool = False,
+                     max_sweeps: int = 20) -> AlignResult:
+    """Align B.pt to A.pt through the traced symmetries of ``module``'s model and write OUT (module docstring);
+    the result has the shape of every ``align`` (:class:`~symalign.align_result.AlignResult`, ``path="module"``)."""
     from symalign.tracing.align import align_states
 
-    t0 = time.perf_counter()
+    clock = PhaseClock()
     out = Path(out)
     for src in (a_path, b_path):
         if out.resolve() == Path(src).resolve():
@@ -83,15 +80,24 @@ def run_align_module(module: str, a_path: Path, b_path: Path, out: Path, scope: 
         raise CheckpointError(f"{out} already exists; pass --force to replace it")
     if stage2 not in ("none", "orthogonal", "full"):
         raise ConfigError(f"unknown --stage2 {stage2!r}; use one of none, orthogonal, full")
-    model, inputs = load_factory(module)
-    state_a, state_b = load_state(a_path, "checkpoint A"), load_state(b_path, "checkpoint B")
-    res = align_states(model, state_a, state_b, inputs, scope=scope, stage1=stage1, stage2=stage2)
-    with atomic_path(out) as tmp:
-        torch.save(res.state, tmp)
-    info = res.to_dict()
-    info.update({"a": str(a_path), "b": str(b_path), "out": str(out), "family": f"module {module}",
-                 "architecture": type(model).__name__, "scope": scope, "stage1": stage1, "stage2": stage2,
-                 "group": {"dim": res.trace.spec.dim, "spaces": res.trace.spec.describe()},
-                 "notes": [str(s) for s in res.trace.skipped] + res.trace.notes,
-                 "timing_s": {"total": time.perf_counter() - t0}})
-    return info
+    with clock("read"):
+        model, inputs = load_factory(module)
+        state_a, state_b = load_state(a_path, "checkpoint A"), load_state(b_path, "checkpoint B")
+    with clock("match"):  # trace (prepare), match and the function check (verify): one call
+        res = align_states(model, state_a, state_b, inputs, scope=scope, stage1=stage1, stage2=stage2,
+                           max_iter=max_sweeps)
+    with clock("write"):
+        save_state_file(res.state, out)
+    m = res.match
+    sweeps, converged = (getattr(m, "iterations", 1), getattr(m, "converged", True))
+    dtype = next((v.dtype for v in state_b.values() if v.is_floating_point()), torch.float32)
+    threads = torch.get_num_threads()
+    return AlignResult(
+        a=str(a_path), b=str(b_path), out=str(out), scope=scope, path="module", family=f"module {module}",
+        architecture=type(model).__name__, dtype=dtype_name(dtype), stage1=stage1, stage2=stage2,
+        group={"dim": res.trace.spec.dim, "spaces": res.trace.spec.describe()},
+        distance={"before": {"total": res.distance_before}, "after": {"total": res.distance_after}},
+        sweeps=int(sweeps), converged=bool(converged), check=res.verify,
+        max_sweeps=max_sweeps if scope == "model" else None, timings=clock.timings(), threads=threads,
+        provenance=provenance(threads=threads), notes=[str(s) for s in res.trace.skipped] + res.trace.notes,
+        match={"trace": res.trace.to_dict(), **(m.to_dict() if hasattr(m, "to_dict") else {})})

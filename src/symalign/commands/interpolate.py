@@ -108,7 +108,7 @@ def interpolate_command(
         raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
     if points < 2:
         raise ConfigError(f"--points must be at least 2 (the two endpoints), got {points}")
-    from symalign.hf_io import load_config
+    from symalign.checkpoint.config import load_config
 
     for path in [a_dir, b_dir] + ([baseline] if baseline is not None else []):
         load_config(path)  # a missing folder or a typo fails here, not after the first curve

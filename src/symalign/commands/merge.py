@@ -41,11 +41,13 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
               stage2: str = "full", align: bool = True, force: bool = False, eval_data: str | None = None,
               eval_opts: Any = None, universe: bool = False, rounds: int = 3) -> dict[str, Any]:
     """Merge ``dirs`` into ``out`` (see the module docstring); returns the diagnostics."""
-    from symalign import hf_io
+    from symalign.checkpoint.config import check_same_architecture
+    from symalign.checkpoint.hf import load_checkpoint
+    from symalign.checkpoint.output import check_output_dir, commit, discard, stage_checkpoint
     from symalign.commands.align import SCOPES, run_align
     from symalign.evaluate import build_eval, check_same_vocabulary, evaluate_model
     from symalign.hf_lmc import load_hf_model
-    from symalign.merge import normalise_weights, stage_like, weighted_average
+    from symalign.merge import normalise_weights, weighted_average
 
     if len(dirs) < 2:
         raise ConfigError(f"merge needs at least two checkpoints, got {len(dirs)}")
@@ -57,10 +59,10 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     if scope not in SCOPES:
         raise ConfigError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
     w = normalise_weights(weights, len(dirs))
-    out_path = hf_io.check_output_dir(out, dirs, force)
-    ckpts = [hf_io.load_checkpoint(d) for d in dirs]
+    out_path = check_output_dir(out, dirs, force)
+    ckpts = [load_checkpoint(d) for d in dirs]
     for c in ckpts[1:]:
-        hf_io.check_same_architecture(ckpts[0], c)
+        check_same_architecture(ckpts[0], c)
     check_same_vocabulary(dirs)
     ref_keys = set(ckpts[0].state)
     a_config, a_adapter, a_state = ckpts[0].config, ckpts[0].adapter, ckpts[0].state
@@ -86,10 +88,11 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
             if untied:
                 edits["tie_word_embeddings"] = False
         elif align and scope == "model":  # A in the same exactly rewritten format as the aligned models
+            from symalign.checkpoint.config import saved_names
             from symalign.families import prepare
 
             pa = prepare(a_config, a_state, a_adapter.spec(a_config, a_state.keys()))
-            states.append(hf_io.saved_names(a_config, pa.state))  # the names the aligned checkpoints are read with
+            states.append(saved_names(a_config, pa.state))  # the names the aligned checkpoints are read with
             if pa.untied:
                 edits["tie_word_embeddings"] = False
         else:
@@ -97,28 +100,28 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
         for k, d in enumerate(dirs[1:] if not universe else [], 1):
             if align:
                 info = run_align(dirs[0], d, scratch / str(k), scope=scope, stage2=stage2)
-                aligned_info.append({"model": str(d), "distance": info["distance"], "verify": info["verify"]})
-                states.append(hf_io.load_checkpoint(scratch / str(k)).state)
+                aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict()})
+                states.append(load_checkpoint(scratch / str(k)).state)
                 shutil.rmtree(scratch / str(k), ignore_errors=True)
             else:
-                states.append(hf_io.load_checkpoint(d).state)
+                states.append(load_checkpoint(d).state)
         keys = set(states[0])
         for s in states[1:]:
             if set(s) != keys:
                 raise ConfigError("the aligned checkpoints hold different tensors; merge them with the same --scope")
         merged = weighted_average(states, w)
         del states
-        tmp = stage_like(out_path, merged, dirs[0], edits or None, marker={
+        tmp = stage_checkpoint(out_path, merged, dirs[0], edits or None, marker={
             "command": "merge", "scope": scope, "folded": scope == "model", "weights": list(w),
             "inputs": [str(Path(d).resolve()) for d in dirs]})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     try:
-        hf_io.load_checkpoint(tmp)  # config and tensors agree
+        load_checkpoint(tmp)  # config and tensors agree
         load_hf_model(tmp)  # and from_pretrained reads it
-        hf_io.commit(tmp, out_path)
+        commit(tmp, out_path)
     except BaseException:
-        hf_io.discard(tmp)
+        discard(tmp)
         raise
     res: dict[str, Any] = {
         "models": [str(d) for d in dirs], "weights": w, "out": str(out_path), "scope": scope if align else "none",

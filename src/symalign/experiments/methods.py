@@ -29,8 +29,8 @@ entry has the shape of a ``variants`` entry of
 ``loss_barrier_ratio_percent``, ``acc_barrier_ratio_percent``, ``match``) plus
 ``state`` (B' as a state dict in A's rewritten coordinates -- drop it before writing
 JSON), ``loss_barrier``/``acc_barrier`` and ``seconds``. Each aligned B' is checked to
-compute B's function (relative output change at most ``1e-4`` in float32, ``1e-9`` in
-float64); a larger change raises :class:`SymalignError` (a bug).
+compute B's function (relative output change at most
+:func:`symalign.tolerance.function_tolerance` of its dtype); a larger change raises :class:`SymalignError` (a bug).
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-import torch
 from torch import Tensor, nn
 
 from symalign import lmc
 from symalign.errors import MatchError, SymalignError
+from symalign.tolerance import function_tolerance
 
 METHODS = ("weight", "activation", "learned")
 Batch = tuple[Tensor, Tensor]
@@ -142,7 +142,7 @@ def align_methods(arch_a: nn.Module, arch_b: nn.Module, batches: Callable[[], It
         naive = lmc.curve(arch_a, ra, rb, get, task, points)
     naive_d = naive.to_dict() if isinstance(naive, lmc.Curve) else dict(naive)
     x0 = next(iter(get()))[0]
-    tol = 1e-4 if next(iter(rb.values())).dtype == torch.float32 else 1e-9
+    tol = function_tolerance(next(iter(rb.values())).dtype)
     out: dict[str, dict[str, Any]] = {}
     weight = None
     for method in methods:

@@ -46,6 +46,7 @@ from symalign.experiments.dispatch import (ATTENTION_KINDS, alignment_models, at
 from symalign.experiments.metrics import (curve_runner, naive_curves, relative_output_change, stage1_metrics,
                                           summary_row)
 from symalign.spec import ATTENTION_ROLES, apply
+from symalign.tolerance import function_tolerance
 
 __all__ = ["ATTENTION_KINDS", "TRAINING_KEYS", "TRAINING_PROTOCOL_KEYS", "align_and_measure", "alignment_models",
            "attention_spec", "check_inputs", "check_recorded", "check_reusable", "config_diff", "curve_runner",
@@ -123,7 +124,7 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
         first_match = first_match or m
         rb2 = {**rb, **apply(spec, m.transform, rb)}
         change = relative_output_change(arch_a, rb2, sb, batches[0][0], model_b)
-        tol = 1e-4 if next(iter(sb.values())).dtype == torch.float32 else 1e-9
+        tol = function_tolerance(next(iter(sb.values())).dtype)
         if change > tol:
             raise SymalignError(f"alignment changed model B's function (relative change {change:.2e} > {tol:g}); "
                                 "this is a bug -- please report it with the config")

@@ -30,7 +30,6 @@ from symalign.families.gpt2 import GPT2Family
 from symalign.families.gptj import GPTJFamily
 from symalign.families.llama import LLAMA_LIKE, LlamaFamily, MistralFamily, Qwen2Family
 from symalign.families.modernbert import ModernBertFamily
-from symalign.families.llama import LlamaFamily, MistralFamily, Qwen2Family
 from symalign.families.moe import MixtralFamily, OlmoeFamily, Qwen2MoeFamily
 from symalign.families.olmo2 import Olmo2Family
 from symalign.families.phi import PhiFamily

@@ -53,6 +53,7 @@ from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_gro
 from symalign.groups import CenteredOrthogonal
 from symalign.nn.sites import ActivationSite, linear_heads_site
 from symalign.spec import SymmetrySpec
+from symalign.tolerance import FLOAT32_COMPUTE_FLOOR
 
 NORMS = ("rms", "rms1p", "layer")
 
@@ -134,7 +135,7 @@ class Family(Adapter):
     @property
     def precision_floor(self) -> float:  # type: ignore[override]
         """transformers' RMSNorm (and QK-norm) normalises in float32 whatever the weights' dtype."""
-        return 1e-6 if self.decl.norm != "layer" or self.decl.q_norm else 0.0
+        return FLOAT32_COMPUTE_FLOOR if self.decl.norm != "layer" or self.decl.q_norm else 0.0
 
     @property
     def probe(self) -> str:  # type: ignore[override]

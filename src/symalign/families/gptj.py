@@ -15,6 +15,7 @@ from typing import Any
 
 from symalign.errors import ConfigError
 from symalign.families.base import Decoder, Family
+from symalign.tolerance import FLOAT32_COMPUTE_FLOOR
 
 
 class GPTJFamily(Family):
@@ -29,7 +30,7 @@ class GPTJFamily(Family):
     @property
     def precision_floor(self) -> float:  # type: ignore[override]
         """transformers' GPT-J computes the attention scores in float32 whatever the weights' dtype."""
-        return 1e-6
+        return FLOAT32_COMPUTE_FLOOR
 
     def rotary(self, config: Any, d: int) -> int | None:
         r = getattr(config, "rotary_dim", None)

@@ -35,6 +35,7 @@ from symalign.arch.base import AttentionLayout
 from symalign.arch.rope import rotary_dims
 from symalign.families.encoder import Encoder, EncoderFamily, Head
 from symalign.groups import RotaryPlanes
+from symalign.tolerance import FLOAT32_ROTARY_FLOOR
 
 HEAD = dict(transform="head.dense", transform_norm="head.norm")
 
@@ -56,7 +57,7 @@ class ModernBertFamily(EncoderFamily):
 
     @property
     def precision_floor(self) -> float:  # type: ignore[override]
-        return 1e-5
+        return FLOAT32_ROTARY_FLOOR
 
     def layouts(self, config: Any, prefix: str, keys: set[str]) -> list[AttentionLayout]:
         """One ``H(r)`` per layer, ``r`` read from the rotary table of the layer's type (global or local)."""

@@ -9,20 +9,19 @@ the final average. Each ``theta_k'`` computes ``theta_k``'s function exactly
 ``sum_k ||theta_k' - U||^2`` is recorded per round.
 
 The Dirichlet-sampled learned refinement starting from this result is
-:func:`symalign.match.learned_many.learn_many`. :func:`save_merged` writes a merge as
-a checkpoint (each file atomically).
+:func:`symalign.match.learned_many.learn_many`. :func:`symalign.checkpoint.merged.save_merged`
+writes a merge as a checkpoint (each file atomically; also importable from here).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 from torch import Tensor, nn
 
+from symalign.checkpoint.merged import load_merged, save_merged
 from symalign.errors import MatchError
 from symalign.match.distance import distance
 from symalign.match.whole import check_configs, match_whole
@@ -85,36 +84,6 @@ def match_universe(models: Sequence[nn.Module], *, rounds: int = 3, **kw) -> Uni
     return UniverseMatch([t for t in transforms if t is not None], ref, spread, spec, time.perf_counter() - t0)
 
 
-def save_merged(path: str | Path, model: nn.Module, state: dict[str, Tensor], info: dict | None = None) -> Path:
-    """Write a merged rewritten model: ``model.safetensors`` + ``config.json`` (config, rewrite plan, info).
-
-    Each file is written atomically, the weights first: a folder with ``config.json`` is complete.
-    """
-    from safetensors.torch import save_file
-
-    from symalign.atomic import atomic_path, write_json
-    from symalign.rewrite import plan
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    cfg = model.cfg  # type: ignore[attr-defined]
-    with atomic_path(path / "model.safetensors") as tmp:
-        save_file({k: v.detach().contiguous() for k, v in state.items()}, str(tmp))
-    write_json(path / "config.json", {"model": cfg.to_dict(), "rewrite": plan(cfg).to_dict(), "info": info or {}})
-    return path
 
 
-def load_merged(path: str | Path) -> nn.Module:
-    """The rewritten model written by :func:`save_merged` (dtype of the stored weights)."""
-    from safetensors.torch import load_file
-
-    from symalign.rewrite import rewritten_model
-
-    path = Path(path)
-    meta = json.loads((path / "config.json").read_text())
-    state = load_file(str(path / "model.safetensors"))
-    model = rewritten_model(meta["model"])
-    dtype = next(iter(state.values())).dtype
-    model = model.to(dtype)
-    model.load_state_dict(state)
-    return model.eval()
+__all__ = ["UniverseMatch", "check_models", "match_universe", "mean_state", "save_merged", "load_merged"]

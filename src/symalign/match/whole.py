@@ -62,7 +62,6 @@ from symalign.errors import MatchError
 from symalign.match.api import match_attention
 from symalign.match.distance import distance
 from symalign.match.experts import expert_units, match_experts
-from symalign.match.ff import match_monomial
 from symalign.match.inputs import check_pair, check_spec_fits
 from symalign.groups import FixingOrthogonal
 from symalign.match.residual import axis_rows, cross

@@ -11,11 +11,12 @@ For each layer, in order:
    Q|K|V tensors cut into their segments) and apply the transform exactly;
 3. check the layer's function through the family's own code
    (:class:`~symalign.stream.layercheck.LayerChecker`): the exact (working-dtype)
-   aligned layer must reproduce B's layer output to ``1e-8`` relative (float64
-   check), and the layer as stored (rounded to B's dtype) within the tolerance of
-   that dtype;
+   aligned layer must reproduce B's layer output within the tolerance of the check's
+   and the working dtype (``1e-10`` relative in float64), and the layer as stored
+   (rounded to B's dtype) within the tolerance of that dtype
+   (:mod:`symalign.tolerance`);
 4. round to B's dtype and write the tensors into OUT's shards
-   (:class:`~symalign.stream.writer.ShardWriter`).
+   (:class:`~symalign.checkpoint.shards.ShardWriter`).
 
 Every other tensor of B is copied byte for byte. OUT is committed only when every
 layer passed; on any error nothing is left behind.
@@ -25,19 +26,18 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from symalign.errors import SymalignError
+from symalign.align_result import AlignResult, CheckReport, PhaseClock, new_result
 from symalign.stream.layercheck import LayerChecker, layer_prefix
 from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
-from symalign.stream.reader import LazyCheckpoint, check_same_architecture, open_checkpoint
-from symalign.stream.writer import ShardWriter
+from symalign.tolerance import dtype_name, function_tolerance
+from symalign.checkpoint.lazy import LazyCheckpoint, check_same_architecture, open_checkpoint
+from symalign.checkpoint.shards import ShardWriter
 
 FLOAT64_MAX_LAYER_PARAMS = 150_000_000
-EXACT_TOL = 1e-8  # float64 check of the unrounded transform
 
 
 def work_dtype(n_params: int) -> torch.dtype:
@@ -59,10 +59,14 @@ def sq(x: torch.Tensor) -> float:
     return float(x.double().pow(2).sum())
 
 
-def stored_tolerance(dtype: torch.dtype, check: torch.dtype) -> float:
-    from symalign.arch.check import TOLERANCE
+def stored_tolerance(dtype: torch.dtype, check: torch.dtype, floor: float = 0.0) -> float:
+    """Bound on a layer's output change as stored in ``dtype``, checked in ``check``."""
+    return function_tolerance(dtype, check, floor=floor)
 
-    return max(TOLERANCE.get(dtype, 1e-4), TOLERANCE[check])
+
+def exact_tolerance(work: torch.dtype, check: torch.dtype, floor: float = 0.0) -> float:
+    """Bound on a layer's output change with the unrounded transform (computed in ``work``)."""
+    return function_tolerance(work, check, floor=floor)
 
 
 def open_pair(a_dir: Path, b_dir: Path) -> tuple[LazyCheckpoint, LazyCheckpoint]:
@@ -73,21 +77,24 @@ def open_pair(a_dir: Path, b_dir: Path) -> tuple[LazyCheckpoint, LazyCheckpoint]
 
 
 def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
-                         force: bool = False, progress: bool = True,
-                         return_transform: bool = False) -> dict[str, Any]:
+                         force: bool = False, progress: bool = True, return_transform: bool = False,
+                         clock: PhaseClock | None = None) -> AlignResult:
     """Align B's attention to A's layer by layer and write OUT (see the module docstring).
 
-    ``return_transform``: add the group element found (``"transform"``: space -> tensor) to the result.
+    ``return_transform``: keep the group element found (space -> tensor) in ``transform``;
+    ``clock``: sums the time of each phase over the layers (:func:`symalign.pipeline.align`).
     """
-    from symalign import hf_io
+    from symalign.checkpoint.output import check_output_dir, commit
     from symalign.arch.fused import split_segments
     from symalign.match import match_attention
     from symalign.spec import apply
 
-    t0 = time.perf_counter()
+    clock = clock or PhaseClock()
     bound_heap()
-    out_path = hf_io.check_output_dir(out_dir, [a_dir, b_dir], force)
-    a, b = open_pair(a_dir, b_dir)
+    out_path = check_output_dir(out_dir, [a_dir, b_dir], force)
+    with clock("read"):
+        a, b = open_pair(a_dir, b_dir)
+    t_prep = time.perf_counter()
     spec = b.adapter.spec(b.config, b.keys)
     L = n_layers(spec)
     names_of = [list(spec.restrict(layer_of(spec, i)).tensors) for i in range(L)]
@@ -95,9 +102,9 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
     dt = work_dtype(att_params)
     layer0 = layer_prefix(names_of[0][0], 0) if L else ""
     checker = LayerChecker(b.config, b.adapter, layer0, shrink_ff=True, layer_params=att_params * 2)
-    tol = stored_tolerance(b.dtype, checker.dtype)
-    exact_tol = max(EXACT_TOL if checker.dtype == torch.float64 and dt == torch.float64 else 1e-4,
-                    b.adapter.precision_floor)
+    tol = stored_tolerance(b.dtype, checker.dtype, b.adapter.precision_floor)
+    exact_tol = exact_tolerance(dt, checker.dtype, b.adapter.precision_floor)
+    clock.since("prepare", t_prep)
     shapes = {n: t.shape for n, t in b.tensors.items()}
     total_bytes = sum(a.tensors[n].nbytes for names in names_of for n in names) + b.nbytes
     layers, per_before, per_after, checks = [], [], [], []
@@ -113,13 +120,15 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
                 bar.update(a.bytes_read + b.bytes_read, f"layer {i + 1}/{L}")
                 sub = spec.restrict(layer_of(spec, i))
                 extra = [n for n in checker.wanted(_layer_keys(b, names[0], i), shapes, i) if n not in names]
-                ref = b.read(names + extra)  # B's layer as stored, with the other tensors the check loads
-                la, lb = a.read(names, dt), {n: ref[n].to(dt) for n in names}
-                view_spec, (va, vb) = split_segments(sub, la, lb)
-                res = match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2,
-                                      stage1_dtype=torch.float32 if b.dtype != torch.float64 else None)
-                del va, vb
-                out = apply(sub, res.transform, lb)
+                with clock("read"):
+                    ref = b.read(names + extra)  # B's layer as stored, with the other tensors the check loads
+                    la, lb = a.read(names, dt), {n: ref[n].to(dt) for n in names}
+                with clock("match"):
+                    view_spec, (va, vb) = split_segments(sub, la, lb)
+                    res = match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2,
+                                          stage1_dtype=torch.float32 if b.dtype != torch.float64 else None)
+                    del va, vb
+                    out = apply(sub, res.transform, lb)
                 nb, na_, nf = (sum(sq(la[n] - lb[n]) for n in names), sum(sq(la[n] - out[n]) for n in names),
                                sum(sq(la[n]) for n in names))
                 num["before"] += nb
@@ -129,17 +138,17 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
                 per_after.append((na_ / nf) ** 0.5 if nf else na_ ** 0.5)
                 del la
                 stored = {n: out[n].to(b.tensors[n].dtype) for n in names}
-                rel_exact = checker.compare(ref, {**ref, **out}, i)
-                rel_stored = checker.compare(ref, {**ref, **stored}, i)
-                checks.append({"layer": i, "exact": rel_exact, "stored": rel_stored})
-                if not (rel_exact <= exact_tol and rel_stored <= tol):
-                    raise SymalignError(
-                        f"refusing to write {out_path}: aligned layer {i} changes B's layer output by "
-                        f"{rel_exact:.2e} (exact) / {rel_stored:.2e} (as stored) relative (> {exact_tol:g} / {tol:g}); "
-                        f"this is a bug in the {b.adapter.family} adapter or the matcher, please report it")
-                for n in names:
-                    writer.put(n, stored[n])
-                    done.add(n)
+                with clock("verify"):
+                    exact = checker.check(ref, {**ref, **out}, i, exact_tol, stored=False)
+                    kept = checker.check(ref, {**ref, **stored}, i, tol)
+                    checks += [exact, kept]
+                    for c in (exact, kept):
+                        c.require(f"refusing to write {out_path}: aligned layer {i} changes B's layer output",
+                                  f"the {b.adapter.family} adapter or the matcher")
+                with clock("write"):
+                    for n in names:
+                        writer.put(n, stored[n])
+                        done.add(n)
                 layers.extend(res.to_dict()["layers"])
                 if return_transform:
                     transform.update(res.transform)
@@ -147,39 +156,32 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
                     totals[k] = totals.get(k, 0.0) + v
                 del lb, out, stored, ref, res
             bar.update(a.bytes_read + b.bytes_read, "copying the other tensors")
-            for n in b.keys:
-                if n not in done:
-                    writer.copy(n)
+            with clock("write"):
+                for n in b.keys:
+                    if n not in done:
+                        writer.copy(n)
             bar.update(a.bytes_read + b.bytes_read, "done")
-        tmp = writer.stage(marker={"command": "align", "scope": "attention", "folded": False, "streamed": True,
-                                   "a": str(Path(a_dir).resolve()), "b": str(Path(b_dir).resolve())})
-        hf_io.commit(tmp, out_path)
+        with clock("write"):
+            tmp = writer.stage(marker={"command": "align", "scope": "attention", "folded": False, "streamed": True,
+                                       "a": str(Path(a_dir).resolve()), "b": str(Path(b_dir).resolve())})
+            commit(tmp, out_path)
     except BaseException:
         writer.abort()
         raise
-    t_end = time.perf_counter()
     rel = lambda x: (x / num["norm"]) ** 0.5 if num["norm"] else x ** 0.5  # noqa: E731
-    info = {
-        "a": str(a_dir), "b": str(b_dir), "out": str(out_path),
-        "architecture": b.config.model_type, "family": b.adapter.family, "scope": "attention",
-        "stage1": stage1, "stage2": stage2, "dtype": str(b.dtype).replace("torch.", ""),
-        "group": {"dim": spec.dim, "spaces": spec.describe()},
-        "distance": {"before": {"total": rel(num["before"]), "per_layer": per_before},
-                     "after": {"total": rel(num["after"]), "per_layer": per_after}},
-        "verify": {"relative_output_change": max((c["stored"] for c in checks), default=0.0),
-                   "exact_relative_change": max((c["exact"] for c in checks), default=0.0),
-                   "tolerance": tol, "exact_tolerance": exact_tol, "dtype": str(checker.dtype).replace("torch.", ""),
-                   "per_layer": checks, "kind": "per-layer (one-layer model of the family)"},
-        "match": {"stage1": stage1, "stage2": stage2, "totals": totals, "layers": layers},
-        "stream": {"passes": 1, "work_dtype": str(dt).replace("torch.", ""), "bytes_read": a.bytes_read + b.bytes_read,
-                   "bytes_written": writer.bytes_written, "shards": len(b.shards),
-                   "time_grams_s": totals.get("time_stage1_s", 0.0) + totals.get("time_grams_s", 0.0),
-                   "peak_rss_bytes": peak_rss()},
-        "timing_s": {"total": t_end - t0},
-    }
-    if return_transform:
-        info["transform"] = transform
-    return info
+    res = new_result(b, spec, "streamed", {"total": rel(num["before"]), "per_layer": per_before},
+                     {"total": rel(num["after"]), "per_layer": per_after}, 1, True, CheckReport.per_layer(checks),
+                     match={"stage1": stage1, "stage2": stage2, "totals": totals, "layers": layers},
+                     stream={"passes": 1, "work_dtype": dtype_name(dt), "bytes_read": a.bytes_read + b.bytes_read,
+                             "bytes_written": writer.bytes_written, "shards": len(b.shards),
+                             "time_grams_s": totals.get("time_stage1_s", 0.0) + totals.get("time_grams_s", 0.0),
+                             "peak_rss_bytes": peak_rss(),
+                             "check": "per layer, through a one-layer model of the family"},
+                     transform=transform if return_transform else None)
+    res.a, res.b, res.out, res.scope, res.stage1, res.stage2 = str(a_dir), str(b_dir), str(out_path), "attention", \
+        stage1, stage2
+    res.timings = clock.timings()
+    return res
 
 
 def _layer_keys(ck: LazyCheckpoint, probe: str, i: int) -> list[str]:

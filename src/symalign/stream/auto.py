@@ -1,12 +1,9 @@
-"""When ``symalign align`` streams, and the dispatch to the streamed engines."""
+"""When ``symalign align`` streams (the dispatch is :func:`symalign.pipeline.align`)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
-
-import torch
 
 from symalign.errors import ConfigError
 
@@ -29,9 +26,8 @@ def weights_bytes(path: Path) -> int:
 
 def streamable(a_dir: Path, scope: str) -> str | None:
     """``None`` if the streamed engine covers this checkpoint and scope, else why not."""
-    from symalign.families import get_adapter
-    from symalign.hf_io import load_config
-    from symalign.families import LLAMA_LIKE
+    from symalign.checkpoint.config import load_config
+    from symalign.families import LLAMA_LIKE, get_adapter
 
     config = load_config(a_dir)
     why = getattr(get_adapter(config), "no_stream", None)
@@ -61,13 +57,3 @@ def should_stream(a_dir: Path, b_dir: Path, scope: str, stream: bool | None) -> 
         raise ConfigError(why)
     return True
 
-
-def run_streamed(a_dir: Path, b_dir: Path, out_dir: Path, scope: str, **kw: Any) -> dict[str, Any]:
-    if scope == "attention":
-        from symalign.stream.attention import run_stream_attention
-
-        kw.pop("max_iter", None)
-        return {**run_stream_attention(a_dir, b_dir, out_dir, **kw), "threads": torch.get_num_threads()}
-    from symalign.stream.model import run_stream_model
-
-    return {**run_stream_model(a_dir, b_dir, out_dir, **kw), "threads": torch.get_num_threads()}

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
+from symalign.tolerance import FunctionCheck, relative_change
 from symalign.errors import ConfigError
 
 FLOAT64_MAX_LAYER_PARAMS = 100_000_000  # a one-layer model above this (0.8 GB in float64) is checked in float32
@@ -155,9 +156,11 @@ class LayerChecker:
             handle.remove()
         return seen[0].to(torch.float64)
 
-    def compare(self, ref: Mapping[str, Tensor], new: Mapping[str, Tensor], i: int,
-                new_overrides: Mapping[str, Tensor] | None = None, rotate: Tensor | None = None) -> float:
-        """``||f_new - R f_ref|| / ||f_ref||`` (``inf`` if not finite), ``f`` the layer's output (hidden states).
+    def change(self, ref: Mapping[str, Tensor], new: Mapping[str, Tensor], i: int,
+               new_overrides: Mapping[str, Tensor] | None = None, rotate: Tensor | None = None
+               ) -> tuple[float, float]:
+        """``(||f_new - R f_ref|| / ||f_ref||, max |f_new - R f_ref|)`` (``inf`` if not finite), ``f`` the
+        layer's output (hidden states).
 
         ``rotate``: the residual rotation ``R`` (``D x D``) of the model scope, applied to the
         reference output; ``new_overrides`` then carries the rotated embedding (and head).
@@ -167,8 +170,16 @@ class LayerChecker:
             y0 = y0 @ rotate.to(torch.float64).T
         y1 = self.run(new, i, new_overrides)
         gc.collect()
-        if not (torch.isfinite(y0).all() and torch.isfinite(y1).all()):
-            return float("inf")
-        den = float(y0.norm())
-        diff = float((y1 - y0).norm())
-        return diff / den if den > 0 else diff
+        return relative_change(y0, y1)
+
+    def compare(self, ref: Mapping[str, Tensor], new: Mapping[str, Tensor], i: int,
+                new_overrides: Mapping[str, Tensor] | None = None, rotate: Tensor | None = None) -> float:
+        """The relative change of :meth:`change`."""
+        return self.change(ref, new, i, new_overrides, rotate)[0]
+
+    def check(self, ref: Mapping[str, Tensor], new: Mapping[str, Tensor], i: int, tol: float,
+              new_overrides: Mapping[str, Tensor] | None = None, rotate: Tensor | None = None,
+              stored: bool = True) -> FunctionCheck:
+        """:meth:`change` of layer ``i`` against the bound ``tol`` (``stored``: ``new`` is rounded to B's dtype)."""
+        rel, max_abs = self.change(ref, new, i, new_overrides, rotate)
+        return FunctionCheck.of(rel, max_abs, self.dtype, tol, layer=i, stored=stored)

@@ -43,19 +43,19 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor
 
-from symalign.errors import ConfigError, MatchError, SymalignError
+from symalign.align_result import AlignResult, CheckReport, PhaseClock, new_result
+from symalign.errors import ConfigError, MatchError
 from symalign.groups import Orthogonal, Permutation, PositiveMonomial, apply_on_axis
 from symalign.spec import SymmetrySpec, apply
-from symalign.stream.attention import EXACT_TOL, layer_of, n_layers, open_pair, sq, stored_tolerance, work_dtype
+from symalign.stream.attention import (exact_tolerance, layer_of, n_layers, open_pair, sq, stored_tolerance,
+                                      work_dtype)
 from symalign.stream.layercheck import LayerChecker, layer_prefix
 from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
-from symalign.stream.reader import LazyCheckpoint
-from symalign.stream.writer import ShardWriter
+from symalign.tolerance import dtype_name
+from symalign.checkpoint.lazy import LazyCheckpoint
+from symalign.checkpoint.shards import ShardWriter
 
-# HF Llama-style RMSNorm computes in float32 whatever the weights' dtype: a rotated
-# stream changes its rounding, so even a float64 check resolves only ~1e-7.
-RMSNORM_FLOOR = 1e-6
 CHUNK_ELEMENTS = 1 << 24  # rows of a big global tensor (embedding, head) read at a time
 
 
@@ -279,29 +279,33 @@ class StreamedWhole:
 
 def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
                      force: bool = False, progress: bool = True, max_iter: int = 20,
-                     rtol: float = 1e-6) -> dict[str, Any]:
-    """Streamed whole-model alignment (see the module docstring); writes OUT."""
-    from symalign import hf_io
+                     rtol: float = 1e-6, clock: PhaseClock | None = None) -> AlignResult:
+    """Streamed whole-model alignment (see the module docstring); writes OUT. ``clock``: sums the
+    time of each phase (the matching passes count as ``match``; :func:`symalign.pipeline.align`)."""
+    from symalign.checkpoint.output import check_output_dir, commit
     from symalign.families import LLAMA_LIKE
 
-    t0 = time.perf_counter()
+    clock = clock or PhaseClock()
     bound_heap()
-    out_path = hf_io.check_output_dir(out_dir, [a_dir, b_dir], force)
-    a, b = open_pair(a_dir, b_dir)
+    out_path = check_output_dir(out_dir, [a_dir, b_dir], force)
+    with clock("read"):
+        a, b = open_pair(a_dir, b_dir)
     if b.config.model_type not in LLAMA_LIKE:
         raise ConfigError(f"streamed --scope model supports {', '.join(LLAMA_LIKE)}; use --no-stream for "
                           f"{b.config.model_type!r}")
-    w = StreamedWhole(a, b)
-    converged = w.match(stage1, stage2, max_iter, rtol, progress)
-    t_match = time.perf_counter()
+    with clock("prepare"):
+        w = StreamedWhole(a, b)
+    with clock("match"):
+        converged = w.match(stage1, stage2, max_iter, rtol, progress)
     passes = len(w.distances) - 1
     bytes_matching = w.bytes_read
 
     # final pass: apply, check per layer, write
-    checker = LayerChecker(b.config, b.adapter, w.prefixes[0], shrink_ff=False, layer_params=w.layer_params)
-    floor = RMSNORM_FLOOR
-    exact_tol = max(EXACT_TOL if checker.dtype == torch.float64 and w.dtype == torch.float64 else 1e-4, floor)
-    tol = max(stored_tolerance(b.dtype, checker.dtype), floor)
+    with clock("prepare"):
+        checker = LayerChecker(b.config, b.adapter, w.prefixes[0], shrink_ff=False, layer_params=w.layer_params)
+    floor = b.adapter.precision_floor  # HF RMSNorm computes in float32: a rotated stream changes its rounding
+    exact_tol = exact_tolerance(w.dtype, checker.dtype, floor)
+    tol = stored_tolerance(b.dtype, checker.dtype, floor)
     emb = checker.model.get_input_embeddings().weight
     emb_name = next(k for k, v in checker.model.named_parameters() if v is emb)
     rotated_emb = {emb_name: checker.base[emb_name] @ w.O.T.to(checker.dtype)}
@@ -313,61 +317,60 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
             for i in range(w.L):
                 release()
                 bar.update(b.bytes_read, f"layer {i + 1}/{w.L}")
-                raw = b.read(w.layer_names[i])
-                lb = w.layer(b, w.prep_b, i, raw)
-                out = w.rotate(w.layer_spec(i), apply(w.layer_spec(i, with_res=False), w.layer_t[i], lb), w.O)
-                del lb
-                stored = {n: out[n].to(b.tensors[n].dtype) for n in out}
-                rel_exact = checker.compare(raw, out, i, rotated_emb, rotate=w.O)
-                rel_stored = checker.compare(raw, stored, i, rotated_emb, rotate=w.O)
-                checks.append({"layer": i, "exact": rel_exact, "stored": rel_stored})
-                if not (rel_exact <= exact_tol and rel_stored <= tol):
-                    raise SymalignError(
-                        f"refusing to write {out_path}: aligned layer {i} differs from O times B's layer by "
-                        f"{rel_exact:.2e} (exact) / {rel_stored:.2e} (as stored) relative (> {exact_tol:g} / {tol:g}); "
-                        "this is a bug in whole-model alignment, please report it")
-                for n, v in stored.items():
-                    writer.put(n, v)
+                with clock("read"):
+                    raw = b.read(w.layer_names[i])
+                with clock("match"):
+                    lb = w.layer(b, w.prep_b, i, raw)
+                    out = w.rotate(w.layer_spec(i), apply(w.layer_spec(i, with_res=False), w.layer_t[i], lb), w.O)
+                    del lb
+                    stored = {n: out[n].to(b.tensors[n].dtype) for n in out}
+                with clock("verify"):
+                    exact = checker.check(raw, out, i, exact_tol, rotated_emb, rotate=w.O, stored=False)
+                    kept = checker.check(raw, stored, i, tol, rotated_emb, rotate=w.O)
+                    checks += [exact, kept]
+                    for c in (exact, kept):
+                        c.require(f"refusing to write {out_path}: aligned layer {i} differs from O times B's layer",
+                                  "whole-model alignment")
+                with clock("write"):
+                    for n, v in stored.items():
+                        writer.put(n, v)
                 del out, stored, raw
             bar.update(b.bytes_read, "embedding and head")
-            for n, start, chunk in w.global_chunks(b, w.prep_b):
-                act = _res_action(w.spec, n, w.res)
-                if act is not None:
-                    chunk = apply_on_axis(chunk, act.axis, w.O)
-                if n in w.big:
-                    writer.put_rows(n, start, chunk)
-                else:
-                    writer.put(n, chunk)
-        tmp = writer.stage({"tie_word_embeddings": False} if w.prep_b.untied else None,
-                           marker={"command": "align", "scope": "model", "folded": True, "streamed": True,
-                                   "untied_head": bool(w.prep_b.untied),
-                                   "a": str(Path(a_dir).resolve()), "b": str(Path(b_dir).resolve())})
-        hf_io.commit(tmp, out_path)
+            with clock("write"):
+                for n, start, chunk in w.global_chunks(b, w.prep_b):
+                    act = _res_action(w.spec, n, w.res)
+                    if act is not None:
+                        chunk = apply_on_axis(chunk, act.axis, w.O)
+                    if n in w.big:
+                        writer.put_rows(n, start, chunk)
+                    else:
+                        writer.put(n, chunk)
+        with clock("write"):
+            tmp = writer.stage({"tie_word_embeddings": False} if w.prep_b.untied else None,
+                               marker={"command": "align", "scope": "model", "folded": True, "streamed": True,
+                                       "untied_head": bool(w.prep_b.untied),
+                                       "a": str(Path(a_dir).resolve()), "b": str(Path(b_dir).resolve())})
+            commit(tmp, out_path)
     except BaseException:
         writer.abort()
         raise
-    t_end = time.perf_counter()
     d = w.distances
     norm_a = w.norm_a
     rel = lambda x: math.sqrt(x / norm_a) if norm_a else math.sqrt(x)  # noqa: E731
-    return {
-        "a": str(a_dir), "b": str(b_dir), "out": str(out_path),
-        "architecture": b.config.model_type, "family": b.adapter.family, "scope": "model",
-        "stage1": stage1, "stage2": stage2, "dtype": str(b.dtype).replace("torch.", ""),
-        "group": {"dim": w.spec.dim, "spaces": w.spec.describe()},
-        "distance": {"before": {"total": rel(d[0])}, "after": {"total": rel(d[-1])}},
-        "verify": {"relative_output_change": max((c["stored"] for c in checks), default=0.0),
-                   "exact_relative_change": max((c["exact"] for c in checks), default=0.0),
-                   "tolerance": tol, "exact_tolerance": exact_tol, "dtype": str(checker.dtype).replace("torch.", ""),
-                   "per_layer": checks, "kind": "per-layer (one-layer model of the family, rotated stream)"},
-        "notes": w.prep_b.notes, "untied_head": w.prep_b.untied,
-        "match": {"method": "weight", "iterations": passes, "converged": converged, "distances": d,
-                  "relative_distance_after": math.sqrt(d[-1] / d[0]) if d[0] else 0.0,
-                  "attention": {"layers": [x for att in w.attention if att is not None for x in att]}},
-        "stream": {"passes": passes, "reads": {"A": passes, "B": passes + 1},
-                   "work_dtype": str(w.dtype).replace("torch.", ""),
-                   "bytes_read": bytes_matching + b.bytes_read, "bytes_written": writer.bytes_written,
-                   "shards": len(b.shards), "time_grams_s": w.t_grams, "peak_rss_bytes": peak_rss()},
-        "timing_s": {"match": t_match - t0, "write": t_end - t_match, "total": t_end - t0},
-    }
+    res = new_result(b, w.spec, "streamed", {"total": rel(d[0])}, {"total": rel(d[-1])}, passes, converged,
+                     CheckReport.per_layer(checks), notes=list(w.prep_b.notes), folded=True,
+                     untied_head=bool(w.prep_b.untied),
+                     match={"method": "weight", "iterations": passes, "converged": converged, "distances": d,
+                            "relative_distance_after": math.sqrt(d[-1] / d[0]) if d[0] else 0.0,
+                            "attention": {"layers": [x for att in w.attention if att is not None for x in att]}},
+                     stream={"passes": passes, "reads": {"A": passes, "B": passes + 1},
+                             "work_dtype": dtype_name(w.dtype),
+                             "bytes_read": bytes_matching + b.bytes_read, "bytes_written": writer.bytes_written,
+                             "shards": len(b.shards), "time_grams_s": w.t_grams, "peak_rss_bytes": peak_rss(),
+                             "check": "per layer, through a one-layer model of the family (rotated stream)"})
+    res.a, res.b, res.out, res.scope, res.stage1, res.stage2 = str(a_dir), str(b_dir), str(out_path), "model", \
+        stage1, stage2
+    res.max_sweeps = max_iter
+    res.timings = clock.timings()
+    return res
 

@@ -7,8 +7,8 @@ r"""Align two state dicts of any traceable module: :func:`align_states`.
    their segments).
 3. ``B' = g . B``. Before anything is returned, B' must compute B's function on the
    example inputs: in float64 (``B'`` formed from B in float64, relative change
-   ``<= max(1e-10, the trace's precision floor)``) and in B's own dtype
-   (``<= 1e-5`` for float32, ``1e-2`` for half precision). Otherwise
+   ``<= max(1e-10, the trace's precision floor)``) and in B's own dtype (its entry of
+   the tolerance table, :mod:`symalign.tolerance`: ``1e-5`` for float32). Otherwise
    :class:`~symalign.errors.MatchError` is raised.
 """
 
@@ -23,11 +23,12 @@ import torch
 from torch import Tensor, nn
 
 from symalign.errors import CheckpointError, ConfigError, MatchError
-from symalign.spec import apply
-from symalign.tracing.api import TraceResult, _to64, flat_tensors, function_change, split_inputs, trace
+from symalign.spec import ATTENTION_ROLES, apply
+from symalign.align_result import CheckReport
+from symalign.tolerance import TOLERANCE, FunctionCheck, function_tolerance, relative_change
+from symalign.tracing.api import TraceResult, _to64, flat_tensors, split_inputs, trace
 
 SCOPES = ("model", "attention")
-DTYPE_TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 
 
 @dataclass
@@ -39,12 +40,12 @@ class ModuleAlignment:
     match: Any = field(repr=False)
     distance_before: float = 0.0
     distance_after: float = 0.0
-    verify: dict[str, float] = field(default_factory=dict)
+    verify: CheckReport | None = None
     time_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"distance": {"before": {"total": self.distance_before}, "after": {"total": self.distance_after}},
-                "verify": dict(self.verify), "trace": self.trace.to_dict(),
+                "check": self.verify.to_dict() if self.verify is not None else None, "trace": self.trace.to_dict(),
                 "match": self.match.to_dict() if hasattr(self.match, "to_dict") else None, "time_s": self.time_s}
 
 
@@ -91,7 +92,7 @@ def align_states(model: nn.Module, state_a: Mapping[str, Tensor], state_b: Mappi
     res = traced if traced is not None else trace(model, example_inputs, example_kwargs)
     spec = res.spec
     if scope == "attention":
-        keep = [k for k in spec.spaces if k.split(".")[0] in ("heads", "qk", "vo")]
+        keep = spec.select(ATTENTION_ROLES)
         if not keep:
             raise MatchError("the traced module has no attention layer to align; use --scope model "
                              f"(traced spaces: {', '.join(spec.spaces) or 'none'})")
@@ -112,25 +113,33 @@ def align_states(model: nn.Module, state_a: Mapping[str, Tensor], state_b: Mappi
     return ModuleAlignment(out, res, match, before, after, verify, time.perf_counter() - t0)
 
 
+def _change(model: nn.Module, state, args, kwargs, ref: list[Tensor]) -> tuple[float, float]:
+    """``(||y - y_ref|| / ||y_ref||, max |y - y_ref|)`` over all of the model's output tensors."""
+    out = _outputs(model, state, args, kwargs)
+    flat = lambda ts: torch.cat([t.reshape(-1).to(torch.float64) for t in ts]) if ts else torch.zeros(0)  # noqa: E731
+    return relative_change(flat(ref), flat(out))
+
+
 def verify_function(model: nn.Module, spec, transform, state_b, aligned, example_inputs, example_kwargs=None,
-                    floor: float = 1e-10) -> dict[str, float]:
-    """B' must compute B's function: in float64 (``<= floor``) and in B's dtype (``DTYPE_TOL``); else MatchError."""
+                    floor: float = TOLERANCE[torch.float64]) -> CheckReport:
+    """B' must compute B's function: formed in float64 (unrounded, ``<= floor``) and as stored in B's dtype
+    (:func:`symalign.tolerance.function_tolerance`); else :class:`MatchError`. Returns both checks."""
     args, kwargs = split_inputs(example_inputs, example_kwargs)
     m64 = copy.deepcopy(model).to(torch.float64).eval()
     b64 = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in state_b.items()}
     a64, k64 = _to64(args), _to64(kwargs)
     ref = _outputs(m64, b64, a64, k64)
-    rel64 = function_change(m64, apply(spec, transform, b64), a64, k64, ref)
+    exact = FunctionCheck.of(*_change(m64, apply(spec, transform, b64), a64, k64, ref), torch.float64,
+                             function_tolerance(torch.float64, floor=floor), stored=False)
     dtype = next((v.dtype for v in state_b.values() if v.is_floating_point()), torch.float32)
     native = copy.deepcopy(model).to(dtype).eval()
     cast = tuple(x.to(dtype) if isinstance(x, Tensor) and x.is_floating_point() else x for x in args)
     kw_n = {k: v.to(dtype) if isinstance(v, Tensor) and v.is_floating_point() else v for k, v in kwargs.items()}
     ref_n = _outputs(native, dict(state_b), cast, kw_n)
-    rel_n = function_change(native, dict(aligned), cast, kw_n, ref_n)
-    tol_n = DTYPE_TOL.get(dtype, 1e-4)
-    if not rel64 <= floor or not rel_n <= max(tol_n, floor):
-        raise MatchError(f"the aligned B changes B's function by {rel64:.1e} (float64, > {floor:g}) / {rel_n:.1e} "
-                         f"({str(dtype).replace('torch.', '')}, tolerance {tol_n:g}); refusing it -- this is a bug in "
-                         "the tracer or the matcher, please report it")
-    return {"relative_output_change": rel_n, "relative_output_change_float64": rel64,
-            "tolerance": max(tol_n, floor), "dtype": str(dtype).replace("torch.", "")}
+    stored = FunctionCheck.of(*_change(native, dict(aligned), cast, kw_n, ref_n), dtype,
+                              function_tolerance(dtype, floor=floor))
+    if not (exact.passed and stored.passed):
+        raise MatchError(f"the aligned B changes B's function by {exact.rel:.1e} (float64, > {exact.tolerance:g}) / "
+                         f"{stored.rel:.1e} ({stored.dtype}, tolerance {stored.tolerance:g}); refusing it -- this is "
+                         "a bug in the tracer or the matcher, please report it")
+    return CheckReport.whole(stored, exact=exact)

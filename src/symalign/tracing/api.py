@@ -38,9 +38,9 @@ from symalign.groups import CenteredOrthogonal
 from symalign.spec import SymmetrySpec, apply, sample
 from symalign.tracing.common import layer_of, op_name
 from symalign.tracing.graph import Walker
+from symalign.tolerance import TOLERANCE, tolerance
 
-
-PRECISION_FLOOR = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+F64_TOL = TOLERANCE[torch.float64]
 
 
 @dataclass
@@ -63,7 +63,7 @@ class TraceResult:
     layers: dict[str, str]  # space name -> module path
     notes: list[str] = field(default_factory=list)
     function_change: float = 0.0  # relative output change under a random element (float64)
-    tolerance: float = 1e-10  # what the check accepted (raised when the model computes in lower precision)
+    tolerance: float = F64_TOL  # what the check accepted (raised when the model computes in lower precision)
 
     def to_dict(self) -> dict[str, Any]:
         return {"spaces": self.spec.describe(), "layers": dict(self.layers),
@@ -152,7 +152,7 @@ def export(model: nn.Module, args: tuple, kwargs: dict):
 
 
 def trace(model: nn.Module, example_inputs, example_kwargs: dict | None = None, *, check: bool = True,
-          tol: float = 1e-10, seed: int = 0) -> TraceResult:
+          tol: float = F64_TOL, seed: int = 0) -> TraceResult:
     """The exact symmetry spec of ``model`` (see the module docstring).
 
     Args:
@@ -179,7 +179,7 @@ def trace(model: nn.Module, example_inputs, example_kwargs: dict | None = None, 
     spec, skipped, layers, notes = build_spec(walker)
     result = TraceResult(spec, skipped, layers, notes)
     if walker.low_precision:
-        floor = max(PRECISION_FLOOR[d] for d in walker.low_precision)
+        floor = max(tolerance(d) for d in walker.low_precision)  # the table of symalign.tolerance
         if floor > tol:
             notes.append(f"the model casts features to {', '.join(sorted(str(d) for d in walker.low_precision))} "
                          f"inside its forward, so the float64 check resolves only {floor:.0e} (relative)")
@@ -389,7 +389,7 @@ def function_change(model: nn.Module, state: Mapping[str, Tensor], args: tuple, 
 
 
 def check_spec(model: nn.Module, spec: SymmetrySpec, layers: Mapping[str, str], args: tuple, kwargs: dict, *,
-               tol: float = 1e-10, seed: int = 0) -> float:
+               tol: float = F64_TOL, seed: int = 0) -> float:
     """Apply a random element of ``spec`` to the float64 ``model``; refuse (:class:`SpecError`) if its output moves.
 
     On failure each space is tried alone, and the error names the first one that moves

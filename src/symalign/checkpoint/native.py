@@ -1,4 +1,4 @@
-"""Checkpoint I/O: ``model.safetensors`` + ``config.json`` (+ ``optim.pt``), written atomically.
+"""symalign's own run checkpoints: ``model.safetensors`` + ``config.json`` (+ ``optim.pt``), written atomically.
 
 A run directory holds checkpoint directories ``ckpt-{step:08d}/`` and a file
 ``latest`` naming the newest one. A checkpoint is first written to a hidden
@@ -120,8 +120,8 @@ def has_checkpoint(run_dir: str | Path) -> bool:
 
 
 @dataclass
-class Checkpoint:
-    """A loaded checkpoint: its directory, ``config.json`` contents and model state."""
+class RunCheckpoint:
+    """A loaded run checkpoint: its directory, ``config.json`` contents and model state."""
 
     path: Path
     meta: dict
@@ -149,7 +149,10 @@ class Checkpoint:
             raise CheckpointError(f"{p}: cannot be read ({type(exc).__name__}: {exc})") from exc
 
 
-def load_checkpoint(path: str | Path, verify: bool = True) -> Checkpoint:
+Checkpoint = RunCheckpoint  # the name this class had before the checkpoint package
+
+
+def load_checkpoint(path: str | Path, verify: bool = True) -> RunCheckpoint:
     """Read a checkpoint (a run directory or a ``ckpt-*`` directory).
 
     Raises :class:`CheckpointError` naming the file for a missing file, invalid
@@ -178,7 +181,7 @@ def load_checkpoint(path: str | Path, verify: bool = True) -> Checkpoint:
         if name not in state:
             raise CheckpointError(f"{model_path}: tied tensor {alias!r} refers to missing {name!r}")
         state[alias] = state[name]
-    return Checkpoint(ckpt, meta, state)
+    return RunCheckpoint(ckpt, meta, state)
 
 
 def load_state_into(model: nn.Module, state: dict[str, Tensor], where: Path | str) -> None:
@@ -196,7 +199,7 @@ def load_state_into(model: nn.Module, state: dict[str, Tensor], where: Path | st
     model.load_state_dict(state)
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Checkpoint]:
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, RunCheckpoint]:
     """Build the model a checkpoint describes and load its weights."""
     from symalign.models import build_model
 

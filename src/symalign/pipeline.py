@@ -1,0 +1,278 @@
+r"""The ``symalign align`` pipeline: read -> prepare -> match -> verify -> write, for every scope and path.
+
+:func:`align` takes an :class:`AlignJob`, checks it (scope, ``--stage2``, sweeps, output folder),
+decides whether to stream (:func:`symalign.stream.auto.should_stream`) and runs one engine:
+
+====================  ==========================================  ============================================
+scope                 in memory                                   streamed (one layer in memory at a time)
+====================  ==========================================  ============================================
+``attention``         :class:`InMemoryAttention`                  :func:`symalign.stream.attention.run_stream_attention`
+``model``             :class:`InMemoryModel`                      :func:`symalign.stream.model.run_stream_model`
+====================  ==========================================  ============================================
+
+Each engine goes through the same phases, timed by one :class:`~symalign.align_result.PhaseClock`:
+
+1. **read**: both checkpoints, validated (files, shapes against the config, NaN/Inf), and refused
+   unless they have the same architecture (:mod:`symalign.checkpoint`);
+2. **prepare**: the symmetry spec from the family adapter; for ``--scope model`` both checkpoints
+   rewritten exactly in folded form (:func:`symalign.families.prepare`);
+3. **match**: the group element ``g`` bringing B closest to A (attention: :func:`symalign.match.match_attention`;
+   model: :func:`symalign.match.whole.match_whole`), and ``B' = g . B``;
+4. **verify**: B' must compute B's function within the tolerance table (:mod:`symalign.tolerance`) --
+   whole model through ``from_pretrained`` (in memory) or layer by layer through the family's code
+   (streamed);
+5. **write**: OUT staged next to its final place in B's layout with B's other files and the
+   ``symalign.json`` marker, and renamed into place only after the check passed.
+
+A streamed engine interleaves match, verify and write layer by layer; the clock sums each phase
+over the layers. Every engine returns an :class:`~symalign.align_result.AlignResult`, so the
+JSON is the same for every scope and path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from symalign.align_result import AlignResult, CheckReport, PhaseClock, new_result
+from symalign.checkpoint.config import check_same_architecture
+from symalign.checkpoint.hf import HFCheckpoint, load_checkpoint
+from symalign.checkpoint.output import check_output_dir, stage_checkpoint, verify_and_commit
+from symalign.errors import ConfigError
+from symalign.provenance import provenance
+from symalign.spec import apply
+
+SCOPES = ("attention", "model")
+STAGE2 = ("none", "orthogonal", "full")
+
+
+@dataclass
+class AlignJob:
+    """What to align: B (``b_dir``) to A (``a_dir``), written to ``out_dir``, and how.
+
+    ``max_sweeps``: sweeps of the whole-model solver (``--scope model``); ``write_reference``: also
+    write A's folded form there (``--scope model``, in memory); ``stream``: ``None`` decides by size;
+    ``say``: receives progress lines; ``progress``: rich progress bars (streamed);
+    ``return_transform``: keep the group element in :attr:`AlignResult.transform`.
+    """
+
+    a_dir: Path
+    b_dir: Path
+    out_dir: Path
+    scope: str = "attention"
+    stage1: bool = True
+    stage2: str = "full"
+    max_sweeps: int = 20
+    force: bool = False
+    write_reference: Path | None = None
+    stream: bool | None = None
+    progress: bool = True
+    say: Callable[[str], None] | None = None
+    return_transform: bool = False
+
+    def check(self) -> None:
+        """Refuse a bad option with one line naming it."""
+        if self.scope not in SCOPES:
+            raise ConfigError(f"unknown scope {self.scope!r}; use one of {', '.join(SCOPES)}")
+        if self.stage2 not in STAGE2:
+            raise ConfigError(f"unknown --stage2 {self.stage2!r}; use one of {', '.join(STAGE2)}")
+        if self.max_sweeps < 1:
+            raise ConfigError(f"--max-sweeps must be at least 1, got {self.max_sweeps}")
+        if self.write_reference is not None and self.scope != "model":
+            raise ConfigError("--write-reference applies to --scope model (attention alignment keeps A's format: "
+                              "interpolate with A itself)")
+
+    def tell(self, line: str) -> None:
+        if self.say is not None:
+            self.say(line)
+
+
+def align(job: AlignJob) -> AlignResult:
+    """Run the pipeline for ``job`` (module docstring) and return its result."""
+    from symalign.stream.auto import should_stream
+
+    job.check()
+    clock = PhaseClock()
+    streamed = should_stream(job.a_dir, job.b_dir, job.scope, job.stream)
+    if streamed and job.write_reference is not None:
+        raise ConfigError("--write-reference is not available with --stream yet; align without --stream, "
+                          "or let `symalign interpolate` fold A itself (OUT is marked folded)")
+    out_path = check_output_dir(job.out_dir, [job.a_dir, job.b_dir], job.force)
+    if streamed and job.scope == "attention":
+        from symalign.stream.attention import run_stream_attention
+
+        res = run_stream_attention(job.a_dir, job.b_dir, out_path, stage2=job.stage2, stage1=job.stage1,
+                                   force=job.force, progress=job.progress, return_transform=job.return_transform,
+                                   clock=clock)
+    elif streamed:
+        from symalign.stream.model import run_stream_model
+
+        res = run_stream_model(job.a_dir, job.b_dir, out_path, stage2=job.stage2, stage1=job.stage1,
+                               force=job.force, progress=job.progress, max_iter=job.max_sweeps, clock=clock)
+    else:
+        engine = InMemoryAttention if job.scope == "attention" else InMemoryModel
+        res = engine(job, out_path, clock).run()
+    return finish(res, job, out_path, clock)
+
+
+def finish(res: AlignResult, job: AlignJob, out_path: Path, clock: PhaseClock) -> AlignResult:
+    """The fields every path shares: paths, options, threads, provenance, timings."""
+    res.a, res.b, res.out = str(job.a_dir), str(job.b_dir), str(out_path)
+    res.scope, res.stage1, res.stage2 = job.scope, job.stage1, job.stage2
+    if job.scope == "model":
+        res.max_sweeps = job.max_sweeps
+    res.threads = torch.get_num_threads()
+    res.provenance = provenance(threads=res.threads)
+    res.timings = clock.timings()
+    return res
+
+
+class InMemoryEngine:
+    """Both checkpoints in memory: the phases one after the other. ``talks``: progress lines go to
+    ``job.say`` (the model scope's sweeps take a while; the attention scope is quiet)."""
+
+    talks = False
+
+    def __init__(self, job: AlignJob, out_path: Path, clock: PhaseClock):
+        self.job, self.out_path, self.clock = job, out_path, clock
+        self.a: HFCheckpoint
+        self.b: HFCheckpoint
+
+    def run(self) -> AlignResult:
+        with self.clock("read"):
+            self.tell("loading A and B")
+            self.a = load_checkpoint(self.job.a_dir)
+            self.b = load_checkpoint(self.job.b_dir)
+            check_same_architecture(self.a, self.b)
+        with self.clock("prepare"):
+            self.prepare()
+        with self.clock("match"):
+            self.match()
+        return self.write()
+
+    def tell(self, line: str) -> None:
+        if self.talks:
+            self.job.tell(line)
+
+    def marker(self) -> dict[str, Any]:
+        return {"command": "align", "scope": self.job.scope, "a": str(Path(self.job.a_dir).resolve()),
+                "b": str(Path(self.job.b_dir).resolve())}
+
+    def stage_and_commit(self, state: dict, edits: dict | None, marker: dict, culprit: str):
+        """Stage OUT (write), check it computes B's function and commit it (verify)."""
+        with self.clock("write"):
+            tmp = stage_checkpoint(self.out_path, state, self.job.b_dir, edits, marker=marker)
+        with self.clock("verify"):
+            self.tell("checking that OUT computes B's function")
+            return verify_and_commit(tmp, self.out_path, self.b, self.job.b_dir, culprit)
+
+    def prepare(self) -> None:
+        raise NotImplementedError
+
+    def match(self) -> None:
+        raise NotImplementedError
+
+    def write(self) -> AlignResult:
+        raise NotImplementedError
+
+
+class InMemoryAttention(InMemoryEngine):
+    """``--scope attention``: heads, Q-K and V-O of every layer (:func:`symalign.match.match_attention`)."""
+
+    def prepare(self) -> None:
+        self.spec = self.b.adapter.spec(self.b.config, self.b.state.keys())
+        self.spec.check(self.a.state)
+        self.spec.check(self.b.state)
+
+    def match(self) -> None:
+        from symalign.match import match_attention
+        from symalign.match.distance import attention_distance
+
+        self.before = attention_distance(self.spec, self.a.state, self.b.state)
+        self.result = match_attention(self.spec, self.a.state, self.b.state, stage1=self.job.stage1,
+                                      stage2=self.job.stage2)  # reads fused segments
+        self.out_state = apply(self.spec, self.result.transform, self.b.state)
+        self.after = attention_distance(self.spec, self.a.state, self.out_state)
+        del self.a
+
+    def write(self) -> AlignResult:
+        check = self.stage_and_commit(self.out_state, None, {**self.marker(), "folded": False},
+                                      f"the {self.b.adapter.family} adapter or the matcher")
+        del self.out_state
+        return new_result(self.b, self.spec, "in-memory", self.before, self.after, 1, True, CheckReport.whole(check),
+                          match=self.result.to_dict(),
+                          transform=dict(self.result.transform) if self.job.return_transform else None)
+
+
+class InMemoryModel(InMemoryEngine):
+    """``--scope model``: residual stream, FF units and attention (:func:`symalign.match.whole.match_whole`) of
+    both checkpoints rewritten exactly in folded form (norm gains folded where the residual group needs
+    it; the group per family -- ``O(D)``, ``O_1(D)`` or ``S_D`` -- is tabled in
+    :mod:`symalign.families`). OUT is written in folded form (GPT-2: ``tie_word_embeddings =
+    false``); ``--write-reference`` also writes A's folded form."""
+
+    talks = True
+
+    def run(self) -> AlignResult:
+        self.ref_path = None
+        if self.job.write_reference is not None:
+            self.ref_path = check_output_dir(self.job.write_reference, [self.job.a_dir, self.job.b_dir],
+                                             self.job.force)
+            if self.ref_path == self.out_path:
+                raise ConfigError("--write-reference must differ from --out")
+        return super().run()
+
+    def prepare(self) -> None:
+        from symalign.families import prepare
+
+        a, b = self.a, self.b
+        self.pa = prepare(a.config, a.state, a.adapter.spec(a.config, a.state.keys()))
+        self.pb = prepare(b.config, b.state, b.adapter.spec(b.config, b.state.keys()))
+        self.spec = self.pb.spec
+
+    def match(self) -> None:
+        from symalign.match.distance import distance, relative_distance
+        from symalign.match.whole import match_whole
+
+        pa, pb, n = self.pa, self.pb, self.job.max_sweeps
+        self.before = relative_distance(pa.state, pb.state, self.spec.tensors)
+        self.job.tell(f"matching the whole model ({self.spec.dim} group dimensions; up to {n} sweeps)")
+        # A's spec first: a mismatch is reported as "<A's group> in A, <B's group> in B"
+        d0 = max(distance(pa.spec, pa.state, pb.state), 1e-300)
+        self.result = match_whole(pa.spec, pa.state, pb.state, spec_b=pb.spec, stage1=self.job.stage1,
+                                  stage2=self.job.stage2, max_iter=n,
+                                  progress=lambda k, d: self.job.tell(f"sweep {k}/{n}: squared distance "
+                                                                      f"{d / d0:.4f} of unaligned"))
+        self.job.tell(f"matched in {self.result.iterations} sweeps" + ("" if self.result.converged
+                                                                          else " (not converged)"))
+        self.out_state = apply(self.spec, self.result.transform, pb.state)
+        self.after = relative_distance(pa.state, self.out_state, self.spec.tensors)
+
+    def write(self) -> AlignResult:
+        pb, res = self.pb, self.result
+        marker = {**self.marker(), "folded": True, "untied_head": pb.untied,
+                  "reference": str(self.ref_path) if self.ref_path is not None else None}
+        check = self.stage_and_commit(self.out_state, {"tie_word_embeddings": False} if pb.untied else None,
+                                      marker, "whole-model alignment")
+        del self.out_state
+        reference = None
+        if self.ref_path is not None:
+            from symalign.hf_fold import write_folded
+
+            self.job.tell("writing A's folded form (--write-reference)")
+            with self.clock("write"):
+                reference = {"path": str(self.ref_path), "check": write_folded(self.a, self.ref_path).to_dict()}
+        notes = list(pb.notes)
+        if not res.converged:
+            notes.append(f"matching did not converge in {self.job.max_sweeps} sweeps (the distance was still "
+                         "falling); raise --max-sweeps for a closer alignment -- OUT is exact either way")
+        notes.append("OUT is in folded form (norm gains folded" + (", head untied" if pb.untied else "")
+                     + "): interpolate it with A's folded form (--write-reference DIR, or let `symalign "
+                     "interpolate` fold A, which it does when OUT is marked folded)")
+        return new_result(self.b, self.spec, "in-memory", {"total": self.before}, {"total": self.after},
+                          res.iterations, res.converged, CheckReport.whole(check), notes=notes, folded=True,
+                          untied_head=pb.untied, reference=reference, match=res.to_dict(),
+                          transform=dict(res.transform) if self.job.return_transform else None)
