@@ -296,7 +296,7 @@ def test_streamed_attention_alignment(tmp_path, capsys, monkeypatch):
                                      tmp_path / "OUT", "--stream", "--json")
     assert code == 0, err
     info = json.loads(stdout)
-    assert info["distance"]["after"]["total"] <= 1e-8 and info["verify"]["relative_output_change"] <= 1e-12
+    assert info["distance"]["after"]["total"] <= 1e-8 and info["check"]["rel"] <= 1e-12
     o, b = _from(tmp_path / "OUT", "olmoe", torch.float64), _from(tmp_path / "B", "olmoe", torch.float64)
     assert rel(output(float64_numerics(o), _ids()), output(float64_numerics(b), _ids())) <= 1e-10
 
