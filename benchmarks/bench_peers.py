@@ -231,8 +231,10 @@ def summarise(pairs: list[dict], peers: list[str]) -> dict:
         if not all(tool in p for p in pairs):
             continue
         runs_mean = [sum(r["loss_barrier"] for r in p[tool]["runs"]) / len(p[tool]["runs"]) for p in pairs]
+        best = [min(p[tool]["runs"], key=lambda r: r["distance"])["loss_barrier"] for p in pairs]
         out[tool] = {"default": _stats([default(p, tool)["loss_barrier"] for p in pairs]),
                      "all_runs": _stats(runs_mean),
+                     "best_by_distance": _stats(best),
                      "distance": _stats([default(p, tool)["distance"] for p in pairs]),
                      "function_change_max": max(r["function_change"] for p in pairs for r in p[tool]["runs"]),
                      "runs_per_pair": len(pairs[0][tool]["runs"])}
@@ -274,6 +276,8 @@ def peers_table(rows: list[dict], peers: list[str]) -> dict:
             f[p + "_wins"] = f"{w['default']} of {s['pairs']} / {w['all_runs']} of {s['pairs']}" if w else "-"
             f[p + "_all"] = (f"{s['symalign']['all_runs']['mean']:.3f} / {st['all_runs']['mean']:.3f}"
                              if "all_runs" in st else "-")
+            f[p + "_best"] = (f"{s['symalign']['best_by_distance']['mean']:.3f} / "
+                              f"{st['best_by_distance']['mean']:.3f}" if "best_by_distance" in st else "-")
             d0 = s.get("symalign_perm", s["symalign"])["distance"]["mean"]
             f[p + "_dist"] = (f"{d0:.1f} / {st['distance']['mean']:.1f} ({w['distance']} of {s['pairs']})"
                               if "distance" in st else "-")
@@ -283,7 +287,8 @@ def peers_table(rows: list[dict], peers: list[str]) -> dict:
     cols = [("model", "model"), ("pairs", "seed pairs"), ("naive", "unaligned"), ("symalign", "symalign")]
     for p in peers:
         cols += [(p, p), (p + "_wins", f"pairs with symalign <= {p}: default runs / means of runs"),
-                 (p + "_all", f"mean of all runs: symalign / {p}")]
+                 (p + "_all", f"mean of all runs: symalign / {p}"),
+                 (p + "_best", f"run with the lowest weight distance (restarts): symalign / {p}")]
     cols += [("symalign_perm", "symalign, permutations only")]
     for p in peers:
         cols += [(p + "_dist", f"weight distance: symalign (MLPs: permutations only) / {p} (pairs lower)"),
@@ -334,6 +339,21 @@ def one_pair(kind: str, depth: int, epochs: int, seeds: tuple[int, int], data, a
     return pair
 
 
+def resummarise(path: Path) -> None:
+    """Rewrite the summaries and the table of a results file from its stored runs."""
+    from symalign.atomic import write_json
+    from symalign.provenance import provenance
+
+    res = json.loads(path.read_text())
+    peers = [p for p in res["meta"].get("peers", {"rebasin": {}}) if res["meta"].get("peers", {}).get(p, {}).get("version")]
+    for row in res["rows"]:
+        row["summary"] = summarise(row["pairs"], peers)
+    res["tables"] = {"barriers": peers_table(res["rows"], peers)}
+    res["provenance"]["resummarised"] = {k: v for k, v in provenance(threads=1).items() if k in ("commit", "command", "date")}
+    write_json(path, res)
+    print(f"rewrote the summaries and the table of {path}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -355,10 +375,16 @@ def main(argv=None) -> None:
     ap.add_argument("--symalign-orders", type=int, default=3,
                     help="sweep-order seeds 0..N-1 of symalign's match_whole (its spread; the default run is "
                          "seed 0, match_whole's default)")
+    ap.add_argument("--resummarise", action="store_true",
+                    help="recompute the summaries and the docs table of --out from its stored runs (no training "
+                         "or aligning); the provenance records the commit and command of both")
     ap.add_argument("--peer-worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.peer_worker:
         peer_worker(Path(args.peer_worker))
+        return
+    if args.resummarise:
+        resummarise(Path(args.out))
         return
     for name in ("repeats", "symalign_orders", "pairs"):
         if getattr(args, name) < 1:

@@ -44,8 +44,8 @@ labels, by block-coordinate descent (git re-basin's loop, for any spec):
    assignment) given every other current element;
 
 and repeat 1-3 (a *sweep*) until a sweep lowers ``D`` by at most ``rtol * D(identity)``
-(``converged``; not tested after the anchored first sweep, which is an initialisation and
-may end above the identity), or ``max_sweeps`` sweeps. Steps 1 and 3 are exact minimisers of their
+(``converged``; not tested after an anchored first sweep that solved some space on part of
+its tensors: that sweep is an initialisation and may end above the identity), or ``max_sweeps`` sweeps. Steps 1 and 3 are exact minimisers of their
 block (for permutation, positive-monomial and orthogonal spaces), and a sweep lowers ``D`` by the sum of
 its blocks' decreases, so the rule means that no space improved by more than
 ``rtol * D(identity)`` (``rtol = 0``: a fixed point, where every space is the exact
@@ -239,7 +239,7 @@ def anchored_pairs(spec: SymmetrySpec, name: str, solved) -> list:
 
 
 def anchored_step(spec: SymmetrySpec, units: list[str], transform: Transform, state_a, state_b,
-                  solved) -> int:
+                  solved) -> tuple[int, bool]:
     r"""The first sweep of step 1, outward from what is already comparable.
 
     Starting from the identity, a unit space whose tensors are also acted on by unsolved
@@ -254,19 +254,21 @@ def anchored_step(spec: SymmetrySpec, units: list[str], transform: Transform, st
     with layer 0 applied, and so on -- layer-wise weight matching from the input. The
     permutation is the assignment of that partial cost, with unit scales for ReLU units (their
     scales need both sides; the later sweeps solve both exactly). Updates ``transform`` in
-    place and returns the number of spaces solved. A Transformer's FF spaces act only on
-    tensors whose other axes belong to the residual stream, so there this is the ordinary
-    step in declaration order."""
-    todo, done = list(units), set(solved)
+    place and returns the number of spaces solved and whether any was solved on part of its
+    tensors only. A Transformer's FF spaces act only on tensors whose other axes belong to the
+    (initialised) residual stream, so there every space is solved on all its tensors given all
+    the others: the ordinary step (in an order that does not matter, as they share no tensor)."""
+    todo, done, partial = list(units), set(solved), False
     while todo:
         size = {n: sum(state_b[t].numel() for t, _ in anchored_pairs(spec, n, done)) for n in todo}
         name = max(todo, key=lambda n: size[n])
         pairs = anchored_pairs(spec, name, done) or spec.tensors_of(name)
+        partial |= len(pairs) < len(spec.tensors_of(name))
         cur = apply_subset(spec, _without(transform, [name]), state_b, [name])
         transform[name] = _project(spec, name, cross(pairs, state_a, cur))
         todo.remove(name)
         done.add(name)
-    return len(units)
+    return len(units), partial
 
 
 def unit_step(spec: SymmetrySpec, units: list[str], transform: Transform, state_a, state_b,
@@ -349,11 +351,13 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
     gen = torch.Generator().manual_seed(int(seed))
     tol = 1e-12 * d_first
     anchored = init is None and start == "anchored"
+    partial = False  # the anchored first sweep solved some space on part of its tensors
     for sweep in range(sweeps):
         # 1. unit spaces (FF hidden units, experts), each given every other current element
         seq = units if order == "fixed" else [units[i] for i in torch.randperm(len(units), generator=gen).tolist()]
         if sweep == 0 and anchored:
-            changes.append(anchored_step(spec, units, transform, state_a, state_b, set(transform)))
+            moved, partial = anchored_step(spec, units, transform, state_a, state_b, set(transform))
+            changes.append(moved)
         else:
             changes.append(unit_step(spec, units, transform, state_a, state_b, seq, tol))
         # 2. attention
@@ -373,7 +377,7 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
         distances.append(d)
         if progress is not None:
             progress(len(distances) - 1, d)
-        if (sweep > 0 or not anchored) and (distances[-2] - d <= rtol * d_first or d <= 1e-20 * d_first):
+        if (sweep > 0 or not partial) and (distances[-2] - d <= rtol * d_first or d <= 1e-20 * d_first):
             converged = True
             break
     return WholeMatch(transform, spec, distances, converged, "weight", att, time.perf_counter() - t0, notes,
