@@ -178,9 +178,11 @@ def measure(model, kind, sa, sb_aligned, sb, test) -> dict:
             "loss_a": c.loss[0], "loss_b": c.loss[-1], "acc_a": c.acc[0], "acc_b": c.acc[-1]}
 
 
-def symalign_align(model, kind, sa, sb, x, seed: int = 0, scales: bool = True) -> tuple[dict, dict]:
+def symalign_align(model, kind, sa, sb, x, seed: int = 0, scales: bool = True,
+                   gauge: str = "raw") -> tuple[dict, dict]:
     """B aligned to A by ``match_whole`` on the traced spec (``seed``: its sweep order; ``scales=False``:
-    the ReLU units' positive scales dropped from the spec, permutations only, as rebasin matches)."""
+    the ReLU units' positive scales dropped from the spec, permutations only, as rebasin matches;
+    ``gauge``: match_whole's gauge, ``"balanced"`` to match in the ReLU units' balanced gauge)."""
     import dataclasses
 
     from symalign.groups import Permutation, PositiveMonomial
@@ -193,7 +195,7 @@ def symalign_align(model, kind, sa, sb, x, seed: int = 0, scales: bool = True) -
     if not scales:
         spec = dataclasses.replace(spec, spaces={k: Permutation(g.n) if isinstance(g, PositiveMonomial) else g
                                                  for k, g in spec.spaces.items()})
-    m = match_whole(spec, sa, sb, seed=seed)
+    m = match_whole(spec, sa, sb, seed=seed, gauge=gauge)
     out = m.apply(sb)
     info = {"seconds": time.perf_counter() - t0, "sweeps": m.iterations, "converged": m.converged,
             "spaces": spec.describe(), "skipped": [str(s) for s in res.skipped]}
@@ -222,7 +224,7 @@ def summarise(pairs: list[dict], peers: list[str]) -> dict:
         return "loss_barrier" in r and r.get("status", "ok") == "ok"
 
     out: dict = {"pairs": len(pairs), "naive": _stats([p["naive"]["loss_barrier"] for p in pairs])}
-    tools = ["symalign"] + (["symalign_perm"] if all("symalign_perm" in p for p in pairs) else []) + peers
+    tools = ["symalign"] + [t for t in ("symalign_perm", "symalign_balanced") if all(t in p for p in pairs)] + peers
     for tool in tools:
         if not all(all(ok(r) for r in p[tool]["runs"]) for p in pairs if tool in p):
             out[tool] = {"status": "; ".join(sorted({str(r.get("status")) for p in pairs
@@ -247,6 +249,10 @@ def summarise(pairs: list[dict], peers: list[str]) -> dict:
                             <= sum(r["loss_barrier"] for r in p[peer]["runs"]) / len(p[peer]["runs"]) for p in pairs),
             "distance": sum(default(p, "symalign_perm" if "symalign_perm" in p else "symalign")["distance"]
                             <= default(p, peer)["distance"] for p in pairs)}
+        if "default" in out.get("symalign_balanced", {}):
+            out[f"balanced_wins_vs_{peer}"] = {
+                "default": sum(default(p, "symalign_balanced")["loss_barrier"] <= default(p, peer)["loss_barrier"]
+                               for p in pairs)}
     return out
 
 
@@ -270,6 +276,11 @@ def peers_table(rows: list[dict], peers: list[str]) -> dict:
         s = r["summary"]
         f = {"model": r["model"], "pairs": s["pairs"], "naive": f"{s['naive']['mean']:.3f}",
              "symalign": _cell(s["symalign"]), "symalign_perm": _cell(s.get("symalign_perm"))}
+        bal = s.get("symalign_balanced")
+        if bal and "default" in bal:
+            f["balanced"] = (f"{_cell(bal)}; {bal['all_runs']['mean']:.3f}; {bal['best_by_distance']['mean']:.3f}"
+                             + "".join(f"; {s[f'balanced_wins_vs_{p}']['default']} of {s['pairs']}" for p in peers
+                                       if f"balanced_wins_vs_{p}" in s))
         for p in peers:
             st, w = s.get(p, {}), s.get(f"wins_vs_{p}")
             f[p] = _cell(st)
@@ -281,7 +292,9 @@ def peers_table(rows: list[dict], peers: list[str]) -> dict:
             d0 = s.get("symalign_perm", s["symalign"])["distance"]["mean"]
             f[p + "_dist"] = (f"{d0:.1f} / {st['distance']['mean']:.1f} ({w['distance']} of {s['pairs']})"
                               if "distance" in st else "-")
-            f[p + "_fn"] = (f"{s['symalign']['function_change_max']:.1e} / {st['function_change_max']:.1e}"
+            fn = max(s[t]["function_change_max"] for t in ("symalign", "symalign_perm", "symalign_balanced")
+                     if "function_change_max" in s.get(t, {}))
+            f[p + "_fn"] = (f"{fn:.1e} / {st['function_change_max']:.1e}"
                             if "function_change_max" in st else "-")
         flat.append(f)
     cols = [("model", "model"), ("pairs", "seed pairs"), ("naive", "unaligned"), ("symalign", "symalign")]
@@ -290,9 +303,12 @@ def peers_table(rows: list[dict], peers: list[str]) -> dict:
                  (p + "_all", f"mean of all runs: symalign / {p}"),
                  (p + "_best", f"run with the lowest weight distance (restarts): symalign / {p}")]
     cols += [("symalign_perm", "symalign, permutations only")]
+    if any("balanced" in f for f in flat):
+        cols += [("balanced", "symalign, balanced gauge: default (range); mean of all runs; lowest-distance run"
+                  + "".join(f"; pairs <= {p}" for p in peers))]
     for p in peers:
         cols += [(p + "_dist", f"weight distance: symalign (MLPs: permutations only) / {p} (pairs lower)"),
-                 (p + "_fn", f"max function change: symalign / {p}")]
+                 (p + "_fn", f"max function change: symalign (every variant) / {p}")]
     return make_table(flat, cols)
 
 
@@ -316,6 +332,13 @@ def one_pair(kind: str, depth: int, epochs: int, seeds: tuple[int, int], data, a
         runs.append({**measure(ma, kind, sa, out, sb, data[1]), **weight_terms(sa, out), **info,
                      "order_seed": order_seed})
     pair["symalign"] = {"runs": runs}
+    if args.balanced:
+        runs = []
+        for order_seed in range(args.symalign_orders):
+            out, info = symalign_align(ma, kind, sa, sb, data[0][0], seed=order_seed, gauge="balanced")
+            runs.append({**measure(ma, kind, sa, out, sb, data[1]), **weight_terms(sa, out), **info,
+                         "order_seed": order_seed})
+        pair["symalign_balanced"] = {"runs": runs}
     if kind == "mlp":  # the same solver on rebasin's group: permutations only
         out, info = symalign_align(ma, kind, sa, sb, data[0][0], seed=0, scales=False)
         pair["symalign_perm"] = {"runs": [{**measure(ma, kind, sa, out, sb, data[1]), **weight_terms(sa, out),
@@ -375,6 +398,8 @@ def main(argv=None) -> None:
     ap.add_argument("--symalign-orders", type=int, default=3,
                     help="sweep-order seeds 0..N-1 of symalign's match_whole (its spread; the default run is "
                          "seed 0, match_whole's default)")
+    ap.add_argument("--balanced", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run symalign with gauge='balanced' (same order seeds)")
     ap.add_argument("--resummarise", action="store_true",
                     help="recompute the summaries and the docs table of --out from its stored runs (no training "
                          "or aligning); the provenance records the commit and command of both")

@@ -15,9 +15,9 @@ from torch import nn
 from torch.func import functional_call
 
 from symalign.errors import MatchError
-from symalign.groups import Permutation
+from symalign.groups import Permutation, PositiveMonomial
 from symalign.match.distance import distance
-from symalign.match.whole import match_whole
+from symalign.match.whole import balanced_gauge, match_whole
 from symalign.spec import SymmetrySpec, apply, invert, sample
 
 WIDTHS = [16, 32, 48, 64, 32, 10]  # 4 hidden layers
@@ -213,3 +213,56 @@ def test_bad_start():
     sa = state(mlp(WIDTHS, 0))
     with pytest.raises(MatchError, match="unknown start 'zero'; use one of anchored, identity"):
         match_whole(spec, sa, sa, start="zero")
+
+
+def _relu_spec(widths: list[int]) -> SymmetrySpec:
+    """:func:`mlp_spec` with the ReLU units' exact group: permutations and positive scales."""
+    spec = mlp_spec(widths)
+    spec.spaces = {k: PositiveMonomial(g.n) for k, g in spec.spaces.items()}
+    return spec
+
+
+def test_balanced_gauge_balances_every_unit_and_keeps_the_function():
+    spec = _relu_spec(WIDTHS)
+    m = mlp(WIDTHS, 4)
+    s = state(m)
+    d = balanced_gauge(spec, s)
+    sb = apply(spec, d, s)
+    for i in range(len(WIDTHS) - 2):
+        p = sb[f"{2 * i}.weight"].pow(2).sum(1) + sb[f"{2 * i}.bias"].pow(2)
+        r = sb[f"{2 * i + 2}.weight"].pow(2).sum(0)
+        assert torch.allclose(p, r, rtol=1e-10), f"layer {i}"
+    x = torch.randn(64, WIDTHS[0], dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        y = m(x)
+        assert float((functional_call(m, sb, (x,)) - y).abs().max() / y.abs().max()) <= 1e-12
+
+
+def test_balanced_gauge_makes_matching_independent_of_how_b_is_scaled():
+    """B and h . B (h: random positive per-unit scales, the same function) are the same model stored in
+    two gauges. Matched in the balanced gauge both give the same B' (to rounding); matched raw they do
+    not (the raw weight distance depends on the gauge). Either way B' keeps B's function."""
+    spec = _relu_spec(WIDTHS)
+    sa, sb = state(mlp(WIDTHS, 1)), state(mlp(WIDTHS, 2))
+    h = {k: PositiveMonomial.pack(torch.arange(g.n), torch.exp(torch.empty(g.n, dtype=torch.float64).uniform_(
+        -1, 1, generator=torch.Generator().manual_seed(5)))) for k, g in spec.spaces.items()}
+    sh = apply(spec, h, sb)
+    out = {}
+    for gauge in ("raw", "balanced"):
+        r1, r2 = (match_whole(spec, sa, s, gauge=gauge, seed=0) for s in (sb, sh))
+        out[gauge] = max(float((r1.apply(sb)[k] - r2.apply(sh)[k]).abs().max()) for k in sb)
+        x = torch.randn(32, WIDTHS[0], dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        m = mlp(WIDTHS, 0)
+        with torch.no_grad():
+            y = functional_call(m, sb, (x,))
+            for r, s in ((r1, sb), (r2, sh)):
+                assert float((functional_call(m, r.apply(s), (x,)) - y).abs().max() / y.abs().max()) <= 1e-10
+    print(out)
+    assert out["balanced"] <= 1e-8 and out["raw"] > 1e-3
+
+
+def test_bad_gauge():
+    spec = mlp_spec(WIDTHS)
+    sa = state(mlp(WIDTHS, 0))
+    with pytest.raises(MatchError, match="unknown gauge 'unit'; use one of raw, balanced"):
+        match_whole(spec, sa, sa, gauge="unit")

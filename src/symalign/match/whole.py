@@ -71,8 +71,8 @@ from symalign.match.api import match_attention
 from symalign.match.distance import distance
 from symalign.match.ff import match_monomial
 from symalign.match.inputs import check_pair, check_spec_fits
-from symalign.match.residual import FixingOrthogonal, cross
-from symalign.spec import SymmetrySpec, Transform, apply
+from symalign.match.residual import FixingOrthogonal, axis_rows, cross
+from symalign.spec import SymmetrySpec, Transform, apply, compose, invert
 
 
 @dataclass
@@ -287,11 +287,58 @@ def unit_step(spec: SymmetrySpec, units: list[str], transform: Transform, state_
     return changed
 
 
+GAUGES = ("raw", "balanced")
+
+
+def balanced_gauge(spec: SymmetrySpec, state: Mapping[str, Tensor], max_passes: int = 500,
+                   rtol: float = 1e-13) -> Transform:
+    r"""The positive scales that put every ReLU unit (:class:`~symalign.groups.PositiveMonomial`
+    space) of ``state`` in the balanced gauge.
+
+    Scaling unit ``i`` by ``s_i`` maps the squared norm of its covariant rows
+    (``fc_in`` row and bias) ``p_i -> s_i^2 p_i`` and of its contravariant ones
+    (``fc_out`` column) ``r_i -> r_i / s_i^2``. The balanced gauge minimises the total
+    squared norm ``sum_i p_i s_i^2 + r_i s_i^{-2}`` over all scales, a strictly convex
+    function of ``log s`` when every unit has nonzero in- and out-weights: its unique
+    minimiser has ``p_i = r_i`` for every unit. Spaces that share tensors (an MLP chain)
+    are solved by exact coordinate descent: each space in turn takes
+    ``s = (r / p)^{1/4}`` given the others, until a pass moves no scale by more than
+    ``rtol`` (relative) or ``max_passes`` passes. Units with ``p = 0`` or ``r = 0`` keep
+    scale 1. The gauge is a property of the function's orbit: ``state`` and ``h . state``,
+    ``h`` any positive scaling, have the same balanced state. Returns the transform
+    (unit permutations, the scales) taking ``state`` there; ``{}`` without ReLU spaces."""
+    names = [n for n, g in spec.spaces.items() if isinstance(g, PositiveMonomial)]
+    if not names:
+        return {}
+    total = {n: torch.ones(spec.spaces[n].n, dtype=torch.float64) for n in names}
+    cur = apply_subset(spec, {}, state, names)
+    for _ in range(max_passes):
+        moved = 0.0
+        for n in names:
+            p = torch.zeros(spec.spaces[n].n, dtype=torch.float64)
+            r = torch.zeros_like(p)
+            for t, a in spec.tensors_of(n):
+                sq = axis_rows(cur[t], a).double().pow(2).sum(1)
+                if a.variance == "co":
+                    p += sq
+                else:
+                    r += sq
+            ok = (p > 0) & (r > 0)
+            sc = torch.where(ok, (r / torch.where(ok, p, torch.ones_like(p))) ** 0.25, torch.ones_like(p))
+            moved = max(moved, float((sc - 1).abs().max()))
+            el = PositiveMonomial.pack(torch.arange(spec.spaces[n].n), sc)
+            cur.update(apply_subset(spec, {n: el}, cur, [n]))
+            total[n] = total[n] * sc
+        if moved <= rtol:
+            break
+    return {n: PositiveMonomial.pack(torch.arange(spec.spaces[n].n), total[n]) for n in names}
+
+
 def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor], *,
                 max_iter: int = 20, rtol: float = 1e-6, stage1: bool = True, stage2: str = "full",
                 init: Transform | None = None, spec_b: SymmetrySpec | None = None,
                 max_sweeps: int | None = None, order: str = "random", seed: int = 0,
-                start: str = "anchored", progress: Callable[[int, float], None] | None = None) -> WholeMatch:
+                start: str = "anchored", gauge: str = "raw", progress: Callable[[int, float], None] | None = None) -> WholeMatch:
     """Align every declared space of B to A by block-coordinate descent (see the module docstring).
 
     Args:
@@ -306,6 +353,12 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
         stage1, stage2: passed to :func:`match_attention`.
         start: ``"anchored"`` (the first sweep of the unit spaces is :func:`anchored_step`) or
             ``"identity"`` (the first sweep is an ordinary one from the identity); ignored with ``init``.
+        gauge: ``"raw"`` (match the weights as stored) or ``"balanced"``: A and B are first moved to
+            the balanced gauge of their ReLU units (:func:`balanced_gauge`, ``d_A``, ``d_B``), matched
+            there (``g``), and the result is ``d_A^{-1} g d_B``; the linear path is then the one between
+            the balanced models mapped back by ``d_A^{-1}``, so the result does not depend on the scale
+            gauge either model happens to be stored in. ``distances`` are those of the balanced pair.
+            Without ReLU spaces the two are the same.
         init: a starting transform (skips the residual initialisation and the anchored first sweep).
         spec_b: B's spec; must describe the same groups.
         progress: called after every sweep with ``(sweep, distance)`` (e.g. a progress line on stderr).
@@ -317,6 +370,20 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
     sweeps = max_iter if max_sweeps is None else max_sweeps
     if order not in ORDERS:
         raise MatchError(f"unknown sweep order {order!r}; use one of {', '.join(ORDERS)}")
+    if gauge not in GAUGES:
+        raise MatchError(f"unknown gauge {gauge!r}; use one of {', '.join(GAUGES)}")
+    if gauge == "balanced":
+        validate_states(spec, state_a, state_b)
+        da, db = balanced_gauge(spec, state_a), balanced_gauge(spec, state_b)
+        if da:
+            res = match_whole(spec, apply(spec, da, state_a), apply(spec, db, state_b), max_iter=max_iter,
+                              rtol=rtol, stage1=stage1, stage2=stage2, spec_b=spec_b, max_sweeps=max_sweeps,
+                              order=order, seed=seed, start=start, progress=progress,
+                              init=None if init is None else compose(spec, da, compose(spec, init, invert(spec, db))))
+            res.transform = compose(spec, invert(spec, da), compose(spec, res.transform, db))
+            res.notes.append("balanced gauge: the distances are those between the balanced A and B")
+            res.time_s = time.perf_counter() - t0
+            return res
     if start not in STARTS:
         raise MatchError(f"unknown start {start!r}; use one of {', '.join(STARTS)}")
     if sweeps < 1:
