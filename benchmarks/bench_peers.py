@@ -89,6 +89,7 @@ def peer_worker(folder: Path) -> None:
             a.load_state_dict(torch.load(folder / "A.pt", weights_only=True))
             b.load_state_dict(torch.load(folder / "B.pt", weights_only=True))
             x = torch.load(folder / "x.pt", weights_only=True)
+            torch.manual_seed(job.get("seed", 0))  # rebasin's sweep order comes from torch's global RNG
             PermutationCoordinateDescent(a, b, x).rebasin()
             torch.save(b.state_dict(), folder / "out.pt")
             out["status"] = "ok"
@@ -109,10 +110,10 @@ def peer_available(python: str, peer: str) -> str | None:
     return None if r.returncode == 0 else f"{peer} does not import under {python}: {r.stderr.strip()[-200:]}"
 
 
-def run_peer(python: str, peer: str, kind: str, depth: int, sa, sb, x, timeout: float) -> dict:
+def run_peer(python: str, peer: str, kind: str, depth: int, sa, sb, x, timeout: float, seed: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        (d / "job.json").write_text(json.dumps({"peer": peer, "kind": kind, "depth": depth}))
+        (d / "job.json").write_text(json.dumps({"peer": peer, "kind": kind, "depth": depth, "seed": seed}))
         torch.save(sa, d / "A.pt")
         torch.save(sb, d / "B.pt")
         torch.save(x, d / "x.pt")
@@ -177,43 +178,203 @@ def measure(model, kind, sa, sb_aligned, sb, test) -> dict:
             "loss_a": c.loss[0], "loss_b": c.loss[-1], "acc_a": c.acc[0], "acc_b": c.acc[-1]}
 
 
-def symalign_align(model, kind, sa, sb, x, seed: int = 0) -> tuple[dict, dict]:
-    """B aligned to A by ``match_whole`` on the traced spec (``seed``: its sweep order)."""
+def symalign_align(model, kind, sa, sb, x, seed: int = 0, scales: bool = True,
+                   gauge: str = "raw") -> tuple[dict, dict]:
+    """B aligned to A by ``match_whole`` on the traced spec (``seed``: its sweep order; ``scales=False``:
+    the ReLU units' positive scales dropped from the spec, permutations only, as rebasin matches;
+    ``gauge``: match_whole's gauge, ``"balanced"`` to match in the ReLU units' balanced gauge)."""
+    import dataclasses
+
+    from symalign.groups import Permutation, PositiveMonomial
     from symalign.match.whole import match_whole
     from symalign.tracing import trace
 
     t0 = time.perf_counter()
     res = trace(model, example(kind, x[:8]))
-    m = match_whole(res.spec, sa, sb, seed=seed)
+    spec = res.spec
+    if not scales:
+        spec = dataclasses.replace(spec, spaces={k: Permutation(g.n) if isinstance(g, PositiveMonomial) else g
+                                                 for k, g in spec.spaces.items()})
+    m = match_whole(spec, sa, sb, seed=seed, gauge=gauge)
     out = m.apply(sb)
     info = {"seconds": time.perf_counter() - t0, "sweeps": m.iterations, "converged": m.converged,
-            "spaces": res.spec.describe(), "skipped": [str(s) for s in res.skipped]}
+            "spaces": spec.describe(), "skipped": [str(s) for s in res.skipped]}
     return out, info
 
 
+def weight_terms(sa: dict, sb: dict) -> dict:
+    """The weight-matching objective, over every parameter: ``distance = sum_t ||A_t - B'_t||^2`` (what
+    symalign minimises) and ``inner = sum_t <A_t, B'_t>`` (what rebasin maximises; for permutations
+    ``distance = |A|^2 + |B|^2 - 2 inner``, so the two rank permutation solutions alike)."""
+    return {"distance": float(sum(float((sa[k].double() - sb[k].double()).pow(2).sum()) for k in sa)),
+            "inner": float(sum(float((sa[k].double() * sb[k].double()).sum()) for k in sa))}
+
+
+def _stats(values: list[float]) -> dict:
+    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def summarise(pairs: list[dict], peers: list[str]) -> dict:
+    """Per-row statistics over the seed pairs: each tool's default run (symalign order seed 0, a peer's
+    first run) and its mean over all its runs on a pair; per-pair wins of symalign over each peer."""
+    def default(p, tool):
+        return p[tool]["runs"][0]
+
+    def ok(r):
+        return "loss_barrier" in r and r.get("status", "ok") == "ok"
+
+    out: dict = {"pairs": len(pairs), "naive": _stats([p["naive"]["loss_barrier"] for p in pairs])}
+    tools = ["symalign"] + [t for t in ("symalign_perm", "symalign_balanced") if all(t in p for p in pairs)] + peers
+    for tool in tools:
+        if not all(all(ok(r) for r in p[tool]["runs"]) for p in pairs if tool in p):
+            out[tool] = {"status": "; ".join(sorted({str(r.get("status")) for p in pairs
+                                                     for r in p.get(tool, {}).get("runs", []) if not ok(r)}))}
+            continue
+        if not all(tool in p for p in pairs):
+            continue
+        runs_mean = [sum(r["loss_barrier"] for r in p[tool]["runs"]) / len(p[tool]["runs"]) for p in pairs]
+        best = [min(p[tool]["runs"], key=lambda r: r["distance"])["loss_barrier"] for p in pairs]
+        out[tool] = {"default": _stats([default(p, tool)["loss_barrier"] for p in pairs]),
+                     "all_runs": _stats(runs_mean),
+                     "best_by_distance": _stats(best),
+                     "distance": _stats([default(p, tool)["distance"] for p in pairs]),
+                     "function_change_max": max(r["function_change"] for p in pairs for r in p[tool]["runs"]),
+                     "runs_per_pair": len(pairs[0][tool]["runs"])}
+    for peer in peers:
+        if "default" not in out.get(peer, {}):
+            continue
+        out[f"wins_vs_{peer}"] = {
+            "default": sum(default(p, "symalign")["loss_barrier"] <= default(p, peer)["loss_barrier"] for p in pairs),
+            "all_runs": sum(sum(r["loss_barrier"] for r in p["symalign"]["runs"]) / len(p["symalign"]["runs"])
+                            <= sum(r["loss_barrier"] for r in p[peer]["runs"]) / len(p[peer]["runs"]) for p in pairs),
+            "distance": sum(default(p, "symalign_perm" if "symalign_perm" in p else "symalign")["distance"]
+                            <= default(p, peer)["distance"] for p in pairs)}
+        if "default" in out.get("symalign_balanced", {}):
+            out[f"balanced_wins_vs_{peer}"] = {
+                "default": sum(default(p, "symalign_balanced")["loss_barrier"] <= default(p, peer)["loss_barrier"]
+                               for p in pairs)}
+    return out
+
+
+def _cell(st: dict | None, key: str = "default") -> str:
+    if not st:
+        return "-"
+    if key not in st:
+        return str(st.get("status", "-"))
+    v = st[key]
+    return f"{v['mean']:.3f} ({v['min']:.3f}-{v['max']:.3f})" if v["n"] > 1 else f"{v['mean']:.3f}"
+
+
 def peers_table(rows: list[dict], peers: list[str]) -> dict:
-    """The docs table: endpoints, unaligned / symalign / peer test-loss barriers, function changes."""
+    """The docs table: per row, mean (range) over the seed pairs of each tool's test-loss barrier (default
+    runs), per-pair wins, each tool's mean over its own runs, the weight distance reached (MLPs: symalign
+    on permutations only, rebasin's group) and the largest function change."""
     from symalign.experiments.docs_tables import make_table
 
     flat = []
     for r in rows:
-        f = {"model": r["model"], "acc": f"{100 * r['naive']['acc_a']:.1f} / {100 * r['naive']['acc_b']:.1f} %",
-             "naive": r["naive"]["loss_barrier"], "symalign": r["symalign"]["loss_barrier"],
-             "symalign_fn": r["symalign"]["function_change"],
-             "symalign_runs": " / ".join(f"{x['loss_barrier']:.3f}" for x in r["symalign"].get("runs", [r["symalign"]]))}
+        s = r["summary"]
+        f = {"model": r["model"], "pairs": s["pairs"], "naive": f"{s['naive']['mean']:.3f}",
+             "symalign": _cell(s["symalign"]), "symalign_perm": _cell(s.get("symalign_perm"))}
+        bal = s.get("symalign_balanced")
+        if bal and "default" in bal:
+            f["balanced"] = (f"{_cell(bal)}; {bal['all_runs']['mean']:.3f}; {bal['best_by_distance']['mean']:.3f}"
+                             + "".join(f"; {s[f'balanced_wins_vs_{p}']['default']} of {s['pairs']}" for p in peers
+                                       if f"balanced_wins_vs_{p}" in s))
         for p in peers:
-            f[p] = r[p].get("loss_barrier", r[p].get("status"))
-            f[p + "_fn"] = r[p].get("function_change")
-            f[p + "_runs"] = " / ".join(f"{x['loss_barrier']:.3f}" if "loss_barrier" in x else str(x.get("status"))
-                                        for x in r[p].get("runs", [r[p]]))
+            st, w = s.get(p, {}), s.get(f"wins_vs_{p}")
+            f[p] = _cell(st)
+            f[p + "_wins"] = f"{w['default']} of {s['pairs']} / {w['all_runs']} of {s['pairs']}" if w else "-"
+            f[p + "_all"] = (f"{s['symalign']['all_runs']['mean']:.3f} / {st['all_runs']['mean']:.3f}"
+                             if "all_runs" in st else "-")
+            f[p + "_best"] = (f"{s['symalign']['best_by_distance']['mean']:.3f} / "
+                              f"{st['best_by_distance']['mean']:.3f}" if "best_by_distance" in st else "-")
+            d0 = s.get("symalign_perm", s["symalign"])["distance"]["mean"]
+            f[p + "_dist"] = (f"{d0:.1f} / {st['distance']['mean']:.1f} ({w['distance']} of {s['pairs']})"
+                              if "distance" in st else "-")
+            fn = max(s[t]["function_change_max"] for t in ("symalign", "symalign_perm", "symalign_balanced")
+                     if "function_change_max" in s.get(t, {}))
+            f[p + "_fn"] = (f"{fn:.1e} / {st['function_change_max']:.1e}"
+                            if "function_change_max" in st else "-")
         flat.append(f)
-    cols = [("model", "model"), ("acc", "test acc A / B"), ("naive", "unaligned", ".3f"),
-            ("symalign", "symalign", ".3f"), ("symalign_runs", "symalign (all order seeds)", ""),
-            ("symalign_fn", "function change symalign", ".1e")]
+    cols = [("model", "model"), ("pairs", "seed pairs"), ("naive", "unaligned"), ("symalign", "symalign")]
     for p in peers:
-        cols += [(p, p, ".3f" if all(isinstance(f[p], float) for f in flat) else ""),
-                 (p + "_fn", f"function change {p}", ".1e"), (p + "_runs", f"{p} (all runs)", "")]
+        cols += [(p, p), (p + "_wins", f"pairs with symalign <= {p}: default runs / means of runs"),
+                 (p + "_all", f"mean of all runs: symalign / {p}"),
+                 (p + "_best", f"run with the lowest weight distance (restarts): symalign / {p}")]
+    cols += [("symalign_perm", "symalign, permutations only")]
+    if any("balanced" in f for f in flat):
+        cols += [("balanced", "symalign, balanced gauge: default (range); mean of all runs; lowest-distance run"
+                  + "".join(f"; pairs <= {p}" for p in peers))]
+    for p in peers:
+        cols += [(p + "_dist", f"weight distance: symalign (MLPs: permutations only) / {p} (pairs lower)"),
+                 (p + "_fn", f"max function change: symalign (every variant) / {p}")]
     return make_table(flat, cols)
+
+
+def peer_version(python: str, peer: str) -> str | None:
+    r = subprocess.run([python, "-c", f"from importlib.metadata import version; print(version({peer!r}))"],
+                       capture_output=True, text=True, timeout=300)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def one_pair(kind: str, depth: int, epochs: int, seeds: tuple[int, int], data, args, peers, missing) -> dict:
+    """Train A and B from ``seeds``, align B to A with every tool, measure."""
+    t0 = time.perf_counter()
+    ma, mb = train(kind, depth, seeds[0], data, epochs), train(kind, depth, seeds[1], data, epochs)
+    sa = {k: v.detach().clone() for k, v in ma.state_dict().items()}
+    sb = {k: v.detach().clone() for k, v in mb.state_dict().items()}
+    pair = {"seeds": list(seeds), "train_s": time.perf_counter() - t0}
+    pair["naive"] = {**measure(ma, kind, sa, sb, sb, data[1]), **weight_terms(sa, sb)}
+    runs = []
+    for order_seed in range(args.symalign_orders):  # the default run is order seed 0
+        out, info = symalign_align(ma, kind, sa, sb, data[0][0], seed=order_seed)
+        runs.append({**measure(ma, kind, sa, out, sb, data[1]), **weight_terms(sa, out), **info,
+                     "order_seed": order_seed})
+    pair["symalign"] = {"runs": runs}
+    if args.balanced:
+        runs = []
+        for order_seed in range(args.symalign_orders):
+            out, info = symalign_align(ma, kind, sa, sb, data[0][0], seed=order_seed, gauge="balanced")
+            runs.append({**measure(ma, kind, sa, out, sb, data[1]), **weight_terms(sa, out), **info,
+                         "order_seed": order_seed})
+        pair["symalign_balanced"] = {"runs": runs}
+    if kind == "mlp":  # the same solver on rebasin's group: permutations only
+        out, info = symalign_align(ma, kind, sa, sb, data[0][0], seed=0, scales=False)
+        pair["symalign_perm"] = {"runs": [{**measure(ma, kind, sa, out, sb, data[1]), **weight_terms(sa, out),
+                                           **info, "order_seed": 0}]}
+    for p in peers:
+        if missing[p]:
+            pair[p] = {"status": "absent", "why": missing[p], "runs": []}
+            continue
+        runs = []
+        for rep in range(args.repeats):  # torch seed ``rep`` before each run: rebasin draws its order from it
+            res = run_peer(args.peers_python, p, kind, depth, sa, sb, example(kind, data[0][0][:64]),
+                           args.peer_timeout, seed=rep)
+            state = res.pop("state", None)
+            if state is not None:
+                res.update(measure(ma, kind, sa, state, sb, data[1]))
+                res.update(weight_terms(sa, state))
+                if not res["function_change"] <= 1e-4:
+                    res["status"] = "changed the function"
+            runs.append(res)
+        pair[p] = {"runs": runs}
+    return pair
+
+
+def resummarise(path: Path) -> None:
+    """Rewrite the summaries and the table of a results file from its stored runs."""
+    from symalign.atomic import write_json
+    from symalign.provenance import provenance
+
+    res = json.loads(path.read_text())
+    peers = [p for p in res["meta"].get("peers", {"rebasin": {}}) if res["meta"].get("peers", {}).get(p, {}).get("version")]
+    for row in res["rows"]:
+        row["summary"] = summarise(row["pairs"], peers)
+    res["tables"] = {"barriers": peers_table(res["rows"], peers)}
+    res["provenance"]["resummarised"] = {k: v for k, v in provenance(threads=1).items() if k in ("commit", "command", "date")}
+    write_json(path, res)
+    print(f"rewrote the summaries and the table of {path}")
 
 
 def main(argv=None) -> None:
@@ -228,22 +389,31 @@ def main(argv=None) -> None:
     ap.add_argument("--mlp-epochs", type=int, default=30)
     ap.add_argument("--vit-epochs", type=int, default=40)
     ap.add_argument("--peer-timeout", type=float, default=600.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=2,
-                    help="runs of each peer on the same weights (its run-to-run spread; the table's peer column "
-                         "is the first run, the 'all runs' column lists every run)")
+    ap.add_argument("--seed", type=int, default=0, help="data split seed; pair k trains A, B from seeds "
+                    "seed + 2k + 1, seed + 2k + 2")
+    ap.add_argument("--pairs", type=int, default=5, help="independently trained seed pairs per row")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs of each peer on each pair, torch seed 0..N-1 before each (its run-to-run spread; "
+                         "the default run is the first)")
     ap.add_argument("--symalign-orders", type=int, default=3,
-                    help="sweep-order seeds 0..N-1 of symalign's match_whole (its spread; the table's symalign "
-                         "column is seed 0, the default, the 'all order seeds' column lists every one)")
+                    help="sweep-order seeds 0..N-1 of symalign's match_whole (its spread; the default run is "
+                         "seed 0, match_whole's default)")
+    ap.add_argument("--balanced", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run symalign with gauge='balanced' (same order seeds)")
+    ap.add_argument("--resummarise", action="store_true",
+                    help="recompute the summaries and the docs table of --out from its stored runs (no training "
+                         "or aligning); the provenance records the commit and command of both")
     ap.add_argument("--peer-worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.repeats < 1:
-        ap.error(f"--repeats must be at least 1, got {args.repeats}")
-    if args.symalign_orders < 1:
-        ap.error(f"--symalign-orders must be at least 1, got {args.symalign_orders}")
     if args.peer_worker:
         peer_worker(Path(args.peer_worker))
         return
+    if args.resummarise:
+        resummarise(Path(args.out))
+        return
+    for name in ("repeats", "symalign_orders", "pairs"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     from symalign.atomic import write_json
     from symalign.provenance import provenance
 
@@ -258,47 +428,28 @@ def main(argv=None) -> None:
     jobs = [("mlp", int(k), args.mlp_epochs) for k in args.mlp_depths.split(",") if k] + \
            [("vit", int(k), args.vit_epochs) for k in args.vit_depths.split(",") if k]
     for kind, depth, epochs in jobs:
-        t0 = time.perf_counter()
-        ma, mb = train(kind, depth, args.seed + 1, data, epochs), train(kind, depth, args.seed + 2, data, epochs)
-        sa = {k: v.detach().clone() for k, v in ma.state_dict().items()}
-        sb = {k: v.detach().clone() for k, v in mb.state_dict().items()}
-        row = {"model": f"{kind}-{depth}", "train_s": time.perf_counter() - t0, "test_items": len(data[1][1])}
-        row["naive"] = measure(ma, kind, sa, sb, sb, data[1])
-        runs = []
-        for order_seed in range(args.symalign_orders):  # the table's column is order seed 0, the default
-            out, info = symalign_align(ma, kind, sa, sb, data[0][0], seed=order_seed)
-            runs.append({**measure(ma, kind, sa, out, sb, data[1]), **info, "order_seed": order_seed})
-        row["symalign"] = {**runs[0], "runs": runs}
-        for p in peers:
-            if missing[p]:
-                row[p] = {"status": "absent", "why": missing[p]}
-                continue
-            runs = []
-            for _ in range(args.repeats):  # the same inputs every time: the spread is the peer's own
-                res = run_peer(args.peers_python, p, kind, depth, sa, sb, example(kind, data[0][0][:64]),
-                               args.peer_timeout)
-                state = res.pop("state", None)
-                if state is not None:
-                    res.update(measure(ma, kind, sa, state, sb, data[1]))
-                    if not res["function_change"] <= 1e-4:
-                        res["status"] = "changed the function"
-                runs.append(res)
-            row[p] = {**runs[0], "runs": runs}
-        rows.append(row)
-        cells = [f"{row['model']}: naive {row['naive']['loss_barrier']:.3f}",
-                 f"symalign {row['symalign']['loss_barrier']:.3f} (fn {row['symalign']['function_change']:.1e})",
-                 "symalign all order seeds " + " / ".join(f"{x['loss_barrier']:.3f}" for x in row["symalign"]["runs"])]
-        for p in peers:
-            r = row[p]
-            cells.append(f"{p} {r['loss_barrier']:.3f} (fn {r['function_change']:.1e})" if "loss_barrier" in r
-                         else f"{p} {r['status']}")
-            cells.append(f"{p} all runs " + " / ".join(f"{x['loss_barrier']:.3f}" if "loss_barrier" in x
-                                                      else str(x.get("status")) for x in r.get("runs", [r])))
-        print("; ".join(cells), flush=True)
+        pairs = []
+        for k in range(args.pairs):
+            seeds = (args.seed + 2 * k + 1, args.seed + 2 * k + 2)
+            pair = one_pair(kind, depth, epochs, seeds, data, args, peers, missing)
+            pairs.append(pair)
+            cells = [f"{kind}-{depth} seeds {seeds}: naive {pair['naive']['loss_barrier']:.3f}",
+                     "symalign " + " / ".join(f"{x['loss_barrier']:.3f}" for x in pair["symalign"]["runs"])]
+            if "symalign_perm" in pair:
+                cells.append(f"symalign perm. only {pair['symalign_perm']['runs'][0]['loss_barrier']:.3f}")
+            for p in peers:
+                cells.append(f"{p} " + (" / ".join(f"{x['loss_barrier']:.3f}" if "loss_barrier" in x
+                                                  else str(x.get("status")) for x in pair[p]["runs"])
+                                        or pair[p]["status"]))
+            print("; ".join(cells), flush=True)
+        rows.append({"model": f"{kind}-{depth}", "test_items": len(data[1][1]), "pairs": pairs,
+                     "summary": summarise(pairs, [p for p in peers if not missing[p]])})
     meta = {"torch": torch.__version__, "data": "scikit-learn digits, 1300 train / 497 test, seed "
-            f"{args.seed}", "points": 25, "threads": 1}
-    write_json(args.out, {"meta": meta, "rows": rows, "provenance": provenance(threads=1, seed_pairs=1),
-                          "tables": {"barriers": peers_table(rows, peers)}})
+            f"{args.seed}", "points": 25, "threads": 1,
+            "peers": {p: {"python": args.peers_python, "version": None if missing[p] else
+                          peer_version(args.peers_python, p)} for p in peers}}
+    write_json(args.out, {"meta": meta, "rows": rows, "provenance": provenance(threads=1, seed_pairs=args.pairs),
+                          "tables": {"barriers": peers_table(rows, [p for p in peers if not missing[p]])}})
     print(f"wrote {args.out}")
 
 
