@@ -116,8 +116,9 @@ def main() -> None:
         sys.exit("no finished scope found under --runs")
     cols = [("experiment", "experiment"), ("scope", "scope"), ("seeds", "seeds"),
             ("threshold", "threshold (rad)", "g"), ("planes", "planes relaxed"), ("angles", "their angles (rad)"),
-            ("group", "Q-K group"), ("distance_after", "Q-K distance on them", ".4g"),
-            ("function_change", "function change", ".2e"), ("loss_b2", "loss of B''", ".4f"),
+            ("group", "Q-K group"), ("distance_before", "Q-K distance on them, B'", ".3g"),
+            ("distance_after", "after", ".3g"), ("function_change", "function change", ".2e"),
+            ("loss_b2", "loss of B''", ".4f"), ("acc_b2", "acc of B''", ".3f"),
             ("barrier", "loss barrier", ".4f"), ("ratio", "% of naive", ".1f")]
     pairs = len({(r["experiment"], r["seeds"]) for r in rows})
     command = args.command or shlex.join(["python", "benchmarks/rope_slow_planes.py", *sys.argv[1:]])
