@@ -77,8 +77,9 @@ def compare(ref: Path, other: Path) -> dict:
               for k, v in ra["variants"].items()}
     dratio = max(abs(a - b) for a, b in ratios.values())
     ba, bb = barriers(ra), barriers(rb)
+    acc = tuple(f"{r['endpoints']['A']['acc']:.3f} / {r['endpoints']['B']['acc']:.3f}" for r in (ra, rb))
     return {"checkpoints_identical": same, "checkpoints": len(ca), "max_curve_loss_diff": dcurve,
-            "max_weight_diff": max_weight_diff(ref, other),
+            "max_weight_diff": max_weight_diff(ref, other), "acc": acc,
             "barriers": {k: (ba[k], bb[k]) for k in ba},
             "max_barrier_diff": max(abs(ba[k] - bb[k]) for k in ba),
             "naive_barrier": (ra["naive"]["loss_barrier"], rb["naive"]["loss_barrier"]),
@@ -108,12 +109,13 @@ def main() -> None:
                                        f"{'s' if threads != '1' else ''})",
                          "scope": scope, "ckpt": f"{c['checkpoints_identical']} / {c['checkpoints']}",
                          "bit": "yes" if c["bit_for_bit"] else "no", "dweight": c["max_weight_diff"],
-                         "dbarrier": c["max_barrier_diff"],
+                         "dbarrier": c["max_barrier_diff"], "acc_a": c["acc"][0], "acc_b": c["acc"][1],
                          "naive_a": c["naive_barrier"][0], "naive_b": c["naive_barrier"][1],
                          "full_a": full[0], "full_b": full[1], "dcurve": c["max_curve_loss_diff"],
                          "dratio": c["max_ratio_diff_points"]})
     cols = [("comparison", "runs compared"), ("scope", "scope"), ("ckpt", "identical checkpoints"),
-            ("bit", "bit-for-bit"), ("dweight", "max weight diff", ".2e"), ("naive_a", "naive barrier (ref)", ".4f"), ("naive_b", "naive barrier", ".4f"),
+            ("bit", "bit-for-bit"), ("dweight", "max weight diff", ".2e"),
+            ("acc_a", "test acc A / B (ref)"), ("acc_b", "test acc A / B"), ("naive_a", "naive barrier (ref)", ".4f"), ("naive_b", "naive barrier", ".4f"),
             ("full_a", "full % (ref)", ".2f"), ("full_b", "full %", ".2f"),
             ("dbarrier", "max barrier diff (nats)", ".2e"), ("dcurve", "max curve loss diff", ".2e"), ("dratio", "max ratio diff (points)", ".2f")]
     command = args.command or shlex.join(["python", "benchmarks/reproducibility.py", *sys.argv[1:]])
