@@ -79,7 +79,7 @@ def run_scope(root: Path, scope: str, thresholds: list[float], points: int | Non
         row = {"experiment": root.name, "scope": scope, "seeds": f"{run.seeds[0]}-{run.seeds[1]}",
                "threshold": tau, "planes": ", ".join(str(j) for j in slow) or "-",
                "angles": ", ".join(f"{planes[j]['angle']:.3g}" for j in slow) or "-",
-               "group": "exact (H)" if m.exact else f"GL({2 * len(slow)}) on slow planes",
+               "group": "exact (H)" if m.exact else f"GL({2 * len(slow)}) on them",
                "distance_before": m.distance_before, "distance_after": m.distance_after,
                "function_change": function_change(a, b2, sb, batches),
                "loss_b": naive.loss[-1], "loss_b2": c.loss[-1], "acc_b": naive.acc[-1], "acc_b2": c.acc[-1],
