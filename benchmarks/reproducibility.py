@@ -3,7 +3,8 @@
 Each ``--run LABEL=THREADS=DIR`` is the runs directory of one ``symalign experiment CONFIG --threads
 THREADS --out DIR`` (the first one is the reference). For every scope present in all of them it
 compares, against the reference: the trained checkpoints (``model.safetensors`` byte for byte:
-base, seed A, seed B), the naive and aligned curves (largest absolute difference of any curve
+base, seed A, seed B; and the largest absolute difference of any weight), the loss barriers
+(naive and every stage-2 variant: largest absolute difference in nats), the naive and aligned curves (largest absolute difference of any curve
 point's loss) and the loss-barrier ratio of every stage-2 variant (largest absolute difference
 in percentage points). Writes a result file (JSON, atomically)::
 
@@ -41,6 +42,25 @@ def checkpoints(scope_dir: Path) -> dict[str, str]:
     return out
 
 
+def max_weight_diff(ref_scope: Path, other_scope: Path) -> float:
+    """Largest ``|w - w'|`` over every tensor of every checkpoint (base, seed A, seed B) of the two scopes."""
+    from safetensors.torch import load_file
+
+    worst = 0.0
+    for p in sorted(list(ref_scope.rglob("model.safetensors")) + list((ref_scope.parent / "base").rglob("model.safetensors"))):
+        q = other_scope.parent / p.relative_to(ref_scope.parent)
+        a, b = load_file(str(p)), load_file(str(q))
+        for k in a:
+            worst = max(worst, float((a[k].double() - b[k].double()).abs().max()))
+    return worst
+
+
+def barriers(res: dict) -> dict[str, float]:
+    out = {"naive": res["naive"]["loss_barrier"]}
+    out.update({k: v["curve"]["loss_barrier"] for k, v in res["variants"].items()})
+    return out
+
+
 def curves(res: dict) -> dict[str, list[float]]:
     out = {"naive": res["naive"]["loss"]}
     out.update({k: v["curve"]["loss"] for k, v in res["variants"].items()})
@@ -56,7 +76,12 @@ def compare(ref: Path, other: Path) -> dict:
     ratios = {k: (v["loss_barrier_ratio_percent"], rb["variants"][k]["loss_barrier_ratio_percent"])
               for k, v in ra["variants"].items()}
     dratio = max(abs(a - b) for a, b in ratios.values())
+    ba, bb = barriers(ra), barriers(rb)
+    acc = tuple(f"{r['endpoints']['A']['acc']:.3f} / {r['endpoints']['B']['acc']:.3f}" for r in (ra, rb))
     return {"checkpoints_identical": same, "checkpoints": len(ca), "max_curve_loss_diff": dcurve,
+            "max_weight_diff": max_weight_diff(ref, other), "acc": acc,
+            "barriers": {k: (ba[k], bb[k]) for k in ba},
+            "max_barrier_diff": max(abs(ba[k] - bb[k]) for k in ba),
             "naive_barrier": (ra["naive"]["loss_barrier"], rb["naive"]["loss_barrier"]),
             "ratios": ratios, "max_ratio_diff_points": dratio,
             "bit_for_bit": same == len(ca) and dcurve == 0.0 and dratio == 0.0}
@@ -83,14 +108,16 @@ def main() -> None:
             rows.append({"comparison": f"{ref_label} ({ref_threads} thread) vs {label} ({threads} thread"
                                        f"{'s' if threads != '1' else ''})",
                          "scope": scope, "ckpt": f"{c['checkpoints_identical']} / {c['checkpoints']}",
-                         "bit": "yes" if c["bit_for_bit"] else "no",
+                         "bit": "yes" if c["bit_for_bit"] else "no", "dweight": c["max_weight_diff"],
+                         "dbarrier": c["max_barrier_diff"], "acc_a": c["acc"][0], "acc_b": c["acc"][1],
                          "naive_a": c["naive_barrier"][0], "naive_b": c["naive_barrier"][1],
                          "full_a": full[0], "full_b": full[1], "dcurve": c["max_curve_loss_diff"],
                          "dratio": c["max_ratio_diff_points"]})
     cols = [("comparison", "runs compared"), ("scope", "scope"), ("ckpt", "identical checkpoints"),
-            ("bit", "bit-for-bit"), ("naive_a", "naive barrier (ref)", ".4f"), ("naive_b", "naive barrier", ".4f"),
+            ("bit", "bit-for-bit"), ("dweight", "max weight diff", ".2e"),
+            ("acc_a", "test acc A / B (ref)"), ("acc_b", "test acc A / B"), ("naive_a", "naive barrier (ref)", ".4f"), ("naive_b", "naive barrier", ".4f"),
             ("full_a", "full % (ref)", ".2f"), ("full_b", "full %", ".2f"),
-            ("dcurve", "max curve loss diff", ".2e"), ("dratio", "max ratio diff (points)", ".2f")]
+            ("dbarrier", "max barrier diff (nats)", ".2e"), ("dcurve", "max curve loss diff", ".2e"), ("dratio", "max ratio diff (points)", ".2f")]
     command = args.command or shlex.join(["python", "benchmarks/reproducibility.py", *sys.argv[1:]])
     write_json(args.out, {"provenance": provenance(command, int(ref_threads), 1),
                           "tables": {"reproducibility": make_table(rows, cols)}, "comparisons": details})
