@@ -3,8 +3,29 @@
 from __future__ import annotations
 
 import sys
+import time
 from contextlib import contextmanager
 from typing import Iterator
+
+LINE_EVERY_S = 5.0  # without a terminal: one plain line at most this often
+
+
+class _Lines:
+    """Progress without a terminal (logs, ``nohup``, CI): a plain stderr line when the step changes,
+    at most every :data:`LINE_EVERY_S` seconds, with the elapsed time and bytes read."""
+
+    def __init__(self, title: str, total: int):
+        self.title, self.total = title, max(1, total)
+        self.t0 = self.last = time.perf_counter()
+        self.what = None
+
+    def update(self, completed_bytes: int, what: str) -> None:
+        now = time.perf_counter()
+        if what != self.what and now - self.last >= LINE_EVERY_S:
+            print(f"{self.title}: {what}, {completed_bytes / 2**30:.2f}/{self.total / 2**30:.2f} GiB read, "
+                  f"{now - self.t0:.0f} s", file=sys.stderr, flush=True)
+            self.last = now
+        self.what = what
 
 
 class _Bar:
@@ -21,10 +42,13 @@ class _Bar:
 def progress_bar(total_bytes: int, title: str, enabled: bool = True) -> Iterator[_Bar]:
     """``bar.update(bytes_read_so_far, "layer 3/32")``; shows bytes read of ``total_bytes``, speed and ETA.
 
-    Disabled (a no-op) when ``enabled`` is false or stderr is not a terminal.
+    Disabled (a no-op) when ``enabled`` is false; plain lines (:class:`_Lines`) when stderr is not a terminal.
     """
-    if not enabled or not sys.stderr.isatty():
+    if not enabled:
         yield _Bar(None, None)
+        return
+    if not sys.stderr.isatty():
+        yield _Lines(title, total_bytes)
         return
     from rich.console import Console
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
