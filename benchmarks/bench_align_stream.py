@@ -185,7 +185,8 @@ def _child(spec: str) -> None:
 def measured(args: list[str], limit_s: float | None = None, threads: int = 2) -> dict:
     """``symalign ARGS --json`` in a child of a wrapper: exit code, wall time, the child's peak RSS, output,
     its progress lines with their times; killed after ``limit_s`` seconds (``timed_out``)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "SYMALIGN_THREADS": str(threads)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "SYMALIGN_THREADS": str(threads),
+           "SYMALIGN_PROGRESS": "lines"}
     res = subprocess.run([sys.executable, __file__, "--child", json.dumps({"args": args, "limit_s": limit_s})],
                          capture_output=True, text=True, env=env, check=True)
     r = json.loads(res.stdout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -11,8 +12,9 @@ LINE_EVERY_S = 5.0  # without a terminal: one plain line at most this often
 
 
 class _Lines:
-    """Progress without a terminal (logs, ``nohup``, CI): a plain stderr line when the step changes,
-    at most every :data:`LINE_EVERY_S` seconds, with the elapsed time and bytes read."""
+    """Progress without a terminal, when ``SYMALIGN_PROGRESS=lines`` (logs, ``nohup``, benchmarks): a plain
+    stderr line when the step changes, at most every :data:`LINE_EVERY_S` seconds, with the elapsed time
+    and bytes read. Off by default, so that a refusal stays one line on stderr."""
 
     def __init__(self, title: str, total: int):
         self.title, self.total = title, max(1, total)
@@ -42,13 +44,14 @@ class _Bar:
 def progress_bar(total_bytes: int, title: str, enabled: bool = True) -> Iterator[_Bar]:
     """``bar.update(bytes_read_so_far, "layer 3/32")``; shows bytes read of ``total_bytes``, speed and ETA.
 
-    Disabled (a no-op) when ``enabled`` is false; plain lines (:class:`_Lines`) when stderr is not a terminal.
+    Disabled (a no-op) when ``enabled`` is false or stderr is not a terminal, unless
+    ``SYMALIGN_PROGRESS=lines`` asks for plain lines (:class:`_Lines`).
     """
-    if not enabled:
-        yield _Bar(None, None)
-        return
-    if not sys.stderr.isatty():
+    if enabled and not sys.stderr.isatty() and os.environ.get("SYMALIGN_PROGRESS", "") == "lines":
         yield _Lines(title, total_bytes)
+        return
+    if not enabled or not sys.stderr.isatty():
+        yield _Bar(None, None)
         return
     from rich.console import Console
     from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
