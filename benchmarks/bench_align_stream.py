@@ -283,9 +283,23 @@ def main() -> None:
     ap.add_argument("--limit-s", action="append", default=[], metavar="STEP=SECONDS",
                     help="Kill a step (attention, merge, model) after this long and record its per-layer progress "
                          "lines instead (repeatable).")
+    ap.add_argument("--deadline-utc", default=None, metavar="HH:MM", help="End every step by this time (today, "
+                    "UTC): a step's limit is also the time left, less a 3-minute margin for the clean-up.")
     ap.add_argument("--json", default=None, help="Also write the results to this JSON file (after every step).")
     args = ap.parse_args()
     limits = {k: float(v) for k, v in (x.split("=") for x in args.limit_s)}
+    deadline = None
+    if args.deadline_utc:
+        import datetime as dt
+
+        now = dt.datetime.now(dt.timezone.utc)
+        hh, mm = (int(x) for x in args.deadline_utc.split(":"))
+        deadline = time.time() + (now.replace(hour=hh, minute=mm, second=0) - now).total_seconds() - 180
+
+    def limit(step: str) -> float | None:
+        left = None if deadline is None else max(1.0, deadline - time.time())
+        given = limits.get(step)
+        return left if given is None else given if left is None else min(given, left)
     from symalign.provenance import provenance
 
     cfg = llama_config(args.llama_size)
@@ -293,7 +307,8 @@ def main() -> None:
                  "load_average_start": [round(x, 2) for x in os.getloadavg()],
                  "shape": dict(zip(("layers", "D", "heads", "kv_heads", "ff", "vocab"), SHAPES[args.llama_size])),
                  "size": args.llama_size, "dtype": "bfloat16", "cpus": os.cpu_count(), "threads": args.threads,
-                 "expected": expected_size(args.llama_size), "limits_s": limits}
+                 "expected": expected_size(args.llama_size), "limits_s": limits,
+                 "deadline_utc": args.deadline_utc}
     tmp = Path(tempfile.mkdtemp(prefix="symalign-stream-bench-", dir=args.tmp))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated run still removes its folder
     try:
@@ -314,7 +329,7 @@ def main() -> None:
         for scope in args.scopes.split(","):
             out = tmp / f"OUT-{scope}"
             r = measured(["align", str(tmp / "A"), str(tmp / "B"), "-o", str(out), "--stream", "--scope", scope,
-                          "--max-iter", str(args.max_iter), "--json"], limits.get(scope), args.threads)
+                          "--max-iter", str(args.max_iter), "--json"], limit(scope), args.threads)
             res[scope] = summarise(r, t_read + t_write, n)
             if r["rc"] == 0:
                 res[scope]["loads"] = loads_lazily(out, tmp / "B")
@@ -324,7 +339,7 @@ def main() -> None:
                 # the merge of A and the aligned B' (the alignment is the run above): streamed average + lazy load
                 mo = tmp / "MERGED"
                 m = measured(["merge", str(tmp / "A"), str(out), "--no-align", "--stream", "-o", str(mo), "--json"],
-                             limits.get("merge"), args.threads)
+                             limit("merge"), args.threads)
                 if m["rc"] == 0:
                     info = json.loads(m["out"])
                     res["merge"] = {"what": "merge A B' --no-align --stream (B' = the attention-scope output)",
