@@ -163,7 +163,7 @@ class LayerChecker:
         if rotate is not None:
             y0 = y0 @ rotate.to(torch.float64).T
         y1 = self.run(new, i, new_overrides)
-        gc.collect()
+        gc.collect(1)  # the forward's young cycles (a full collection costs ~1-2 s per call here)
         if not (torch.isfinite(y0).all() and torch.isfinite(y1).all()):
             return float("inf")
         den = float(y0.norm())

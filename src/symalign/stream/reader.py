@@ -34,6 +34,7 @@ from torch import Tensor
 from symalign.errors import CheckpointError
 from symalign.families import get_adapter
 from symalign.hf_io import check_same_layout, expected_shapes, load_config
+from symalign.match.inputs import all_finite
 
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -203,7 +204,7 @@ class LazyCheckpoint:
                         t = h.get_tensor(n)
                         t = t.to(dtype) if dtype is not None and t.is_floating_point() else t.clone()
                         self.bytes_read += self.tensors[n].nbytes
-                        if check_finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                        if check_finite and t.is_floating_point() and not all_finite(t):
                             raise CheckpointError(f"{self.path}: tensor {n!r} contains NaN or Inf values")
                         out[n] = t
             except CheckpointError:
@@ -227,7 +228,7 @@ class LazyCheckpoint:
             raise CheckpointError(f"{info.file} cannot be read ({str(exc).splitlines()[0]}); re-save or re-download "
                                   "it") from None
         self.bytes_read += t.numel() * info.nbytes // max(1, info.numel)
-        if check_finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if check_finite and t.is_floating_point() and not all_finite(t):
             raise CheckpointError(f"{self.path}: tensor {name!r} contains NaN or Inf values")
         return t
 

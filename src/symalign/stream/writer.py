@@ -32,6 +32,7 @@ from torch import Tensor
 from symalign.atomic import fix_modes, make_temp_dir
 from symalign.errors import CheckpointError, SymalignError
 from symalign.hf_io import copy_non_weights
+from symalign.match.inputs import all_finite
 from symalign.stream.reader import INDEX_NAME, LazyCheckpoint, TensorInfo
 
 _AT_FDCWD = -100
@@ -139,7 +140,7 @@ class ShardWriter:
         data = self.like.read_raw(name)
         if check_finite and info.dtype.is_floating_point and info.numel:
             t = torch.frombuffer(bytearray(data), dtype=info.dtype)
-            if not bool(torch.isfinite(t).all()):
+            if not all_finite(t):
                 raise CheckpointError(f"{self.like.path}: tensor {name!r} contains NaN or Inf values")
             del t
         self._write(info, data)
