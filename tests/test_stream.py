@@ -141,7 +141,7 @@ def test_bf16_stays_bf16_and_is_the_rounded_exact_transform(tmp_path):
         err = (w - x).abs()
         assert bool((err <= 2.0 ** -8 * x.abs() + 1e-38).all()), k
         worst = max(worst, float((err / x.abs().clamp_min(1e-30)).max()))
-    assert 0 < worst <= 2.0 ** -8
+    assert 0.99 * 2.0 ** -8 <= worst <= 2.0 ** -8  # the documented bound, and it is attained
     assert info["verify"]["exact_relative_change"] < 1e-12  # the unrounded transform, float64 layer check
     assert info["verify"]["relative_output_change"] < 5e-2
 
