@@ -178,6 +178,8 @@ def _child(spec: str) -> None:
         t.join(timeout=10)
     print(json.dumps({"rc": proc.returncode, "wall_s": time.perf_counter() - t0, "timed_out": timed_out,
                       "peak_rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+                      "cpu_s": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
+                                     + resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime, 1),
                       "out": "".join(out), "lines": lines,
                       "err": "\n".join(x[1] for x in lines)[-2000:]}))
 
@@ -225,13 +227,14 @@ def summarise(r: dict, floor_s: float, read_bytes_floor: int) -> dict:
     if r["rc"] != 0:
         return {"error": "killed at the time limit" if r.get("timed_out") else
                 (r["err"].strip().splitlines()[-1:] if r["err"] else "failed"),
-                "wall_s": round(r["wall_s"], 1), "peak_rss_gb_so_far": round(r["peak_rss"] / 2**30, 3),
+                "wall_s": round(r["wall_s"], 1), "cpu_s": r.get("cpu_s"),
+                "peak_rss_gb_so_far": round(r["peak_rss"] / 2**30, 3),
                 "progress_lines": layer_times(r.get("lines", [])), "load_average_after": r.get("load_average_after")}
     info = json.loads(r["out"])
     st = info["stream"]
     grams = st.get("time_grams_s", 0.0)  # stage-1 products (+ its tiny assignment), stage-2 Grams, FF and residual
     v = info["verify"]
-    return {"wall_s": round(r["wall_s"], 1), "peak_rss_gb": round(r["peak_rss"] / 2**30, 3),
+    return {"wall_s": round(r["wall_s"], 1), "cpu_s": r.get("cpu_s"), "peak_rss_gb": round(r["peak_rss"] / 2**30, 3),
             "passes": st["passes"], "bytes_read_gb": round(st["bytes_read"] / 2**30, 2),
             "read_bandwidth_gb_s": round(st["bytes_read"] / 2**30 / r["wall_s"], 3),
             "grams_s": round(grams, 1), "floor_s": round(floor_s + grams, 1),
@@ -343,7 +346,8 @@ def main() -> None:
                 if m["rc"] == 0:
                     info = json.loads(m["out"])
                     res["merge"] = {"what": "merge A B' --no-align --stream (B' = the attention-scope output)",
-                                    "wall_s": round(m["wall_s"], 1), "peak_rss_gib": round(m["peak_rss"] / 2**30, 3),
+                                    "wall_s": round(m["wall_s"], 1), "cpu_s": m.get("cpu_s"),
+                                    "peak_rss_gib": round(m["peak_rss"] / 2**30, 3),
                                     "floor_s": round(t_read + t_write, 1),
                                     "wall_over_floor": round(m["wall_s"] / (t_read + t_write), 2),
                                     "read_gib_s": round(info["stream"]["bytes_read_average"] / 2**30 / m["wall_s"], 3),
