@@ -18,10 +18,18 @@ in row chunks, so the benchmark itself stays small. Then, in the same run:
   ``accelerate``, else the model is built from OUT's config on the meta device and every
   tensor header is checked against it), and every tensor's name, shape and dtype are B's.
 
-``symalign merge`` is run too when the command exists. The temporary folder is deleted at
-the end, also on failure. Usage::
+* ``symalign merge A B' --no-align --stream`` (``B'`` = the attention-scope output; the
+  alignment is the run above): the streamed average's wall time, peak RSS and read rate;
+  the merged checkpoint loads lazily too.
 
-    python benchmarks/bench_align_stream.py --llama-size 7b [--tmp DIR] [--max-iter 2] [--json OUT.json]
+Every command runs with ``SYMALIGN_THREADS=--threads`` (default 2); ``--limit-s STEP=S``
+kills a step after ``S`` seconds and keeps its per-layer progress lines (time stamped), so a
+run that cannot finish still records measured per-layer figures. The results (with the
+provenance: commit, command, threads, versions, load averages) are written to ``--json``
+after every step. The temporary folder is deleted at the end, also on failure. Usage::
+
+    python benchmarks/bench_align_stream.py --llama-size 7b [--tmp DIR] [--max-iter 2] [--limit-s model=1800]
+        [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -136,16 +144,61 @@ def write_floor(src: Path, dest: Path) -> float:
     return t
 
 
-def measured(args: list[str]) -> dict:
-    """``symalign ARGS --json`` in a child of a wrapper: exit code, wall time, the child's peak RSS, output."""
-    code = ("import json, resource, subprocess, sys, time; t = time.perf_counter(); "
-            "r = subprocess.run([sys.executable, '-m', 'symalign.cli'] + sys.argv[1:], capture_output=True, text=True); "
-            "print(json.dumps({'rc': r.returncode, 'wall_s': time.perf_counter() - t, "
-            "'peak_rss': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, "
-            "'out': r.stdout, 'err': r.stderr[-2000:]}))")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, check=True)
-    return json.loads(res.stdout)
+def _child(spec: str) -> None:
+    """The wrapper process of :func:`measured`: runs ``symalign``, timestamps its stderr lines, kills it at the
+    time limit, and prints one JSON line (its own ``RUSAGE_CHILDREN`` peak is the command's alone)."""
+    import resource
+    import threading
+
+    cfg = json.loads(spec)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "symalign.cli", *cfg["args"]], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list = []
+    out: list = []
+
+    def pump_err():
+        for line in proc.stderr:
+            lines.append([round(time.perf_counter() - t0, 1), line.rstrip()[:300]])
+
+    def pump_out():
+        out.append(proc.stdout.read())
+
+    th = [threading.Thread(target=pump_err, daemon=True), threading.Thread(target=pump_out, daemon=True)]
+    for t in th:
+        t.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=cfg.get("limit_s"))
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        proc.kill()
+        proc.wait()
+    for t in th:
+        t.join(timeout=10)
+    print(json.dumps({"rc": proc.returncode, "wall_s": time.perf_counter() - t0, "timed_out": timed_out,
+                      "peak_rss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
+                      "cpu_s": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
+                                     + resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime, 1),
+                      "out": "".join(out), "lines": lines,
+                      "err": "\n".join(x[1] for x in lines)[-2000:]}))
+
+
+def measured(args: list[str], limit_s: float | None = None, threads: int = 2) -> dict:
+    """``symalign ARGS --json`` in a child of a wrapper: exit code, wall time, the child's peak RSS, output,
+    its progress lines with their times; killed after ``limit_s`` seconds (``timed_out``)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "SYMALIGN_THREADS": str(threads),
+           "SYMALIGN_PROGRESS": "lines"}
+    res = subprocess.run([sys.executable, __file__, "--child", json.dumps({"args": args, "limit_s": limit_s})],
+                         capture_output=True, text=True, env=env, check=True)
+    r = json.loads(res.stdout)
+    r["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    return r
+
+
+def layer_times(lines: list) -> list[list]:
+    """``[seconds, line]`` of the progress lines that name a layer (the per-layer record of a run)."""
+    return [x for x in lines if " layer " in x[1]]
 
 
 def loads_lazily(out: Path, b: Path) -> dict:
@@ -172,12 +225,16 @@ def loads_lazily(out: Path, b: Path) -> dict:
 
 def summarise(r: dict, floor_s: float, read_bytes_floor: int) -> dict:
     if r["rc"] != 0:
-        return {"error": r["err"].strip().splitlines()[-1:] if r["err"] else "failed", "wall_s": r["wall_s"]}
+        return {"error": "killed at the time limit" if r.get("timed_out") else
+                (r["err"].strip().splitlines()[-1:] if r["err"] else "failed"),
+                "wall_s": round(r["wall_s"], 1), "cpu_s": r.get("cpu_s"),
+                "peak_rss_gb_so_far": round(r["peak_rss"] / 2**30, 3),
+                "progress_lines": layer_times(r.get("lines", [])), "load_average_after": r.get("load_average_after")}
     info = json.loads(r["out"])
     st = info["stream"]
     grams = st.get("time_grams_s", 0.0)  # stage-1 products (+ its tiny assignment), stage-2 Grams, FF and residual
     v = info["check"]
-    return {"wall_s": round(r["wall_s"], 1), "peak_rss_gb": round(r["peak_rss"] / 2**30, 3),
+    return {"wall_s": round(r["wall_s"], 1), "cpu_s": r.get("cpu_s"), "peak_rss_gb": round(r["peak_rss"] / 2**30, 3),
             "passes": st["passes"], "bytes_read_gb": round(st["bytes_read"] / 2**30, 2),
             "read_bandwidth_gb_s": round(st["bytes_read"] / 2**30 / r["wall_s"], 3),
             "grams_s": round(grams, 1), "floor_s": round(floor_s + grams, 1),
@@ -190,10 +247,34 @@ def summarise(r: dict, floor_s: float, read_bytes_floor: int) -> dict:
             "self_reported_peak_rss_gb": round(st.get("peak_rss_bytes", 0) / 2**30, 3),
             "matcher_totals": info.get("match", {}).get("totals"),
             "per_layer_time_s": [round(x.get("time_s", 0.0), 2) for x in info.get("match", {}).get("layers", [])
-                                 if isinstance(x, dict)][:64]}
+                                 if isinstance(x, dict)][:64],
+            "progress_lines": layer_times(r.get("lines", [])), "load_average_after": r.get("load_average_after")}
+
+
+def expected_size(size: str) -> dict:
+    """Parameters and bfloat16 bytes of the shape, counted from the config (meta device)."""
+    import transformers as T
+
+    with torch.device("meta"):
+        model = T.LlamaForCausalLM(llama_config(size))
+    n = sum(p.numel() for p in model.parameters())
+    L, D, H, KV, FF, V = SHAPES[size]
+    d = D // H
+    per_layer = 2 * D * D + 2 * D * KV * d + 3 * D * FF + 2 * D
+    return {"params": n, "bf16_gib": round(2 * n / 2**30, 3), "per_layer_params": per_layer,
+            "by_hand": L * per_layer + 2 * V * D + D, "kv_width": KV * d}
+
+
+def _save_json(res: dict, path: str | None) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(res, indent=2) + "\n")
 
 
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        _child(sys.argv[2])
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-size", choices=tuple(SHAPES), default="7b")
     ap.add_argument("--tmp", default=None, help="Parent folder of the temporary checkpoints (default: system temp).")
@@ -201,11 +282,36 @@ def main() -> None:
     ap.add_argument("--max-shard-size", default=None, help="Shard size limit (default 5GB for 7b, else 200MB, so "
                     "that the smaller shapes are sharded too).")
     ap.add_argument("--scopes", default="attention,model")
-    ap.add_argument("--json", default=None, help="Also write the results to this JSON file.")
+    ap.add_argument("--threads", type=int, default=2, help="SYMALIGN_THREADS of the measured commands.")
+    ap.add_argument("--limit-s", action="append", default=[], metavar="STEP=SECONDS",
+                    help="Kill a step (attention, merge, model) after this long and record its per-layer progress "
+                         "lines instead (repeatable).")
+    ap.add_argument("--deadline-utc", default=None, metavar="HH:MM", help="End every step by this time (today, "
+                    "UTC): a step's limit is also the time left, less a 3-minute margin for the clean-up.")
+    ap.add_argument("--json", default=None, help="Also write the results to this JSON file (after every step).")
     args = ap.parse_args()
+    limits = {k: float(v) for k, v in (x.split("=") for x in args.limit_s)}
+    deadline = None
+    if args.deadline_utc:
+        import datetime as dt
+
+        now = dt.datetime.now(dt.timezone.utc)
+        hh, mm = (int(x) for x in args.deadline_utc.split(":"))
+        deadline = time.time() + (now.replace(hour=hh, minute=mm, second=0) - now).total_seconds() - 180
+
+    def limit(step: str) -> float | None:
+        left = None if deadline is None else max(1.0, deadline - time.time())
+        given = limits.get(step)
+        return left if given is None else given if left is None else min(given, left)
+    from symalign.provenance import provenance
+
     cfg = llama_config(args.llama_size)
-    res: dict = {"shape": dict(zip(("layers", "D", "heads", "kv_heads", "ff", "vocab"), SHAPES[args.llama_size])),
-                 "size": args.llama_size, "dtype": "bfloat16", "cpus": os.cpu_count()}
+    res: dict = {"provenance": provenance(threads=args.threads),
+                 "load_average_start": [round(x, 2) for x in os.getloadavg()],
+                 "shape": dict(zip(("layers", "D", "heads", "kv_heads", "ff", "vocab"), SHAPES[args.llama_size])),
+                 "size": args.llama_size, "dtype": "bfloat16", "cpus": os.cpu_count(), "threads": args.threads,
+                 "expected": expected_size(args.llama_size), "limits_s": limits,
+                 "deadline_utc": args.deadline_utc}
     tmp = Path(tempfile.mkdtemp(prefix="symalign-stream-bench-", dir=args.tmp))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated run still removes its folder
     try:
@@ -214,31 +320,49 @@ def main() -> None:
         size = write_random(tmp / "A", cfg, 0, shard) + write_random(tmp / "B", cfg, 1, shard)
         res["max_shard_size"] = shard
         res["write_checkpoints_s"] = round(time.perf_counter() - t0, 1)
-        res["checkpoint_gb"] = round(size / 2 / 2**30, 2)
+        res["checkpoint_gib"] = round(size / 2 / 2**30, 3)
         res["shards"] = sorted(p.name for p in (tmp / "B").glob("*.safetensors"))
         print(json.dumps({"written": res}), flush=True)
         t_read, n = read_floor(tmp / "A", tmp / "B")
         t_write = write_floor(tmp / "B", tmp / "COPY")
-        res["floor"] = {"read_both_s": round(t_read, 1), "read_gb_s": round(n / 2**30 / t_read, 3),
+        res["floor"] = {"read_both_s": round(t_read, 1), "read_gib_s": round(n / 2**30 / t_read, 3),
                         "write_one_s": round(t_write, 1)}
         print(json.dumps({"floor": res["floor"]}), flush=True)
+        _save_json(res, args.json)
         for scope in args.scopes.split(","):
             out = tmp / f"OUT-{scope}"
             r = measured(["align", str(tmp / "A"), str(tmp / "B"), "-o", str(out), "--stream", "--scope", scope,
-                          "--max-iter", str(args.max_iter), "--json"])
+                          "--max-iter", str(args.max_iter), "--json"], limit(scope), args.threads)
             res[scope] = summarise(r, t_read + t_write, n)
             if r["rc"] == 0:
                 res[scope]["loads"] = loads_lazily(out, tmp / "B")
-                shutil.rmtree(out, ignore_errors=True)
             print(json.dumps({scope: res[scope]}), flush=True)
-        merge = ROOT / "src" / "symalign" / "commands" / "merge.py"
-        res["merge"] = "skipped: no merge command in this checkout" if not merge.is_file() else "not run"
+            _save_json(res, args.json)
+            if scope == "attention" and r["rc"] == 0:
+                # the merge of A and the aligned B' (the alignment is the run above): streamed average + lazy load
+                mo = tmp / "MERGED"
+                m = measured(["merge", str(tmp / "A"), str(out), "--no-align", "--stream", "-o", str(mo), "--json"],
+                             limit("merge"), args.threads)
+                if m["rc"] == 0:
+                    info = json.loads(m["out"])
+                    res["merge"] = {"what": "merge A B' --no-align --stream (B' = the attention-scope output)",
+                                    "wall_s": round(m["wall_s"], 1), "cpu_s": m.get("cpu_s"),
+                                    "peak_rss_gib": round(m["peak_rss"] / 2**30, 3),
+                                    "floor_s": round(t_read + t_write, 1),
+                                    "wall_over_floor": round(m["wall_s"] / (t_read + t_write), 2),
+                                    "read_gib_s": round(info["stream"]["bytes_read_average"] / 2**30 / m["wall_s"], 3),
+                                    "loads": info["loads"], "lazy_check": loads_lazily(mo, tmp / "A")}
+                else:
+                    res["merge"] = summarise(m, t_read + t_write, n)
+                shutil.rmtree(mo, ignore_errors=True)
+                print(json.dumps({"merge": res["merge"]}), flush=True)
+                _save_json(res, args.json)
+            shutil.rmtree(out, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    res["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(res, indent=2), flush=True)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+    _save_json(res, args.json)
 
 
 if __name__ == "__main__":

@@ -144,7 +144,7 @@ def test_bf16_stays_bf16_and_is_the_rounded_exact_transform(tmp_path):
         err = (w - x).abs()
         assert bool((err <= 2.0 ** -8 * x.abs() + 1e-38).all()), k
         worst = max(worst, float((err / x.abs().clamp_min(1e-30)).max()))
-    assert 0 < worst <= 2.0 ** -8
+    assert 0.99 * 2.0 ** -8 <= worst <= 2.0 ** -8  # the documented bound, and it is attained
     assert info.check.exact.rel < 1e-12 and not info.check.exact.stored  # the unrounded transform, float64
     assert info.check.rel < 5e-2 and info.check.tolerance == 8 * torch.finfo(torch.bfloat16).eps
 

@@ -118,3 +118,9 @@ class FunctionCheck:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def all_finite(x: torch.Tensor) -> bool:
+    """``isfinite(x).all()``; a finite sum proves it without a full boolean mask (an overflowing sum of
+    finite entries falls back to the mask)."""
+    return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())

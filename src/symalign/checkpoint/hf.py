@@ -22,6 +22,7 @@ from symalign.arch import Adapter
 from symalign.checkpoint.config import check_same_architecture, check_shapes
 from symalign.checkpoint.lazy import open_checkpoint
 from symalign.errors import CheckpointError
+from symalign.tolerance import all_finite
 
 __all__ = ["HFCheckpoint", "load_checkpoint", "validate", "check_same_architecture"]
 
@@ -59,7 +60,7 @@ def validate(ckpt: HFCheckpoint, check_finite: bool = True) -> None:
     check_shapes(ckpt.path, ckpt.adapter, ckpt.config, ckpt.shapes)
     if check_finite:
         for name, t in ckpt.state.items():
-            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            if t.is_floating_point() and not all_finite(t):
                 raise CheckpointError(f"{ckpt.path}: tensor {name!r} contains NaN or Inf values")
 
 

@@ -34,6 +34,7 @@ from symalign.checkpoint.config import check_same_architecture, check_shapes, lo
 from symalign.checkpoint.layout import DTYPES, ShardHeader, TensorInfo, read_header, weight_layout
 from symalign.errors import CheckpointError
 from symalign.families import get_adapter
+from symalign.tolerance import all_finite
 
 __all__ = ["LazyCheckpoint", "open_checkpoint", "check_against_config", "check_same_architecture"]
 
@@ -99,7 +100,7 @@ class LazyCheckpoint:
                         t = h.get_tensor(n)
                         t = t.to(dtype) if dtype is not None and t.is_floating_point() else t.clone()
                         self.bytes_read += self.tensors[n].nbytes
-                        if check_finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                        if check_finite and t.is_floating_point() and not all_finite(t):
                             raise CheckpointError(f"{self.path}: tensor {n!r} contains NaN or Inf values")
                         out[n] = t
             except CheckpointError:
@@ -123,7 +124,7 @@ class LazyCheckpoint:
             raise CheckpointError(f"{info.file} cannot be read ({str(exc).splitlines()[0]}); re-save or re-download "
                                   "it") from None
         self.bytes_read += t.numel() * info.nbytes // max(1, info.numel)
-        if check_finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if check_finite and t.is_floating_point() and not all_finite(t):
             raise CheckpointError(f"{self.path}: tensor {name!r} contains NaN or Inf values")
         return t
 

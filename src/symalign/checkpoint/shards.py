@@ -33,6 +33,7 @@ from symalign.checkpoint.layout import INDEX_NAME, TensorInfo, tensor_bytes
 from symalign.checkpoint.lazy import LazyCheckpoint
 from symalign.checkpoint.output import copy_non_weights
 from symalign.errors import CheckpointError, SymalignError
+from symalign.tolerance import all_finite
 
 __all__ = ["ShardWriter", "tensor_bytes"]
 
@@ -135,7 +136,7 @@ class ShardWriter:
         data = self.like.read_raw(name)
         if check_finite and info.dtype.is_floating_point and info.numel:
             t = torch.frombuffer(bytearray(data), dtype=info.dtype)
-            if not bool(torch.isfinite(t).all()):
+            if not all_finite(t):
                 raise CheckpointError(f"{self.like.path}: tensor {name!r} contains NaN or Inf values")
             del t
         self._write(info, data)

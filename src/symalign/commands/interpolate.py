@@ -49,6 +49,15 @@ def point_progress(total: int, label: str, enabled: bool = True) -> Iterator:
         yield lambda i, t: bar.update(task, completed=i + 1, description=f"{label} t={t:.2f}")
 
 
+def _streams(dirs: list[Path], stream: bool | None) -> bool:
+    """Stream if asked, else when the checkpoints together exceed a quarter of the memory."""
+    from symalign.stream.auto import STREAM_FRACTION, physical_memory, weights_bytes
+
+    if stream is not None:
+        return stream
+    return sum(weights_bytes(d) for d in dirs) > STREAM_FRACTION * physical_memory()
+
+
 def register(app: typer.Typer) -> None:
     app.command("interpolate")(interpolate_command)
 
@@ -82,6 +91,9 @@ def interpolate_command(
     mask_seed: int = typer.Option(0, "--mask-seed", help="Seed of the fixed 15% masking (masked LM)."),
     batch_size: int = typer.Option(16, "--batch-size", help="Windows or examples per forward pass."),
     out: Path = typer.Option(Path("runs/interpolate"), "-o", "--out", help="Writes OUT/results.json and OUT/curves.png."),
+    stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Build each point by streaming "
+                                          "the weights from disk into one resident model (A's). Default: streamed "
+                                          "when the checkpoints exceed a quarter of the memory."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
 ) -> None:
@@ -117,19 +129,35 @@ def interpolate_command(
     opts = EvalOptions(split=split, text_field=text_field, label_field=label_field, eval_items=eval_items,
                        eval_tokens=eval_tokens, context=context, batch_size=batch_size, mask_seed=mask_seed,
                        tokenizer=tokenizer, image_processor=image_processor, data_options=data_options)
-    pair = load_pair(a_dir, b_dir, data, opts, scope=scope)
-    evalset, info = pair.evalset, pair.info
-    base = load_pair(a_dir, baseline, data, opts, evalset=evalset, scope=pair.info["scope"]) \
-        if baseline is not None else None
-    with point_progress(points, f"A → {b_dir.name}", not no_progress) as cb:
-        curve, metrics = eval_curve(pair.model, pair.state_a, pair.state_b, evalset, points, cb)
-    del pair
+    base_curve = base_metrics = None
+    if _streams([a_dir, b_dir] + ([baseline] if baseline is not None else []), stream):
+        from symalign.stream.interpolate import streamed_curve, streamed_pair
+
+        model, evalset, info = streamed_pair(a_dir, b_dir, data, opts, scope=scope)
+        if baseline is not None:
+            streamed_pair(a_dir, baseline, data, opts, scope=scope, evalset=evalset)  # checks before any curve
+        with point_progress(points, f"A → {b_dir.name}", not no_progress) as cb:
+            curve, metrics = streamed_curve(model, a_dir, b_dir, evalset, points, cb)
+        if baseline is not None:
+            with point_progress(points, f"A → {baseline.name}", not no_progress) as cb:
+                base_curve, base_metrics = streamed_curve(model, a_dir, baseline, evalset, points, cb)
+        del model
+    else:
+        pair = load_pair(a_dir, b_dir, data, opts, scope=scope)
+        evalset, info = pair.evalset, pair.info
+        base = load_pair(a_dir, baseline, data, opts, evalset=evalset, scope=pair.info["scope"]) \
+            if baseline is not None else None
+        with point_progress(points, f"A → {b_dir.name}", not no_progress) as cb:
+            curve, metrics = eval_curve(pair.model, pair.state_a, pair.state_b, evalset, points, cb)
+        del pair
+        if base is not None:
+            with point_progress(points, f"A → {baseline.name}", not no_progress) as cb:
+                base_curve, base_metrics = eval_curve(base.model, base.state_a, base.state_b, evalset, points, cb)
+            del base
     res: dict = {**info, "A": str(a_dir), "B": str(b_dir), "family": info["model_type"], "pe": "",
                  "scope": f"{a_dir.name} → {b_dir.name}", "rewrite": info["scope"], "evaluation": evalset.info,
                  "points": [m.to_dict() for m in metrics]}
-    if base is not None:
-        with point_progress(points, f"A → {baseline.name}", not no_progress) as cb:
-            base_curve, base_metrics = eval_curve(base.model, base.state_a, base.state_b, evalset, points, cb)
+    if base_curve is not None:
         res.update(naive=base_curve.to_dict(), naive_label=f"A → {baseline.name}",
                    naive_points=[m.to_dict() for m in base_metrics],
                    variants={b_dir.name: {"curve": curve.to_dict()}},

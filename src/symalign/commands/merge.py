@@ -39,8 +39,13 @@ def _parse_weights(text: str | None) -> list[float] | None:
 
 def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, scope: str | None = None,
               stage2: str = "full", align: bool = True, force: bool = False, eval_data: str | None = None,
-              eval_opts: Any = None, universe: bool = False, rounds: int = 3) -> dict[str, Any]:
-    """Merge ``dirs`` into ``out`` (see the module docstring); returns the diagnostics."""
+              eval_opts: Any = None, universe: bool = False, rounds: int = 3,
+              stream: bool | None = None, progress: bool = True) -> dict[str, Any]:
+    """Merge ``dirs`` into ``out`` (see the module docstring); returns the diagnostics.
+
+    ``stream``: align and average tensor by tensor (:mod:`symalign.stream.merge`; never a whole
+    model in memory); ``None`` decides by size (the checkpoints together exceed a quarter of the
+    memory, as ``symalign align``)."""
     from symalign.checkpoint.config import check_same_architecture
     from symalign.checkpoint.hf import load_checkpoint
     from symalign.checkpoint.output import check_output_dir, commit, discard, stage_checkpoint
@@ -59,6 +64,17 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     if scope not in SCOPES:
         raise ConfigError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
     w = normalise_weights(weights, len(dirs))
+    if _streams(dirs, stream, universe):
+        from symalign.stream.merge import run_stream_merge
+
+        res = run_stream_merge(dirs, out, w, scope=scope, stage2=stage2, align=align, force=force, progress=progress)
+        if eval_data is not None:  # one model resident at a time
+            evalset = build_eval(dirs[0], load_hf_model(dirs[0]), eval_data, eval_opts)
+            res["eval"] = {"data": eval_data, "objective": evalset.objective, "info": evalset.info, "models": {}}
+            for d in dirs:
+                res["eval"]["models"][str(d)] = evaluate_model(load_hf_model(d), evalset).to_dict()
+            res["eval"]["merged"] = evaluate_model(load_hf_model(res["out"]), evalset).to_dict()
+        return res
     out_path = check_output_dir(out, dirs, force)
     ckpts = [load_checkpoint(d) for d in dirs]
     for c in ckpts[1:]:
@@ -136,6 +152,19 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     return res
 
 
+def _streams(dirs: list[Path], stream: bool | None, universe: bool) -> bool:
+    """Stream if asked, else when the checkpoints together exceed a quarter of the memory (not with --universe)."""
+    from symalign.stream.auto import STREAM_FRACTION, physical_memory, weights_bytes
+
+    if stream is False:
+        return False
+    if stream and universe:
+        raise ConfigError("--universe holds every model in memory; drop --stream (or --universe)")
+    if stream is None:
+        return not universe and sum(weights_bytes(d) for d in dirs) > STREAM_FRACTION * physical_memory()
+    return True
+
+
 def register(app: typer.Typer) -> None:
     @app.command("merge")
     def merge(
@@ -166,6 +195,9 @@ def register(app: typer.Typer) -> None:
         image_processor: Optional[str] = typer.Option(None, "--image-processor", help="Image processor folder for "
                                                       "checkpoints saved without one."),
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists (atomically)."),
+        stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Align and average tensor by "
+                                              "tensor, never a whole model in memory (--scope attention). Default: "
+                                              "streamed when the checkpoints exceed a quarter of the memory."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
     ) -> None:
         """Align checkpoints to the first and write their weighted average as a loadable checkpoint."""
@@ -175,7 +207,8 @@ def register(app: typer.Typer) -> None:
                            eval_tokens=eval_tokens, context=context, tokenizer=tokenizer,
                            image_processor=image_processor)
         res = run_merge(list(models), out, _parse_weights(weights), scope=scope, stage2=stage2, align=not no_align,
-                        force=force, eval_data=eval_data, eval_opts=opts, universe=universe, rounds=rounds)
+                        force=force, eval_data=eval_data, eval_opts=opts, universe=universe, rounds=rounds,
+                        stream=stream)
         if as_json:
             typer.echo(json.dumps(res, default=float))
             return

@@ -10,16 +10,11 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-import torch
 from torch import Tensor
 
 from symalign.errors import MatchError, SymalignError
 from symalign.spec import SymmetrySpec
-
-
-def all_finite(x: Tensor) -> bool:
-    """``isfinite(x).all()``; a finite sum proves it without a full boolean mask."""
-    return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
+from symalign.tolerance import all_finite  # noqa: F401  (re-exported)
 
 
 def check_pair(names: Iterable[str], state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor],

@@ -169,7 +169,7 @@ class LayerChecker:
         if rotate is not None:
             y0 = y0 @ rotate.to(torch.float64).T
         y1 = self.run(new, i, new_overrides)
-        gc.collect()
+        gc.collect(1)  # the forward's young cycles (a full collection costs ~1-2 s per call here)
         return relative_change(y0, y1)
 
     def compare(self, ref: Mapping[str, Tensor], new: Mapping[str, Tensor], i: int,

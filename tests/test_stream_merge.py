@@ -1,0 +1,85 @@
+"""``symalign merge --stream``: tensor-by-tensor averages, bit-identical to the in-memory merge, bounded memory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from _cli_util import run_symalign
+from hf_tiny import make_model
+from test_stream import _nothing_written, _pair, _run_cli_rss, _state, _write_llama
+
+
+def _merge(monkeypatch, capsys, *args):
+    return run_symalign(monkeypatch, capsys, "merge", *map(str, args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_streamed_merge_bit_identical_to_in_memory(dtype, tmp_path, capsys, monkeypatch):
+    """Same aligned checkpoints, same float64 sums: the streamed output equals the in-memory one bit for bit,
+    laid out like the first checkpoint (shard names, index), in its dtype."""
+    _, _, da, db = _pair(tmp_path, dtype=dtype)
+    args = [da, db, "--weights", "0.3,0.7", "--json"]
+    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "MEM", "--no-stream")
+    assert code == 0, err
+    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "STR", "--stream")
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["loads"]["class"] == "LlamaForCausalLM" and info["aligned"][0]["check"]["exact"]["rel"] < 1e-8
+    mem, st = _state(tmp_path / "MEM"), _state(tmp_path / "STR")
+    assert set(mem) == set(st)
+    for k in mem:
+        assert st[k].dtype == dtype and torch.equal(mem[k], st[k]), k
+    assert sorted(p.name for p in (tmp_path / "STR").glob("*.safetensors")) == \
+        sorted(p.name for p in da.glob("*.safetensors"))
+    assert json.loads((tmp_path / "STR" / "model.safetensors.index.json").read_text())["weight_map"] == \
+        json.loads((da / "model.safetensors.index.json").read_text())["weight_map"]
+    assert json.loads((tmp_path / "STR" / "symalign.json").read_text())["streamed"] is True
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch left
+
+
+def test_streamed_naive_merge_is_the_average(tmp_path, capsys, monkeypatch):
+    """--no-align --stream: every float tensor is round(w_A A + w_B B) (float64 sum), checked against a direct average."""
+    _, _, da, db = _pair(tmp_path, shard=None)
+    code, out, err = _merge(monkeypatch, capsys, da, db, "--no-align", "--stream", "--weights", "1,3",
+                            "-o", tmp_path / "OUT", "--json")
+    assert code == 0, err
+    a, b, m = _state(da), _state(db), _state(tmp_path / "OUT")
+    for k in a:
+        want = (0.25 * a[k].double() + 0.75 * b[k].double()).to(a[k].dtype)
+        assert torch.equal(m[k], want), k
+
+
+@pytest.mark.parametrize("extra", [["--universe"], ["--scope", "model"]])
+def test_streamed_merge_refusals_write_nothing(extra, tmp_path, capsys, monkeypatch):
+    _, _, da, db = _pair(tmp_path)
+    code, out, err = _merge(monkeypatch, capsys, da, db, "--stream", *extra, "-o", tmp_path / "OUT")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert _nothing_written(tmp_path)
+
+
+def test_streamed_merge_refuses_different_shapes(tmp_path, capsys, monkeypatch):
+    _, _, da, _ = _pair(tmp_path)
+    make_model("llama", seed=1, intermediate_size=48).save_pretrained(tmp_path / "C", max_shard_size="20KB")
+    code, out, err = _merge(monkeypatch, capsys, da, tmp_path / "C", "--stream", "-o", tmp_path / "OUT")
+    assert code == 2, err
+    assert _nothing_written(tmp_path)
+
+
+@pytest.mark.slow
+def test_streamed_merge_peak_memory_independent_of_depth(tmp_path):
+    """Peak RSS of a 16-layer streamed merge exceeds the 2-layer merge's by less than one layer (float32, sharded)."""
+    layer_bytes = 4 * (2 * 512 * 512 + 2 * 512 * 256 + 3 * 512 * 2048 + 2 * 512)
+    peaks = {}
+    for layers in (2, 16):
+        d = tmp_path / f"L{layers}"
+        _write_llama(d / "A", layers, 0, "6MB")
+        _write_llama(d / "B", layers, 1, "6MB")
+        peaks[layers], _ = _run_cli_rss(["merge", str(d / "A"), str(d / "B"), "-o", str(d / "OUT"), "--stream"])
+        assert (d / "OUT" / "model.safetensors.index.json").is_file()
+    grow = peaks[16] - peaks[2]
+    print(f"merge: peak RSS 2 layers {peaks[2] / 2**20:.1f} MiB, 16 layers {peaks[16] / 2**20:.1f} MiB, "
+          f"difference {grow / 2**20:.1f} MiB, one layer {layer_bytes / 2**20:.1f} MiB")
+    assert grow < layer_bytes
