@@ -42,6 +42,18 @@ def load_hf_model(path: str | Path) -> nn.Module:
     return model.eval()
 
 
+def check_evaluable(path: str | Path) -> str:
+    """The objective of the checkpoint at ``path`` read from its config alone (the class it names, see
+    :func:`symalign.evaluate.objective.head_objective`): an unsupported head is refused before any weights
+    are loaded."""
+    from symalign.checkpoint.config import load_config
+    from symalign.evaluate.objective import head_objective
+    from symalign.families import get_adapter
+
+    config = load_config(path)
+    return head_objective(get_adapter(config).model_class(config), config)
+
+
 @dataclass
 class HFPair:
     """A loaded pair: A's model (the architecture), both state dicts, and the fixed evaluation batches."""
@@ -89,6 +101,7 @@ def load_pair(dir_a: str | Path, dir_b: str | Path, data: str, opts: EvalOptions
 
     if scope not in ("attention", "model"):
         raise ConfigError(f"unknown scope {scope!r}; use attention or model")
+    check_evaluable(dir_a)
     from symalign.hf_fold import is_folded
 
     a_folded = scope == "attention" and is_folded(dir_b) and not is_folded(dir_a)

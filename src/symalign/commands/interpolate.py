@@ -104,7 +104,7 @@ def interpolate_command(
     from symalign.evaluate import EvalOptions
     from symalign.experiments.report import plot_curves
     from symalign.evaluate import eval_curve
-    from symalign.hf_lmc import load_pair
+    from symalign.hf_lmc import check_evaluable, load_pair
     from symalign.lmc import barrier_ratio
 
     from symalign.commands import checks
@@ -124,6 +124,7 @@ def interpolate_command(
 
     for path in [a_dir, b_dir] + ([baseline] if baseline is not None else []):
         load_config(path)  # a missing folder or a typo fails here, not after the first curve
+    check_evaluable(a_dir)  # a head symalign cannot evaluate is refused before any weights are loaded
     checks.output_dir(out)
     checks.not_inside(out, [a_dir, b_dir] + ([baseline] if baseline is not None else []))
     opts = EvalOptions(split=split, text_field=text_field, label_field=label_field, eval_items=eval_items,

@@ -17,12 +17,18 @@ examples (no tokenisation: that is the checkpoint's job, see
 * a name that is no path: a dataset in ``datasets``' local cache, loaded offline
   (``HF_DATASETS_OFFLINE=1``).
 
+Sequence-to-sequence evaluation reads pairs instead (:func:`load_pairs`): a
+``.jsonl`` file whose objects, or a ``.csv`` file (header row) whose columns,
+include ``source`` and ``target`` (both text). Plain text is refused there: a
+pair cannot be read off a line honestly.
+
 Every problem raises :class:`~symalign.errors.DatasetError` with one line that
 names the source and the fix.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from collections.abc import Iterator
@@ -153,6 +159,56 @@ def _encode_labels(raw: list[Any], where: str, names: list[str] | None = None
     raise DatasetError(f"{where}: labels must be all integers or all strings")
 
 
+# ----------------------------------------------------------------------------- source / target pairs
+
+PAIR_FIELDS = ("source", "target")
+CSV_SUFFIXES = (".csv",)
+
+
+def load_pairs(spec: str) -> list[tuple[str, str]]:
+    """``(source, target)`` text pairs of a ``.jsonl`` / ``.csv`` file with ``source`` and ``target`` fields
+    (see the module docstring); :class:`DatasetError` with one line otherwise."""
+    path = Path(spec).expanduser()
+    need = "a .jsonl file of {\"source\": ..., \"target\": ...} objects or a .csv file with source,target columns"
+    if not path.is_file():
+        raise DatasetError(f"{spec}: a sequence-to-sequence model is evaluated on source/target pairs; give {need}")
+    suffix = path.suffix.lower()
+    if suffix not in JSONL_SUFFIXES + CSV_SUFFIXES:
+        raise DatasetError(f"{spec} is not a .jsonl or .csv file; a sequence-to-sequence model is evaluated on "
+                           f"source/target pairs: give {need}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DatasetError(f"{spec} is not UTF-8 text; give {need}") from None
+    rows: list[tuple[int, Any]] = []
+    if suffix in CSV_SUFFIXES:
+        reader = csv.DictReader(text.splitlines())
+        rows = [(i, r) for i, r in enumerate(reader, 2)]
+        if not reader.fieldnames or not set(PAIR_FIELDS) <= set(reader.fieldnames):
+            found = ", ".join(reader.fieldnames or []) or "none"
+            raise DatasetError(f"{spec}: no 'source' and 'target' columns (found: {found}); give {need}")
+    else:
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((i, json.loads(line)))
+            except ValueError as exc:
+                raise DatasetError(f"{spec}:{i}: not valid JSON ({exc.msg}); give {need}") from None
+    pairs: list[tuple[str, str]] = []
+    for i, rec in rows:
+        if not isinstance(rec, dict) or not all(f in rec for f in PAIR_FIELDS):
+            keys = ", ".join(sorted(map(str, rec))) if isinstance(rec, dict) else type(rec).__name__
+            raise DatasetError(f"{spec}:{i}: no 'source' and 'target' fields (found: {keys}); give {need}")
+        if not all(isinstance(rec[f], str) for f in PAIR_FIELDS):
+            raise DatasetError(f"{spec}:{i}: 'source' and 'target' must be text")
+        if rec["target"].strip():
+            pairs.append((rec["source"], rec["target"]))
+    if not pairs:
+        raise DatasetError(f"{spec} holds no pair with a non-empty target; give {need}")
+    return pairs
+
+
 # ----------------------------------------------------------------------------- images
 
 
@@ -277,4 +333,4 @@ def _from_datasets(ds: Any, spec: str, split: str | None, text_field: str | None
     return UserData(spec, "text", texts=texts, labels=labels, classes=classes, split=split)
 
 
-__all__ = ["UserData", "load_user_data", "is_user_source"]
+__all__ = ["UserData", "load_user_data", "load_pairs", "is_user_source", "PAIR_FIELDS"]

@@ -11,7 +11,16 @@ into fixed batches of model inputs with labels:
   seeded 15 % masking (the same masks at every interpolation point);
 * sequence classification: each text truncated to ``context`` tokens (with the
   tokenizer's special tokens), padded per batch, with its label;
-* image classification: each image through the checkpoint's image processor.
+* image classification: each image through the checkpoint's image processor;
+* sequence-to-sequence (T5): ``(source, target)`` pairs of a ``.jsonl`` / ``.csv``
+  file (:func:`symalign.data.user.load_pairs`); source and target each encoded
+  by the tokenizer with its special tokens (T5: ``... </s>``), truncated to
+  ``context`` tokens and padded per batch (source: ``pad_token_id`` with an
+  attention mask; target: ``-100``); ``labels`` = target ids and
+  ``decoder_input_ids`` = the model's own ``_shift_right(labels)``
+  (``decoder_start_token_id`` first, ``-100`` read as pad), so the loss is the
+  teacher-forced nats per target token, as ``model(input_ids, attention_mask,
+  labels=labels).loss`` computes it.
 
 ``context`` defaults to the model's maximum positions, capped at
 :data:`MAX_CONTEXT`. The text is read with the checkpoint's own tokenizer
@@ -36,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from symalign.data.tokenize import TOKENIZER_FILES
-from symalign.data.user import UserData, load_user_data
+from symalign.data.user import UserData, load_pairs, load_user_data
 from symalign.errors import ConfigError, DatasetError, MatchError
 from symalign.evaluate.objective import head_objective
 from symalign.evaluate.text import ByteLevel, Stream, lm_windows, mlm_windows, token_stream
@@ -249,6 +258,8 @@ def build_eval(ckpt_dir: str | Path, model: nn.Module, data: str, opts: EvalOpti
 
     if objective == "image-classification":
         return _image_eval(ckpt_dir, cfg, data, name, opts, info, dtype)
+    if objective == "seq2seq":
+        return _seq2seq_eval(ckpt_dir, model, data, opts, context, info)
     if name is not None and _is_image_dataset(name):
         raise ConfigError(f"{type(model).__name__} reads text, but {data!r} holds images")
     if name is not None and name not in ("shakespeare", "bible"):
@@ -314,6 +325,48 @@ def _seqcls_eval(tok: Any, cfg: Any, user: UserData, where: str, opts: EvalOptio
         batches.append({"input_ids": ids, "attention_mask": att, "labels": y[s:s + bs]})
     info.update(items=n, classes=user.classes)
     return EvalSet("sequence-classification", batches, None, info)
+
+
+def _seq2seq_eval(ckpt_dir: str | Path, model: nn.Module, data: str, opts: EvalOptions, context: int,
+                  info: dict) -> EvalSet:
+    """Teacher-forced source/target batches (see the module docstring)."""
+    if _builtin_name(data) is not None or not Path(data).expanduser().is_file():
+        load_pairs(data)  # raises: built-in datasets and folders hold no source/target pairs
+    tok = resolve_tokenizer(ckpt_dir, opts.tokenizer)
+    if isinstance(tok, ByteLevel):
+        raise ConfigError("--tokenizer bytes cannot feed a sequence-to-sequence model; use the checkpoint's own "
+                          "tokenizer")
+    cfg = model.config
+    _check_vocab(tok, cfg)
+    pairs = load_pairs(data)[:_limit(opts.eval_items)]
+    pad = getattr(tok, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(cfg, "pad_token_id", None)
+    if pad is None:
+        raise ConfigError("neither the tokenizer nor the model config names a pad token, so source/target pairs "
+                          "cannot be batched; set pad_token_id in the config")
+    batches = []
+    n_tokens = 0
+    for s in range(0, len(pairs), opts.batch_size):
+        chunk = pairs[s:s + opts.batch_size]
+        src = tok([p[0] for p in chunk], add_special_tokens=True, truncation=True, max_length=context,
+                  verbose=False)["input_ids"]
+        tgt = tok([p[1] for p in chunk], add_special_tokens=True, truncation=True, max_length=context,
+                  verbose=False)["input_ids"]
+        ids = torch.full((len(chunk), max(map(len, src))), int(pad), dtype=torch.long)
+        att = torch.zeros_like(ids)
+        labels = torch.full((len(chunk), max(map(len, tgt))), -100, dtype=torch.long)
+        for i, (a, b) in enumerate(zip(src, tgt)):
+            ids[i, :len(a)] = torch.tensor(a, dtype=torch.long)
+            att[i, :len(a)] = 1
+            labels[i, :len(b)] = torch.tensor(b, dtype=torch.long)
+        n_tokens += int((labels != -100).sum())
+        batches.append({"input_ids": ids, "attention_mask": att, "decoder_input_ids": model._shift_right(labels),
+                        "labels": labels})
+    info.update(items=len(pairs), tokens=n_tokens,
+                tokenizer=getattr(tok, "name_or_path", None) or str(opts.tokenizer or ckpt_dir),
+                source={"source": data, "kind": "pairs", "items": len(pairs)})
+    return EvalSet("seq2seq", batches, None, info)
 
 
 def _image_eval(ckpt_dir: str | Path, cfg: Any, data: str, name: str | None, opts: EvalOptions, info: dict,

@@ -9,6 +9,11 @@ head (class name ends with)  objective                loss (nats), accuracy
                                                       (``labels != -100``)
 ``ForSequenceClassification`` ``sequence-classification`` cross-entropy of the class logits
 ``ForImageClassification``   ``image-classification``  cross-entropy of the class logits
+``ForConditionalGeneration`` ``seq2seq``              teacher-forced cross-entropy of the target
+(encoder-decoder with the                             given the source: decoder inputs = labels
+model's own ``_shift_right``,                         shifted right (``decoder_start_token_id``
+e.g. T5)                                              first), logits at ``j`` predict ``labels[j]``,
+                                                      pad positions (``-100``) ignored
 =========================== ======================== =========================================
 
 The conventions are those of the models' own ``loss`` (Hugging Face
@@ -27,7 +32,7 @@ from torch import Tensor, nn
 from symalign.errors import ConfigError
 
 IGNORE = -100
-OBJECTIVES = ("causal-lm", "masked-lm", "sequence-classification", "image-classification")
+OBJECTIVES = ("causal-lm", "masked-lm", "sequence-classification", "image-classification", "seq2seq")
 _SUFFIXES = (
     (("ForCausalLM", "LMHeadModel"), "causal-lm"),
     (("ForMaskedLM",), "masked-lm"),
@@ -36,8 +41,10 @@ _SUFFIXES = (
 )
 
 
-def head_objective(model_or_class: nn.Module | type | str) -> str:
-    """The objective of a model (or class, or class name); :class:`ConfigError` for heads without one."""
+def head_objective(model_or_class: nn.Module | type | str, config: object | None = None) -> str:
+    """The objective of a model (or class, or class name; ``config``: its config when a class or name is
+    given); :class:`ConfigError` for heads without one. Callable on the class a config names, so an
+    unsupported checkpoint is refused before its weights are loaded."""
     if isinstance(model_or_class, str):
         name = model_or_class
     else:
@@ -45,12 +52,17 @@ def head_objective(model_or_class: nn.Module | type | str) -> str:
     for suffixes, objective in _SUFFIXES:
         if name.endswith(suffixes):
             return objective
-    if getattr(getattr(model_or_class, "config", None), "is_encoder_decoder", False):
+    cfg = config if config is not None else getattr(model_or_class, "config", None)
+    if getattr(cfg, "is_encoder_decoder", False):
+        if name.endswith("ForConditionalGeneration") and hasattr(model_or_class, "_shift_right"):
+            return "seq2seq"
         raise ConfigError(f"{name} is an encoder-decoder (sequence-to-sequence) model and symalign's evaluation "
-                          "has no sequence-to-sequence objective yet (it evaluates causal LM, masked LM and "
-                          "classification heads), so it cannot be interpolated; `symalign align` supports it")
+                          "has no sequence-to-sequence objective for it (it evaluates causal LM, masked LM, "
+                          "classification heads and T5-style ...ForConditionalGeneration models), so it cannot "
+                          "be interpolated; `symalign align` supports it")
     raise ConfigError(f"{name} has no task head symalign can evaluate; save the model as a ...ForCausalLM, "
-                      "...ForMaskedLM, ...ForSequenceClassification or ...ForImageClassification")
+                      "...ForMaskedLM, ...ForSequenceClassification, ...ForImageClassification or (T5) "
+                      "...ForConditionalGeneration")
 
 
 @dataclass
@@ -69,10 +81,11 @@ class Stats:
 
 def batch_stats(objective: str, logits: Tensor, labels: Tensor) -> Stats:
     """Statistics of one batch. ``logits``: ``(B, T, V)`` (LM) or ``(B, K)``; ``labels``: ``(B, T)`` token ids
-    (causal: the input ids; masked: ``-100`` except at masked positions) or ``(B,)`` classes."""
+    (causal: the input ids; masked: ``-100`` except at masked positions; seq2seq: the target ids, ``-100`` at
+    padding, aligned with the decoder's logits) or ``(B,)`` classes."""
     if objective == "causal-lm":
         logits, labels = logits[:, :-1], labels[:, 1:]
-    if objective in ("causal-lm", "masked-lm"):
+    if objective in ("causal-lm", "masked-lm", "seq2seq"):
         logits = logits.reshape(-1, logits.shape[-1])
         labels = labels.reshape(-1)
         keep = labels != IGNORE
