@@ -13,7 +13,8 @@ Tiny random float64 T5 models (D=16, 4 heads of d_kv=4, 2 encoder and 3 decoder 
   computes B's function);
 * the declared dimension of every attention layer (encoder, decoder self-, cross-)
   equals the Jacobian nullity of the real transformers layer;
-* ``align --stream`` and ``interpolate`` refuse T5 with the reason (exit 2).
+* ``align --stream`` refuses T5 with the reason (exit 2); ``interpolate`` evaluates it on source/target
+  pairs only (tests/test_t5_interpolate.py) and refuses other data with the reason.
 """
 
 from __future__ import annotations
@@ -258,10 +259,10 @@ def test_stream_is_refused(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "OUT").exists()
 
 
-def test_interpolate_is_refused(tmp_path, capsys, monkeypatch):
+def test_interpolate_without_pairs_is_refused(tmp_path, capsys, monkeypatch):
     for d in ("A", "B"):
         make().save_pretrained(tmp_path / d)
     code, _, err = run_symalign(monkeypatch, capsys, "interpolate", tmp_path / "A", tmp_path / "B", "--data",
                                 "synthetic", "-o", tmp_path / "OUT", "--no-progress")
-    assert code == 2 and "sequence-to-sequence" in err, err
+    assert code == 2 and "sequence-to-sequence model is evaluated on source/target pairs" in err, err
     assert not (tmp_path / "OUT").exists()
