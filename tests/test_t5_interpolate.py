@@ -112,6 +112,9 @@ def test_interpolate_end_to_end(tmp_path, tok, monkeypatch, capsys):
         own = evaluate_model(model, build_eval(a, model, str(data))).loss
         assert loss == pytest.approx(own, rel=1e-6)
     assert abs(res["curve"]["loss"][0] - res["curve"]["loss"][-1]) > 1e-3  # two different models
+    code, out, err = _interp(monkeypatch, capsys, a, c, data, tmp_path / "o1s", "--stream")
+    assert code == 0, err
+    assert json.loads(out)["curve"]["loss"] == pytest.approx(res["curve"]["loss"], rel=1e-9)
 
     # B = a planted head permutation of A (A's function); symalign align undoes it; the curve A -> B' is flat
     model = _load(a)
