@@ -235,11 +235,108 @@ def test_larger_groups_are_not_symmetries(family):
         assert rel(output(_loaded(model, moved), x), y) >= 1e-3, how
 
 
-def test_olmoe_clip_qkv_is_refused_naming_the_option():
-    from symalign.arch import UnsupportedArchitectureError
+CLIP = 0.5  # below most |q|, |k|, |v| entries of the tiny random OLMoE on _ids(): the clamp bites (asserted)
 
-    with pytest.raises(UnsupportedArchitectureError, match="clip_qkv=2.0"):
-        get_adapter(make("olmoe")).spec(make("olmoe", clip_qkv=2.0))
+
+def _clamped_fraction(model, x) -> dict[str, float]:
+    """Per Q/K/V site: the fraction of entries the ``clip_qkv`` clamp changes on ``x`` (pre-clamp values)."""
+    seen: dict[str, float] = {}
+    sites = [(n, m) for n, m in model.named_modules() if n.endswith(("q_norm", "k_norm", "v_proj"))]
+    hooks = [m.register_forward_hook(lambda _m, _i, o, n=n: seen.__setitem__(n, float((o.abs() > CLIP).double()
+                                                                                         .mean())))
+             for n, m in sites]
+    output(model, x)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+@pytest.mark.parametrize("scope", ["attention", "model"])
+def test_olmoe_clip_qkv_group_is_exact_and_recovered(scope):
+    """``clip_qkv`` keeps the signed coordinate permutations: heads (gains permuted with them), plane signs on
+    Q-K, a signed permutation of each head's value coordinates on V-O, no gain scales. A random element keeps
+    the function with the clamp active (float64, through the HF forward) and is recovered exactly."""
+    from symalign.groups import PerHead, PlaneSigns, SignedPermutations
+
+    model = make("olmoe", clip_qkv=CLIP)
+    x = _ids()
+    frac = _clamped_fraction(model, x)
+    assert len(frac) == 6 and all(0.1 <= f <= 0.9 for f in frac.values()), frac  # the clamp bites, not everywhere
+    fam = get_adapter(model)
+    if scope == "model":
+        prep = _prepared(model)
+        spec, st = prep.spec, prep.state
+    else:
+        spec, st = fam.spec(model), model.state_dict()
+    assert not [n for n in spec.spaces if n.startswith("qkgain")]
+    for i in range(2):
+        assert isinstance(spec.spaces[f"vo.{i}"], PerHead) and isinstance(spec.spaces[f"vo.{i}"].inner,
+                                                                           SignedPermutations)
+        assert isinstance(spec.spaces[f"qk.{i}"].inner, PlaneSigns)
+    y64 = output(float64_numerics(copy.deepcopy(model)), x)
+    g = sample(spec, 5)
+    b = apply(spec, g, st)
+    assert rel(output(float64_numerics(_loaded(model, b)), x), y64) <= 1e-10
+    res = match_whole(spec, st, b, max_sweeps=5)
+    got = res.apply(b)
+    assert rel(torch.cat([got[t].flatten() for t in spec.tensors]), torch.cat([st[t].flatten() for t in spec.tensors])) \
+        <= 1e-8
+    inv = invert(spec, g)
+    for name in spec.spaces:
+        if name.split(".")[0] in ("heads", "qk", "vo"):
+            assert torch.equal(res.transform[name].to(inv[name].dtype), inv[name]), name
+    assert not torch.equal(g["vo.0"], spec.spaces["vo.0"].identity())
+
+
+def test_olmoe_clip_qkv_larger_groups_break_the_function():
+    """What the clamp removes: ``GL(d)`` on V-O and the QK-norm gain scales keep the unclipped model's function
+    and change the clipped one's."""
+    x = _ids()
+    plain, clipped = make("olmoe"), make("olmoe", clip_qkv=CLIP)
+    full = get_adapter(plain).spec(plain)  # the unclipped group: GL(d) on V-O, gain scales qkgain.i
+    assert full.describe()["vo.0"] == "GL(4)^2" and "qkgain.0" in full.spaces
+    for name in ("vo.0", "qkgain.0"):
+        sp = full.restrict([name])
+        g = sample(sp, 3)
+        for model, kept in ((plain, True), (clipped, False)):
+            y = output(float64_numerics(copy.deepcopy(model)), x)
+            r = rel(output(float64_numerics(_loaded(model, apply(sp, g, model.state_dict()))), x), y)
+            assert (r <= 1e-10) if kept else (r >= 1e-3), (name, kept, r)
+
+
+@pytest.mark.parametrize("scope", ["attention", "model"])
+def test_cli_aligns_olmoe_with_clip_qkv(scope, tmp_path, capsys, monkeypatch):
+    a = make("olmoe", clip_qkv=CLIP)
+    _save(a, tmp_path / "A", torch.float64)
+    fam = get_adapter(a)
+    if scope == "model":
+        prep = _prepared(a)
+        spec, target = prep.spec, prep.state
+    else:
+        spec, target = fam.spec(a), a.state_dict()
+    _save(_loaded(a, apply(spec, sample(spec, 7), target)), tmp_path / "B", torch.float64)
+    out = tmp_path / "OUT"
+    code, stdout, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o", out,
+                                     "--scope", scope, "--json")
+    assert code == 0, err
+    info = json.loads(stdout)
+    assert info["distance"]["before"]["total"] > 0.1 and info["distance"]["after"]["total"] <= 1e-8
+    o, b = _from(out, "olmoe", torch.float64), _from(tmp_path / "B", "olmoe", torch.float64)
+    assert o.config.clip_qkv == CLIP
+    assert rel(output(float64_numerics(o), _ids()), output(float64_numerics(b), _ids())) <= 1e-10
+
+
+def test_olmoe_clip_qkv_probe_nullity():
+    """The declared group is discrete (dimension 0); where the clamp bites at the probe's inputs the real layer's
+    nullity is 0 too. With a clamp that never bites there (``clip_qkv=1e3``) the Jacobian sees the unclipped
+    layer's 18 directions (local), and the probe says it does not match."""
+    from symalign.probe.hf import probe_hf
+
+    (row,) = (r.to_dict() for r in probe_hf(_configs()["olmoe"][1](**SMALL, clip_qkv=CLIP)))
+    assert row["declared"] == 0 and row["nullity"] == 0 and row["match"], row
+    assert "signed-perm(4)^1" in row["group"].values() and "qkgain.0" not in row["group"]
+    (loose,) = (r.to_dict() for r in probe_hf(_configs()["olmoe"][1](**SMALL, clip_qkv=1e3)))
+    assert loose["nullity"] == 18 and not loose["match"], loose
 
 
 SMALL = dict(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, intermediate_size=4, rms_norm_eps=1e-2)

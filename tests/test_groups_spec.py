@@ -204,3 +204,20 @@ def test_spec_errors_name_the_tensor():
 def test_attention_config_errors(kw, msg):
     with pytest.raises(ConfigError, match=msg):
         AttentionConfig(**kw)
+
+
+def test_signed_permutations_group():
+    """Closed under compose/inverse, ``T^{-T} = T``; ``nearest`` is the exact optimum of ``<T, M>`` (brute force)."""
+    import itertools
+
+    from symalign.groups import SignedPermutations
+
+    g = SignedPermutations(3)
+    a, b = g.sample(1), g.sample(2)
+    assert g.contains(a) and g.contains(g.compose(a, b)) and torch.equal(g.inverse(a) @ a, torch.eye(3, dtype=a.dtype))
+    assert not g.contains(2 * a) and not g.contains(torch.eye(3, dtype=torch.float64)[[0, 0, 1]]) and g.dim == 0
+    m = torch.randn(3, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    best = max((torch.tensor(s, dtype=torch.float64)[:, None] * torch.eye(3, dtype=torch.float64)[list(p)]
+                for p in itertools.permutations(range(3)) for s in itertools.product((1, -1), repeat=3)),
+               key=lambda t: float((t * m).sum()))
+    assert torch.equal(g.nearest(m), best)

@@ -1159,6 +1159,51 @@ class PlaneScales(_Diagonal):
 
 
 @dataclass(frozen=True)
+class SignedPermutations(MatrixGroup):
+    r"""Signed permutation matrices ``T = S P`` (``P`` a permutation, ``S = diag(+-1)``): the V-O group under a clamp.
+
+    An elementwise odd, coordinate-blind map ``c`` (OLMo's ``clip_qkv`` clamp
+    ``v -> clamp(v, -c, c)``) commutes with ``T`` exactly when ``T`` is a signed
+    permutation: ``clamp(T v) = T clamp(v)``. ``T^{-1} = T^T = T^{-T}``. A finite group
+    (dimension 0) of order ``2^n n!``; :meth:`nearest` maximises ``<T, M>`` exactly
+    (a linear assignment on ``|M|``, each sign that of its chosen entry).
+    """
+
+    n: int
+
+    @property
+    def dim(self) -> int:
+        return 0
+
+    def sample(self, gen=None, dtype=torch.float64) -> Tensor:
+        g = _generator(gen)
+        perm = torch.randperm(self.n, generator=g)
+        s = torch.randint(0, 2, (self.n,), generator=g).to(torch.float64) * 2 - 1
+        return (s[:, None] * one_hot(perm)).to(dtype)
+
+    def inverse(self, a: Tensor) -> Tensor:
+        return a.transpose(-2, -1).clone()
+
+    def contains(self, a: Tensor, atol: float = 1e-9) -> bool:
+        a = a.to(torch.float64)
+        if a.shape[-2:] != (self.n, self.n):
+            return False
+        m = a.abs()
+        return bool((((m - 1).abs() <= atol) | (m <= atol)).all()) and bool(
+            ((m > 0.5).sum(-1) == 1).all()) and bool(((m > 0.5).sum(-2) == 1).all())
+
+    def describe(self) -> str:
+        return f"signed-perm({self.n})"
+
+    def nearest(self, scores: Tensor) -> Tensor:
+        """``argmax_T <T, M>``: ``perm = assign(|M|)``, ``T[i, perm[i]] = sign(M[i, perm[i]])`` (``+1`` on ties)."""
+        m = scores.to(torch.float64)
+        perm = assign_max(m.abs())
+        s = torch.where(m[torch.arange(self.n), perm] >= 0, 1.0, -1.0).to(torch.float64)
+        return s[:, None] * one_hot(perm)
+
+
+@dataclass(frozen=True)
 class OffsetPerHead(PerHead):
     r""":class:`PerHead` acting on ``x + offset`` (a gain stored as ``w`` with effective gain ``offset + w``).
 

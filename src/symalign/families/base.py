@@ -11,7 +11,8 @@ Everything else is derived here, once for every family:
   ``H(r) (+) GL(d - r)`` under RoPE (``r`` read from the family's own rotary module),
   and :class:`~symalign.groups.PlaneSigns` under QK-norm, whose gains then carry a
   space ``qkgain.i`` of :class:`~symalign.groups.PlaneScales` (docs/symmetry.md,
-  "QK-norm"). V-O is ``GL(d)``. Fused Q|K|V tensors are labelled by segments:
+  "QK-norm"). V-O is ``GL(d)`` (:meth:`Family.vo_group`; OLMoE's ``clip_qkv`` narrows it to signed
+  permutations and drops ``qkgain.i``). Fused Q|K|V tensors are labelled by segments:
   ``[Q | K | V]`` blocks (Phi-3 ``qkv_proj``) or per-head interleaved
   ``(head, [q | k | v])`` (GPT-NeoX ``query_key_value``, ``segment=(start, d, 3 d)``).
   ``Conv1D`` weights (GPT-2, ``conv1d=True``) store ``W^T``: every declared axis is
@@ -47,7 +48,7 @@ from symalign.arch.base import Adapter, AttentionLayout, Proj, UnsupportedArchit
     find_prefix, heads_of
 from symalign.arch.rope import rotary_dims
 from symalign.errors import ConfigError
-from symalign.groups import GeneralLinear, OffsetPerHead, Orthogonal, Permutation, PlaneScales, PlaneSigns, \
+from symalign.groups import GeneralLinear, MatrixGroup, OffsetPerHead, Orthogonal, Permutation, PlaneScales, PlaneSigns, \
     RotaryPlanes
 from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_group, fold_layernorm, to_f64
 from symalign.groups import CenteredOrthogonal
@@ -164,10 +165,14 @@ class Family(Adapter):
             return PlaneSigns(d, self.pairing or "half", r if r is not None else 0)
         return RotaryPlanes(d, self.pairing, r) if r is not None else GeneralLinear(d)
 
+    def vo_group(self, config: Any, d: int) -> MatrixGroup:
+        """The V-O group inside each K/V block: ``GL(d)`` (a family whose ``V`` passes an elementwise map overrides)."""
+        return GeneralLinear(d)
+
     def layouts(self, config: Any, prefix: str, keys: set[str]) -> list[AttentionLayout]:
         _, h, d, kv = self.heads(config)
         dec = self.named(self.declaration(config), prefix, keys)
-        qk, vo = self.qk_group(config, d), GeneralLinear(d)
+        qk, vo = self.qk_group(config, d), self.vo_group(config, d)
         out = []
         for i in range(int(config.num_hidden_layers)):
             p = prefix + dec.layer.format(i=i)
@@ -203,8 +208,11 @@ class Family(Adapter):
         if self.decl.q_norm:
             self._gain_spaces(spec, config, prefix, layouts)
 
-    def _gain_spaces(self, spec: SymmetrySpec, config: Any, prefix: str, lays: list[AttentionLayout]) -> None:
-        """``qkgain.i``: per-plane rescalings of the Q/K norm gains (shared over heads, or per K/V block)."""
+    def _gain_spaces(self, spec: SymmetrySpec, config: Any, prefix: str, lays: list[AttentionLayout],
+                     scales: bool = True) -> None:
+        """``qkgain.i``: per-plane rescalings of the Q/K norm gains (shared over heads, or per K/V block).
+        A norm over all heads has its gains permuted with the heads as well; ``scales=False`` declares that
+        action only (no ``qkgain.i``: OLMoE's ``clip_qkv``)."""
         dec = self.declaration(config)
         for i, lay in enumerate(lays):
             p = prefix + dec.layer.format(i=i)
@@ -213,13 +221,15 @@ class Family(Adapter):
             name = f"qkgain.{i}"
             off = 1.0 if dec.norm == "rms1p" else 0.0
             if dec.qk_norm_over == "all":
-                spec.add_space(name, OffsetPerHead(inner, lay.n_kv_heads, off), None, i)
                 spec.act_on(qn, f"heads.{i}", 0, "co", "query")
                 spec.act_on(kn, f"heads.{i}", 0, "co", "kv")
+                if not scales:
+                    continue
+                spec.add_space(name, OffsetPerHead(inner, lay.n_kv_heads, off), None, i)
                 spec.couple(f"heads.{i}", name)
                 spec.act_on(qn, name, 0, "co", "query")
                 spec.act_on(kn, name, 0, "contra", "kv")
-            else:
+            elif scales:
                 spec.add_space(name, OffsetPerHead(inner, 1, off), None, i)
                 spec.act_on(qn, name, 0, "co")
                 spec.act_on(kn, name, 0, "contra")

@@ -37,8 +37,12 @@ and on the writers' (``down_proj`` axis 1, the shared ``down_proj`` rows); a tie
 gives ``S_D`` with the gains permuted. Qwen2-MoE's dense layers (``mlp_only_layers``,
 ``decoder_sparse_step``) are Llama's gated FF (``ff.i``). Attention is Llama's (Mixtral,
 Qwen2-MoE with ``qkv_bias``) or OLMo 2's QK-norm over all heads (OLMoE; pre-norms).
-OLMoE's ``clip_qkv`` (clamping Q, K and V entries) is refused: ``GL(d)`` on V-O and the
-QK-norm gain scales do not commute with a clamp.
+OLMoE's ``clip_qkv`` (``q, k, v <- clamp(., -c, c)`` entrywise, after the QK-norm, before
+RoPE) keeps only what commutes with a clamp, i.e. signed coordinate permutations: the head
+permutations (with the gains), the QK-norm's plane signs on Q-K, and a signed permutation
+of each head's ``d`` value coordinates on V-O (:class:`~symalign.groups.SignedPermutations`
+instead of ``GL(d)``); the gain scales ``qkgain.i`` are not declared (a scale does not
+commute with the clamp).
 """
 
 from __future__ import annotations
@@ -52,9 +56,11 @@ import torch
 from torch import Tensor
 
 from symalign.errors import CheckpointError
-from symalign.families.base import Decoder, Family, refuse
+from symalign.arch.base import AttentionLayout
+from symalign.families.base import Decoder, Family
 from symalign.families.common import RESIDUAL, Prepared
-from symalign.groups import BlockPermutations, Orthogonal, Permutation
+from symalign.groups import BlockPermutations, GeneralLinear, MatrixGroup, Orthogonal, Permutation, \
+    SignedPermutations
 from symalign.spec import SymmetrySpec
 
 
@@ -248,11 +254,18 @@ class OlmoeFamily(MoEFamily):
     model_types = ("olmoe",)
     decl = Decoder(q_norm="self_attn.q_norm", k_norm="self_attn.k_norm", qk_norm_over="all")
 
-    def check_config(self, config: Any) -> None:
-        clip = getattr(config, "clip_qkv", None)
-        if clip is not None:
-            raise refuse(self.family, f"clip_qkv={clip}", "clamping the Q, K and V entries breaks GL(d) on V-O and "
-                         "the QK-norm gain scales (only sign flips and permutations commute with a clamp)")
+    def vo_group(self, config: Any, d: int) -> MatrixGroup:
+        """``clip_qkv`` clamps every V entry: only signed permutations of a head's ``d`` value coordinates commute."""
+        return SignedPermutations(d) if _clip(config) is not None else GeneralLinear(d)
+
+    def extra_spaces(self, spec: SymmetrySpec, config: Any, prefix: str, layouts: list[AttentionLayout]) -> None:
+        """The QK-norm gains, permuted with the heads, and their scales ``qkgain.i`` except under ``clip_qkv``
+        (a positive scale does not commute with the clamp that follows the gain)."""
+        self._gain_spaces(spec, config, prefix, layouts, scales=_clip(config) is None)
+
+
+def _clip(config: Any) -> float | None:
+    return getattr(config, "clip_qkv", None)
 
 
 __all__ = ["Experts", "MixtralFamily", "MoEFamily", "OlmoeFamily", "Qwen2MoeFamily"]

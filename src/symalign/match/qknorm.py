@@ -18,6 +18,12 @@ discarded and replaced by the exact optimum over the signs, per block and plane:
 K rows contravariantly, both multiplied by ``s``). The gain scale of each plane
 minimises ``f(c) = ||a_q - c b_q||^2 + ||a_k - b_k / c||^2`` over ``c > 0`` (a grid
 over ``log c``, then Newton steps); a planted scale is recovered exactly.
+
+Under a clamp of V (OLMoE's ``clip_qkv``) the V-O space is a per-block
+:class:`~symalign.groups.SignedPermutations`: it is widened to ``GL(d)`` for the relaxed
+match as well, and its element replaced by the exact optimum over signed permutations,
+``argmax_T <T, M>`` with ``M = sum_{V rows} a b'^T + sum_{O columns} a b'^T`` per block
+(``T^{-T} = T``, so both sides enter alike).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import torch
 from torch import Tensor
 
 from symalign.errors import MatchError
-from symalign.groups import PerHead, PlaneScales, PlaneSigns, RotaryPlanes
+from symalign.groups import GeneralLinear, PerHead, PlaneScales, PlaneSigns, RotaryPlanes, SignedPermutations
 from symalign.spec import SymmetrySpec, apply, segment_view
 
 GRID = torch.linspace(-6.0, 6.0, 241, dtype=torch.float64)
@@ -37,7 +43,8 @@ GRID = torch.linspace(-6.0, 6.0, 241, dtype=torch.float64)
 
 def has_qknorm(spec: SymmetrySpec) -> bool:
     """Whether any space is a per-head :class:`PlaneSigns` or :class:`PlaneScales` group."""
-    return any(isinstance(g, PerHead) and isinstance(g.inner, (PlaneSigns, PlaneScales)) for g in spec.spaces.values())
+    return any(isinstance(g, PerHead) and isinstance(g.inner, (PlaneSigns, PlaneScales, SignedPermutations))
+               for g in spec.spaces.values())
 
 
 def relaxed(spec: SymmetrySpec) -> SymmetrySpec:
@@ -48,6 +55,8 @@ def relaxed(spec: SymmetrySpec) -> SymmetrySpec:
         if isinstance(g, PerHead) and isinstance(g.inner, PlaneSigns):
             s = g.inner
             out.spaces[n] = replace(g, inner=RotaryPlanes(s.n, s.pairing, s.r))
+        elif isinstance(g, PerHead) and isinstance(g.inner, SignedPermutations):
+            out.spaces[n] = replace(g, inner=GeneralLinear(g.inner.n))
     return out
 
 
@@ -99,6 +108,25 @@ def solve_signs(spec: SymmetrySpec, space: str, transform, state_a, state_b) -> 
     return g.inner.from_units(s)
 
 
+def solve_signed_permutations(spec: SymmetrySpec, space: str, transform, state_a, state_b) -> Tensor:
+    """The optimal :class:`SignedPermutations` element per block: ``argmax_T <T, M_k>`` with ``M_k`` the
+    sum over the space's tensors of ``a_k b'_k^T`` (rows of block ``k``; ``b'`` head-permuted B)."""
+    g: PerHead = spec.spaces[space]  # type: ignore[assignment]
+    nb, d = g.n_blocks, g.inner.n
+    m = torch.zeros(nb, d, d, dtype=torch.float64)
+    for t, a in spec.tensors_of(space):
+        xa = state_a[t] if a.segment is None else segment_view(state_a[t], a.axis, a.segment)
+        xb = _heads_applied(spec, transform, t, state_b[t])
+        if a.segment is not None:
+            xb = segment_view(xb, a.axis, a.segment)
+        va = torch.movedim(xa.to(torch.float64), a.axis, 0)
+        vb = torch.movedim(xb.to(torch.float64), a.axis, 0)
+        va = va.reshape(nb, -1, d, *va.shape[1:]).movedim(2, 1).reshape(nb, d, -1)
+        vb = vb.reshape(nb, -1, d, *vb.shape[1:]).movedim(2, 1).reshape(nb, d, -1)
+        m += va @ vb.mT
+    return torch.stack([g.inner.nearest(m[k]) for k in range(nb)])
+
+
 def solve_scales(spec: SymmetrySpec, space: str, transform, state_a, state_b, newton: int = 60) -> Tensor:
     """The optimal :class:`PlaneScales` element per block: ``argmin_c ||a_q - c b_q||^2 + ||a_k - b_k/c||^2``."""
     g: PerHead = spec.spaces[space]  # type: ignore[assignment]
@@ -133,10 +161,12 @@ def match_qknorm(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Map
     transform = dict(base.transform)
     stage2 = kw.get("stage2", "full")
     for name, g in spec.spaces.items():
-        if not (isinstance(g, PerHead) and isinstance(g.inner, (PlaneSigns, PlaneScales))):
+        if not (isinstance(g, PerHead) and isinstance(g.inner, (PlaneSigns, PlaneScales, SignedPermutations))):
             continue
         if stage2 == "none":
             transform[name] = g.identity()
+        elif isinstance(g.inner, SignedPermutations):
+            transform[name] = solve_signed_permutations(spec, name, transform, state_a, state_b)
         elif isinstance(g.inner, PlaneSigns):
             transform[name] = solve_signs(spec, name, transform, state_a, state_b)
         else:
@@ -150,6 +180,9 @@ def match_qknorm(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Map
         for lay, view in zip(base.layers, find_layers(rel, state_a)):
             lay.qk_after = _direct_distance(view.qk, state_a, out_b).tolist()
             lay.qk_cond = [1.0] * len(lay.qk_after)
+            if isinstance(getattr(spec.spaces.get(view.vo.name), "inner", None), SignedPermutations):
+                lay.vo_after = _direct_distance(view.vo, state_a, out_b).tolist()
+                lay.vo_cond = [1.0] * len(lay.vo_after)
         base.totals["distance_after"] = sum(sum(d.qk_after) + sum(d.vo_after) for d in base.layers)
     for lay in base.layers:
         qk = spec.spaces.get(f"qk.{lay.tag}")
