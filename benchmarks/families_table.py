@@ -75,6 +75,14 @@ def randomize(model: torch.nn.Module, seed: int = 0) -> None:
             p.copy_(base + scale * torch.randn(p.shape, generator=g, dtype=torch.float64))
 
 
+def _random_model(cls, cfg):
+    """The transformers model ``cls`` of ``cfg`` in float64, eager kernels, generic random weights."""
+    model = cls._from_config(cfg, attn_implementation="eager", experts_implementation="eager")
+    model = model.to(torch.float64).eval()
+    randomize(model)
+    return model
+
+
 def main() -> None:
     import argparse
 
@@ -83,10 +91,8 @@ def main() -> None:
     torch.set_num_threads(1)
     print("| family (config) | params | measured nullity | declared | group terms | bias gauges | gap |")
     print("|---|---|---|---|---|---|---|")
-    for name, cls, cfg in ROWS:
-        model = cls._from_config(cfg, attn_implementation="eager", experts_implementation="eager")
-        model = model.to(torch.float64).eval()
-        randomize(model)
+    for name, cls, cfg, *layer in ROWS:
+        model = _random_model(cls, cfg)
         r = probe_layer(get_adapter(model), model, layer[0] if layer else 0)
         flag = "" if r.match else " **MISMATCH**"
         groups = ", ".join(f"{k.split('.')[0]} {v}" for k, v in r.describe.items())
@@ -97,9 +103,7 @@ def main() -> None:
     print("| MoE block (config) | params | measured nullity | declared | group | undeclared, named | gap |")
     print("|---|---|---|---|---|---|---|")
     for name, cls, cfg in MOE_ROWS:
-        model = cls._from_config(cfg, attn_implementation="eager", experts_implementation="eager")
-        model = model.to(torch.float64).eval()
-        randomize(model)
+        model = _random_model(cls, cfg)
         r = probe_moe_block(get_adapter(model), model, 0)
         flag = "" if r.match else " **MISMATCH**"
         groups = ", ".join(f"{k.split('.')[0]} {v}" for k, v in r.describe.items())

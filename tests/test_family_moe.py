@@ -90,6 +90,15 @@ def _prepared(model):
     return prepare(model.config, st, fam.spec(model.config, st.keys()), type(model).__name__)
 
 
+def _scope_spec(model, scope):
+    """The scope's spec and the state it acts on: the rewritten whole model, or the attention spec on the
+    model's own state."""
+    if scope == "model":
+        prep = _prepared(model)
+        return prep.spec, prep.state
+    return get_adapter(model).spec(model), model.state_dict()
+
+
 VARIANTS = [("mixtral", {}), ("mixtral", {"tie_word_embeddings": True}), ("mixtral", {"sliding_window": 4}),
             ("qwen2_moe", {}), ("qwen2_moe", {"norm_topk_prob": True}), ("qwen2_moe", {"qkv_bias": False}),
             ("qwen2_moe", {"mlp_only_layers": [1]}), ("olmoe", {}), ("olmoe", {"norm_topk_prob": True}),
@@ -148,11 +157,7 @@ def _planted_dirs(family, scope, dtype, tmp_path):
     a = make(family)
     _save(a, tmp_path / "A", dtype)
     fam = get_adapter(a)
-    if scope == "model":
-        prep = _prepared(a)
-        spec, target = prep.spec, prep.state
-    else:
-        spec, target = fam.spec(a), a.state_dict()
+    spec, target = _scope_spec(a, scope)
     b = _loaded(a, apply(spec, sample(spec, 7), target))
     _save(b, tmp_path / "B", dtype)
     return fam, b
@@ -262,12 +267,7 @@ def test_olmoe_clip_qkv_group_is_exact_and_recovered(scope):
     x = _ids()
     frac = _clamped_fraction(model, x)
     assert len(frac) == 6 and all(0.1 <= f <= 0.9 for f in frac.values()), frac  # the clamp bites, not everywhere
-    fam = get_adapter(model)
-    if scope == "model":
-        prep = _prepared(model)
-        spec, st = prep.spec, prep.state
-    else:
-        spec, st = fam.spec(model), model.state_dict()
+    spec, st = _scope_spec(model, scope)
     assert not [n for n in spec.spaces if n.startswith("qkgain")]
     for i in range(2):
         assert isinstance(spec.spaces[f"vo.{i}"], PerHead) and isinstance(spec.spaces[f"vo.{i}"].inner,
@@ -308,12 +308,7 @@ def test_olmoe_clip_qkv_larger_groups_break_the_function():
 def test_cli_aligns_olmoe_with_clip_qkv(scope, tmp_path, capsys, monkeypatch):
     a = make("olmoe", clip_qkv=CLIP)
     _save(a, tmp_path / "A", torch.float64)
-    fam = get_adapter(a)
-    if scope == "model":
-        prep = _prepared(a)
-        spec, target = prep.spec, prep.state
-    else:
-        spec, target = fam.spec(a), a.state_dict()
+    spec, target = _scope_spec(a, scope)
     _save(_loaded(a, apply(spec, sample(spec, 7), target)), tmp_path / "B", torch.float64)
     out = tmp_path / "OUT"
     code, stdout, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o", out,
