@@ -215,13 +215,6 @@ def test_older_families_declared_dimension_equals_probe_nullity(family):
     assert res.singular_value_gap > 1e4
 
 
-def test_phi_qk_layernorm_is_refused_naming_the_option():
-    from symalign.arch import UnsupportedArchitectureError
-
-    with pytest.raises(UnsupportedArchitectureError, match="qk_layernorm=True"):
-        get_adapter(make("phi")).spec(make("phi", qk_layernorm=True))
-
-
 def test_falcon_alibi_is_refused_naming_the_option():
     from symalign.arch import UnsupportedArchitectureError
 

@@ -1159,6 +1159,35 @@ class PlaneScales(_Diagonal):
 
 
 @dataclass(frozen=True)
+class PlaneIdentity(_Diagonal):
+    r"""The identity only: the per-head Q-K group under a *centring* QK-norm (a LayerNorm with gain and bias).
+
+    With ``q -> RoPE(g * C q / sigma(q) + beta)`` (``C = I - 1 1^T / n``,
+    ``sigma(q) = sqrt(|C q|^2 / n + eps)``; Phi's ``qk_layernorm``), a per-head linear
+    map of the pre-norm rows must commute with ``C`` and keep ``sigma`` (orthogonal,
+    fixing ``1``), then with ``diag(g)`` (diagonal: ``+-1``, and fixing ``1`` leaves
+    ``+1``): only ``T = I`` (docs/symmetry.md, "A centring QK-norm"). Declared so that the
+    layer keeps its ``qk.i`` space; the matcher relaxes it to ``H`` for stage 1 (as
+    :class:`PlaneSigns`) and then keeps ``I``. Dimension 0, order 1.
+    """
+
+    @property
+    def dim(self) -> int:
+        return 0
+
+    def sample(self, gen=None, dtype=torch.float64) -> Tensor:
+        return torch.eye(self.n, dtype=dtype)
+
+    def contains(self, a: Tensor, atol: float = 1e-9) -> bool:
+        a = a.to(torch.float64)
+        return a.shape[-2:] == (self.n, self.n) and bool(
+            (a - torch.eye(self.n, dtype=torch.float64)).abs().max() <= atol)
+
+    def describe(self) -> str:
+        return f"id({self.n})"
+
+
+@dataclass(frozen=True)
 class SignedPermutations(MatrixGroup):
     r"""Signed permutation matrices ``T = S P`` (``P`` a permutation, ``S = diag(+-1)``): the V-O group under a clamp.
 

@@ -48,8 +48,8 @@ from symalign.arch.base import Adapter, AttentionLayout, Proj, UnsupportedArchit
     find_prefix, heads_of
 from symalign.arch.rope import rotary_dims
 from symalign.errors import ConfigError
-from symalign.groups import GeneralLinear, MatrixGroup, OffsetPerHead, Orthogonal, Permutation, PlaneScales, PlaneSigns, \
-    RotaryPlanes
+from symalign.groups import GeneralLinear, MatrixGroup, OffsetPerHead, Orthogonal, Permutation, PlaneIdentity, \
+    PlaneScales, PlaneSigns, RotaryPlanes
 from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_group, fold_layernorm, to_f64
 from symalign.groups import CenteredOrthogonal
 from symalign.nn.sites import ActivationSite, linear_heads_site
@@ -440,7 +440,7 @@ def bias_gauge(lay: AttentionLayout, keys: Iterable[str]) -> dict[str, int]:
     d, kv = lay.head_dim, lay.n_kv_heads
     r = lay.qk.r if isinstance(lay.qk, RotaryPlanes) else 0
     out = {}
-    if lay.k.bias and not isinstance(lay.qk, PlaneSigns) and d - r:
+    if lay.k.bias and not isinstance(lay.qk, (PlaneSigns, PlaneIdentity)) and d - r:  # QK-norm: no shift
         out["key bias (softmax shift)"] = kv * (d - r)
     o_bias = lay.o.weight[: -len("weight")] + "bias"
     if lay.v.bias and o_bias in keys:

@@ -6,17 +6,34 @@ read by both branches, ``final_layernorm``, ``embed_tokens``, ``lm_head`` (bias)
 RoPE ``rotate_half`` on ``r = 2 len(inv_freq)`` dimensions (``partial_rotary_factor``):
 ``H(r) (+) GL(d - r)`` on Q-K. Residual ``O_1(D)`` after folding the LayerNorms.
 
-``qk_layernorm=True`` puts a LayerNorm (centring, gain and bias over ``head_dim``,
-shared by the heads) on Q and K before RoPE; it is refused, naming the option: the
-exact group there (maps fixing the all-ones vector, commuting with the gain, the
-bias and every rotation) is not mapped.
+``qk_layernorm=True`` puts a LayerNorm ``self_attn.{q,k}_layernorm`` (centring, gain and
+bias over ``head_dim``, shared by the heads) on every Q and K head before RoPE:
+``q = RoPE(g_q * C W_Q^i x / sigma + beta_q)``. The exact group (docs/symmetry.md, "A
+centring QK-norm"): head permutations (nothing else moves), the identity on each
+head's pre-norm Q-K rows (:class:`~symalign.groups.PlaneIdentity`), ``GL(d)`` on V-O,
+and per-plane rescalings of the *affine* norms, ``(g_q, beta_q) -> c (g_q, beta_q)``,
+``(g_k, beta_k) -> (g_k, beta_k) / c`` (``qkgain.i``, one element per layer). Not group
+orbits on the spec's axes, named by :meth:`PhiFamily.gauge_nullity`: the centring gauge
+``W_Q^i -> W_Q^i + 1 v^T``, ``b_Q^i -> b_Q^i + c 1`` (``D + 1`` per Q and per K head,
+removed exactly by ``C``) and the unrotated part of ``beta_k`` (a per-query constant on
+the scores, ``d - r``). They are left where they are when aligning.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import Any, Iterable
 
-from symalign.families.base import Decoder, Family, refuse
+from symalign.arch.base import AttentionLayout, find_prefix
+from symalign.families.base import Decoder, Family
+from symalign.groups import MatrixGroup, PlaneIdentity
+from symalign.spec import SymmetrySpec
+
+QK_LN = ("self_attn.q_layernorm", "self_attn.k_layernorm")
+
+
+def _qk_layernorm(config: Any) -> bool:
+    return bool(getattr(config, "qk_layernorm", False))
 
 
 class PhiFamily(Family):
@@ -25,7 +42,43 @@ class PhiFamily(Family):
     decl = Decoder(o="self_attn.dense", gate=None, up=None, ff_in="mlp.fc1", down="mlp.fc2", norm="layer",
                    pre_attn_norm="input_layernorm", pre_ff_norm="input_layernorm", final_norm="final_layernorm")
 
-    def check_config(self, config: Any) -> None:
-        if bool(getattr(config, "qk_layernorm", False)):
-            raise refuse(self.family, "qk_layernorm=True", "a LayerNorm with bias on Q and K per head is not mapped "
-                         "(use qk_layernorm=False checkpoints, the released phi-1/1.5/2 setting)")
+    def declaration(self, config: Any) -> Decoder:
+        """With ``qk_layernorm``, the Q/K norms are declared (``q_norm``/``k_norm``; over ``head_dim``, shared)."""
+        return replace(self.decl, q_norm=QK_LN[0], k_norm=QK_LN[1]) if _qk_layernorm(config) else self.decl
+
+    def qk_group(self, config: Any, d: int) -> MatrixGroup:
+        if _qk_layernorm(config):
+            return PlaneIdentity(d, "half", self.rotary(config, d))
+        return super().qk_group(config, d)
+
+    def extra_spaces(self, spec: SymmetrySpec, config: Any, prefix: str, layouts: list[AttentionLayout]) -> None:
+        """``qkgain.i`` on both LayerNorms' gains *and* biases (``q`` side covariant, ``k`` contravariant)."""
+        if not _qk_layernorm(config):
+            return
+        self._gain_spaces(spec, config, prefix, layouts)
+        dec = self.declaration(config)
+        for i in range(len(layouts)):
+            p = prefix + dec.layer.format(i=i)
+            spec.act_on(p + QK_LN[0] + ".bias", f"qkgain.{i}", 0, "co")
+            spec.act_on(p + QK_LN[1] + ".bias", f"qkgain.{i}", 0, "contra")
+
+    def layer_spaces(self, i: int) -> list[str]:
+        return [f"heads.{i}", f"qk.{i}", f"vo.{i}", f"qkgain.{i}"]  # qkgain.i only where declared (qk_layernorm)
+
+    def gauge_nullity(self, config: Any, keys: Iterable[str], i: int) -> dict[str, int]:
+        """:func:`~symalign.families.base.bias_gauge`, and with ``qk_layernorm`` the centring gauge of every Q and
+        K head (``D`` row directions ``+ 1`` with its bias) and the unrotated part of ``k_layernorm.bias``."""
+        keys = set(keys)
+        out = super().gauge_nullity(config, keys, i)
+        if not _qk_layernorm(config):
+            return out
+        prefix = find_prefix(keys, self.probe, self.family)
+        lay = self.layouts(config, prefix, keys)[i]
+        D = int(config.hidden_size)
+        out["Q/K centring (rows + 1 v^T, bias + c 1)"] = (lay.n_heads * (D + bool(lay.q.bias))
+                                                          + lay.n_kv_heads * (D + bool(lay.k.bias)))
+        k_bias = prefix + self.decl.layer.format(i=i) + QK_LN[1] + ".bias"
+        r = lay.qk.r  # type: ignore[attr-defined]
+        if k_bias in keys and lay.head_dim - r:
+            out["key norm bias (softmax shift)"] = lay.head_dim - r
+        return out

@@ -35,24 +35,26 @@ import torch
 from torch import Tensor
 
 from symalign.errors import MatchError
-from symalign.groups import GeneralLinear, PerHead, PlaneScales, PlaneSigns, RotaryPlanes, SignedPermutations
+from symalign.groups import GeneralLinear, PerHead, PlaneIdentity, PlaneScales, PlaneSigns, RotaryPlanes, \
+    SignedPermutations
 from symalign.spec import SymmetrySpec, apply, segment_view
 
 GRID = torch.linspace(-6.0, 6.0, 241, dtype=torch.float64)
 
 
 def has_qknorm(spec: SymmetrySpec) -> bool:
-    """Whether any space is a per-head :class:`PlaneSigns` or :class:`PlaneScales` group."""
-    return any(isinstance(g, PerHead) and isinstance(g.inner, (PlaneSigns, PlaneScales, SignedPermutations))
+    """Whether any space is a per-head :class:`PlaneSigns`, :class:`PlaneIdentity` or :class:`PlaneScales` group."""
+    return any(isinstance(g, PerHead) and isinstance(g.inner, (PlaneSigns, PlaneIdentity, PlaneScales,
+                                                                SignedPermutations))
                for g in spec.spaces.values())
 
 
 def relaxed(spec: SymmetrySpec) -> SymmetrySpec:
-    """The spec with ``PlaneSigns`` Q-K spaces widened to ``H (+) GL`` and gain spaces dropped."""
+    """The spec with ``PlaneSigns`` / ``PlaneIdentity`` Q-K spaces widened to ``H (+) GL`` and gain spaces dropped."""
     keep = [n for n, g in spec.spaces.items() if not (isinstance(g, PerHead) and isinstance(g.inner, PlaneScales))]
     out = spec.restrict(keep)
     for n, g in out.spaces.items():
-        if isinstance(g, PerHead) and isinstance(g.inner, PlaneSigns):
+        if isinstance(g, PerHead) and isinstance(g.inner, (PlaneSigns, PlaneIdentity)):
             s = g.inner
             out.spaces[n] = replace(g, inner=RotaryPlanes(s.n, s.pairing, s.r))
         elif isinstance(g, PerHead) and isinstance(g.inner, SignedPermutations):
@@ -161,9 +163,10 @@ def match_qknorm(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Map
     transform = dict(base.transform)
     stage2 = kw.get("stage2", "full")
     for name, g in spec.spaces.items():
-        if not (isinstance(g, PerHead) and isinstance(g.inner, (PlaneSigns, PlaneScales, SignedPermutations))):
+        if not (isinstance(g, PerHead) and isinstance(g.inner, (PlaneSigns, PlaneIdentity, PlaneScales,
+                                                                SignedPermutations))):
             continue
-        if stage2 == "none":
+        if stage2 == "none" or isinstance(g.inner, PlaneIdentity):
             transform[name] = g.identity()
         elif isinstance(g.inner, SignedPermutations):
             transform[name] = solve_signed_permutations(spec, name, transform, state_a, state_b)

@@ -32,7 +32,14 @@ on the weights (derived from the spec, see :func:`undeclared_terms`):
   ``h_kv (d - r)`` (``r = 0`` without RoPE);
 * ``value_bias_kernel``: shifting ``b_V`` by ``delta`` shifts the output by
   ``sum_i W_O^i delta_{j(i)}`` (attention rows sum to one); with ``b_O`` fixed that is
-  zero only on the kernel of that map, ``max(0, h_kv d - D)``.
+  zero only on the kernel of that map, ``max(0, h_kv d - D)``;
+* ``qk_centring``: under a centring QK-norm (``qk`` group
+  :class:`~symalign.groups.PlaneIdentity`, Phi's ``qk_layernorm``) ``W^i -> W^i + 1 v^T``,
+  ``b^i -> b^i + c 1`` on every Q and K head is removed by the centring: ``D + 1`` per
+  head (``D`` without a bias);
+* ``key_norm_bias``: the bias of an affine key norm (a ``.bias`` on the contravariant
+  side of a gain-scale space) adds ``q^T beta_k`` to every score of a query on its
+  unrotated part: ``d - r`` per gain block.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from torch import Tensor, nn
 
 from symalign.families import get_adapter
 from symalign.errors import ConfigError
-from symalign.groups import GeneralLinear, PerHead, RotaryPlanes
+from symalign.groups import GeneralLinear, PerHead, PlaneIdentity, PlaneScales, RotaryPlanes
 from symalign.probe.measure import ProbeResult, probe
 from symalign.probe.precision import Float64Mode
 
@@ -205,7 +212,10 @@ def undeclared_terms(spec: Any, state: dict[str, Tensor]) -> dict[str, int]:
         role = spec.role(space) if hasattr(spec, "role") else space.split(".")[0]
         biases = [t for t in (_space_tensors(spec, space, "contra") + _space_tensors(spec, space, "co"))
                   if state[t].dim() == 1]
-        if role == "qk":
+        if role == "qk" and isinstance(inner, PlaneIdentity):  # a centring QK-norm removes 1 v^T, c 1 per head
+            terms["qk_centring"] = sum(act.size_of(state[t]) // inner.n * (state[t].numel() // state[t].shape[act.axis])
+                                       for t, act in spec.tensors_of(space))
+        elif role == "qk":
             k_bias = [t for t in _space_tensors(spec, space, "contra") if state[t].dim() == 1]
             if k_bias and isinstance(inner, RotaryPlanes):
                 if inner.n > inner.r:
@@ -220,6 +230,9 @@ def undeclared_terms(spec: Any, state: dict[str, Tensor]) -> dict[str, int]:
                 kernel = max(0, blocks * inner.n - int(model_dim))
                 if kernel:
                     terms["value_bias_kernel"] = kernel
+        elif isinstance(inner, PlaneScales) and inner.n > inner.r and any(
+                t.endswith(".bias") for t in _space_tensors(spec, space, "contra")):
+            terms["key_norm_bias"] = blocks * (inner.n - inner.r)  # an affine key norm's bias, unrotated part
     return terms
 
 
