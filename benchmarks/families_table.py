@@ -32,6 +32,7 @@ ROWS = [
     ("Falcon (per-head fused, biases)", T.FalconForCausalLM, T.FalconConfig(multi_query=False, bias=True, **BASE)),
     ("GPT-J (rotary_dim 4)", T.GPTJForCausalLM, T.GPTJConfig(rotary_dim=4, **BASE)),
     ("Phi (partial 0.5, biases)", T.PhiForCausalLM, T.PhiConfig(**BASE)),
+    ("Phi + qk_layernorm (affine QK-norm)", T.PhiForCausalLM, T.PhiConfig(qk_layernorm=True, **BASE)),
     ("Phi-3 (fused qkv)", T.Phi3ForCausalLM, T.Phi3Config(num_key_value_heads=1, **BASE)),
     ("Qwen3 (QK-norm per head)", T.Qwen3ForCausalLM, T.Qwen3Config(**GQA, **EPS, **BASE)),
     ("Qwen3 + attention_bias", T.Qwen3ForCausalLM, T.Qwen3Config(attention_bias=True, **GQA, **EPS, **BASE)),

@@ -220,3 +220,39 @@ def test_planted_recovery_cli(scope, dtype, tmp_path, capsys, monkeypatch):
     bb = cls.from_pretrained(tmp_path / "B", dtype=dtype, attn_implementation="eager").eval()
     assert o.config.qk_layernorm
     assert rel(output(o, _ids()), output(bb, _ids())) <= (1e-10 if dtype == torch.float64 else 1e-5)
+
+
+def test_model_scope_fixes_the_centring_gauge(tmp_path, capsys, monkeypatch):
+    """B = g . A with, on top, a centring-gauge shift of every Q/K head (not a group element: exact all the same).
+    ``--scope model`` centres both models' Q/K heads in its exact rewrite, so it aligns B to A's rewrite to
+    rounding; ``--scope attention`` leaves the gauge (distance left), and both outputs compute B's function."""
+    a = make("phi", seed=0, **QKLN)
+    a.save_pretrained(tmp_path / "A")
+    disk = _load(tmp_path / "A")
+    spec = get_adapter(a.config).spec(a.config, disk.keys())
+    b_state = apply(spec, sample(spec, 7), disk)
+    g = torch.Generator().manual_seed(3)
+    for i in range(2):
+        for proj in ("q_proj", "k_proj"):
+            w, b = (f"model.layers.{i}.self_attn.{proj}.{t}" for t in ("weight", "bias"))
+            shift = torch.randn(4, 1, 32, generator=g, dtype=torch.float64)
+            b_state[w] = (b_state[w].reshape(4, 8, 32) + shift).reshape(32, 32)
+            b_state[b] = (b_state[b].reshape(4, 8) + torch.randn(4, 1, generator=g, dtype=torch.float64)).reshape(32)
+    from safetensors.torch import save_file
+
+    make("phi", seed=0, **QKLN).save_pretrained(tmp_path / "B")
+    save_file({k: v.contiguous() for k, v in b_state.items()}, str(tmp_path / "B" / "model.safetensors"),
+              metadata={"format": "pt"})
+    bb = type(a).from_pretrained(tmp_path / "B", dtype=torch.float64, attn_implementation="eager").eval()
+    assert rel(output(float64_numerics(copy.deepcopy(bb)), _ids()), output(float64_numerics(copy.deepcopy(a)),
+                                                                           _ids())) <= 1e-12
+    after = {}
+    for scope in ("attention", "model"):
+        out = tmp_path / f"OUT-{scope}"
+        code, stdout, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o", out,
+                                         "--scope", scope, "--json")
+        assert code == 0, err
+        after[scope] = json.loads(stdout)["distance"]["after"]["total"]
+        o = type(a).from_pretrained(out, dtype=torch.float64, attn_implementation="eager").eval()
+        assert rel(output(o, _ids()), output(bb, _ids())) <= 1e-10, scope
+    assert after["model"] <= 1e-8 and after["attention"] > 1.0, after

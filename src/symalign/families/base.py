@@ -11,7 +11,9 @@ Everything else is derived here, once for every family:
   ``H(r) (+) GL(d - r)`` under RoPE (``r`` read from the family's own rotary module),
   and :class:`~symalign.groups.PlaneSigns` under QK-norm, whose gains then carry a
   space ``qkgain.i`` of :class:`~symalign.groups.PlaneScales` (docs/symmetry.md,
-  "QK-norm"). V-O is ``GL(d)`` (:meth:`Family.vo_group`; OLMoE's ``clip_qkv`` narrows it to signed
+  "QK-norm"; Phi's centring ``qk_layernorm``: :class:`~symalign.groups.PlaneIdentity`,
+  the gains' scales acting on the norms' biases too, :mod:`symalign.families.phi`).
+  V-O is ``GL(d)`` (:meth:`Family.vo_group`; OLMoE's ``clip_qkv`` narrows it to signed
   permutations and drops ``qkgain.i``). Fused Q|K|V tensors are labelled by segments:
   ``[Q | K | V]`` blocks (Phi-3 ``qkv_proj``) or per-head interleaved
   ``(head, [q | k | v])`` (GPT-NeoX ``query_key_value``, ``segment=(start, d, 3 d)``).

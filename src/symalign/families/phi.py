@@ -16,16 +16,23 @@ and per-plane rescalings of the *affine* norms, ``(g_q, beta_q) -> c (g_q, beta_
 orbits on the spec's axes, named by :meth:`PhiFamily.gauge_nullity`: the centring gauge
 ``W_Q^i -> W_Q^i + 1 v^T``, ``b_Q^i -> b_Q^i + c 1`` (``D + 1`` per Q and per K head,
 removed exactly by ``C``) and the unrotated part of ``beta_k`` (a per-query constant on
-the scores, ``d - r``). They are left where they are when aligning.
+the scores, ``d - r``). ``--scope model``'s exact rewrite (:meth:`PhiFamily.prepare`) fixes
+the centring gauge canonically -- every Q/K head's rows and bias centred along ``1``
+(``W^i -> C W^i``, ``b^i -> C b^i``) -- in both models, so the aligned pair agrees in it
+(the distance's exact minimum over the gauge); ``--scope attention`` leaves it as it is.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
+
+import torch
+from torch import Tensor
 
 from symalign.arch.base import AttentionLayout, find_prefix
 from symalign.families.base import Decoder, Family
+from symalign.families.common import Prepared
 from symalign.groups import MatrixGroup, PlaneIdentity
 from symalign.spec import SymmetrySpec
 
@@ -82,3 +89,25 @@ class PhiFamily(Family):
         if k_bias in keys and lay.head_dim - r:
             out["key norm bias (softmax shift)"] = lay.head_dim - r
         return out
+
+    def prepare(self, config: Any, state: Mapping[str, Tensor], att: SymmetrySpec,
+                arch: str | None = None) -> Prepared:
+        """The base rewrite; with ``qk_layernorm``, also every Q/K head's rows and bias centred along ``1``
+        (:func:`centre_heads`: exact, the norm centres them anyway)."""
+        out = super().prepare(config, state, att, arch)
+        if _qk_layernorm(config):
+            keys = set(out.state)
+            for lay in self.layouts(config, find_prefix(keys, self.probe, self.family), keys):
+                for proj in (lay.q, lay.k):
+                    for t in (proj.weight, proj.bias):
+                        if t is not None and t in out.state:
+                            out.state[t] = centre_heads(out.state[t], lay.head_dim)
+            out.notes.append("Q/K heads centred along 1 (the gauge qk_layernorm removes)")
+        return out
+
+
+def centre_heads(x: Tensor, d: int) -> Tensor:
+    """``x`` (rows ``(n d, ...)`` or a bias ``(n d,)``) with every block of ``d`` rows centred: ``C x^i``,
+    ``C = I - 1 1^T / d`` (computed in float64, returned in ``x``'s dtype)."""
+    blocks = x.to(torch.float64).reshape(-1, d, *x.shape[1:])
+    return (blocks - blocks.mean(1, keepdim=True)).reshape(x.shape).to(x.dtype)

@@ -10,7 +10,9 @@ See docs/symmetry.md ("QK-norm") for the derivation.
 ``PlaneSigns`` Q-K space is replaced by the RoPE group ``H (+) GL`` it is a subgroup
 of: stage 1's head costs are invariant under ``H`` hence under the signs, and the V-O
 solution is unaffected (the V-O spaces are untouched). Its Q-K elements are then
-discarded and replaced by the exact optimum over the signs, per block and plane::
+discarded and replaced by the exact optimum over the signs, per block and plane (under a
+centring QK-norm -- Phi's ``qk_layernorm``, Q-K group :class:`~symalign.groups.PlaneIdentity` --
+by the identity, and the gain spaces act on the norms' biases as well)::
 
     s_p = sign( sum_{Q, K rows} < a_p, b'_p > )          (b' = head-permuted B)
 
