@@ -142,20 +142,26 @@ def test_gain_signs_are_exact_but_not_declared():
 
 
 @pytest.mark.parametrize("kw", [{}, pytest.param({"partial_rotary_factor": 1.0}, marks=pytest.mark.slow),
-                                pytest.param({"partial_rotary_factor": 0.25}, marks=pytest.mark.slow)],
-                         ids=["partial0.5", "full-rotary", "partial0.25"])
+                                pytest.param({"partial_rotary_factor": 0.25}, marks=pytest.mark.slow),
+                                pytest.param({"num_attention_heads": 4, "num_key_value_heads": 2},
+                                             marks=pytest.mark.slow)],
+                         ids=["partial0.5", "full-rotary", "partial0.25", "gqa"])
 def test_declared_dimension_equals_probe_nullity(kw):
-    """Layer 0 of the real transformers layer (D = 16, 2 heads, d = 8, float64, dense Jacobian): nullity =
-    declared group + named gauges, e.g. 222 = 134 (V-O 128, gains 6) + 16 (value bias) + 68 (centring) + 4."""
+    """Layer 0 of the real transformers layer (D = 16, float64, dense Jacobian): nullity = declared group +
+    named gauges, e.g. 2 heads, d = 8, r = 4: 222 = 134 (V-O 128, gains 6) + 16 (value bias) + 68 (centring)
+    + 4 (key norm bias); GQA (4 query heads, 2 K/V heads, d = 4, r = 2): 147 = 35 + 8 + 102 + 2."""
     from symalign.probe.families import probe_layer
 
-    model = make("phi", **QKLN, hidden_size=16, num_attention_heads=2, intermediate_size=16, **kw)
+    kw = {"num_attention_heads": 2, **kw}
+    model = make("phi", **QKLN, hidden_size=16, intermediate_size=16, **kw)
     fam = get_adapter(model)
     res = probe_layer(fam, model, 0)
-    d, D, h = 8, 16, 2
+    D, h = 16, kw["num_attention_heads"]
+    kv, d = kw.get("num_key_value_heads", h), D // h
     r = int(d * kw.get("partial_rotary_factor", 0.5))
-    assert res.group == h * d * d + r // 2 + (d - r)
-    assert res.gauge == {"value bias -> output bias": h * d, "Q/K centring (rows + 1 v^T, bias + c 1)": 2 * h * (D + 1),
+    assert res.group == kv * d * d + r // 2 + (d - r)
+    assert res.gauge == {"value bias -> output bias": kv * d,
+                         "Q/K centring (rows + 1 v^T, bias + c 1)": (h + kv) * (D + 1),
                          **({"key norm bias (softmax shift)": d - r} if d - r else {})}
     assert res.match and res.nullity == res.declared, res
     assert res.gap > 1e4
