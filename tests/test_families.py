@@ -50,6 +50,10 @@ VARIANTS = [
     ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2}),
     ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "num_ln_in_parallel_attn": 1}),
     ("falcon", {"multi_query": False, "bias": True}), ("falcon", {"parallel_attn": False}),
+    # ALiBi: heads pinned by their slopes, GL(d) on Q-K (tests/test_family_falcon.py)
+    ("falcon", {"alibi": True}), ("falcon", {"alibi": True, "new_decoder_architecture": True, "num_kv_heads": 2}),
+    ("falcon", {"alibi": True, "multi_query": False, "bias": True}),
+    ("falcon", {"alibi": True, "parallel_attn": False}),
     # RoPE width and scaling: the declared planes follow the model's own rotary module
     ("gpt_neox", {"rotary_pct": 1.0}), ("phi3", {"partial_rotary_factor": 0.5}),
     ("gpt_neox", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0,
@@ -133,7 +137,9 @@ PROBE = [("llama", {}), ("mistral", {}), ("qwen2", {}), ("gpt_neox", {}), ("gpt_
          ("qwen3", {}), ("phi3", {}), ("olmo2", {}),
          ("qwen3", {"attention_bias": True}), ("gemma", {}), ("gemma2", {}), ("gemma3_text", {}),
          ("gptj", {}), ("phi", {}), ("falcon", {}), ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 1}),
-         ("falcon", {"multi_query": False, "bias": True})]
+         ("falcon", {"multi_query": False, "bias": True}), ("falcon", {"alibi": True}),
+         ("falcon", {"alibi": True, "new_decoder_architecture": True, "num_kv_heads": 1}),
+         ("falcon", {"alibi": True, "multi_query": False, "bias": True})]
 
 
 @pytest.mark.parametrize("family,kw", PROBE, ids=[f + "".join(f"-{k}={v}" for k, v in kw.items()) for f, kw in PROBE])
@@ -215,11 +221,6 @@ def test_older_families_declared_dimension_equals_probe_nullity(family):
     assert res.singular_value_gap > 1e4
 
 
-def test_falcon_alibi_is_refused_naming_the_option():
-    from symalign.arch import UnsupportedArchitectureError
-
-    with pytest.raises(UnsupportedArchitectureError, match="alibi=True"):
-        get_adapter(make("falcon")).spec(make("falcon", alibi=True))
 
 
 @pytest.mark.parametrize("cls_name,note", [("Qwen3Model", "outputs the stream itself"),

@@ -67,7 +67,9 @@ class AttentionLayout:
     ``RotaryPlanes(d, pairing, rotary_dims)`` under RoPE); ``vo``: on V-O.
     ``heads``: the name of a head-permutation space shared with other layers (one
     permutation for all of them: T5's stacks, whose layers all add the same per-head
-    position bias); ``None``: the layer's own ``heads.{i}``.
+    position bias); ``None``: the layer's own ``heads.{i}``. ``pinned``: every head
+    keeps its index (a fixed score bias of its own, e.g. ALiBi's slope ``m_i``, tells
+    the heads apart): no head-permutation space, only ``qk.{i}`` and ``vo.{i}``.
     """
 
     q: Proj
@@ -80,31 +82,37 @@ class AttentionLayout:
     qk: MatrixGroup
     vo: MatrixGroup
     heads: str | None = None
+    pinned: bool = False
 
 
 def layout_spec(layouts: Iterable[AttentionLayout]) -> SymmetrySpec:
     """Spaces ``heads.{i}``, ``qk.{i}``, ``vo.{i}`` per layer, coupled, labelled as in the table above.
 
     A layout naming a shared head space (:attr:`AttentionLayout.heads`) acts with that one
-    space (declared once, model-wide: no layer) instead of its own ``heads.{i}``.
+    space (declared once, model-wide: no layer) instead of its own ``heads.{i}``; a pinned
+    layout (:attr:`AttentionLayout.pinned`) has none: its ``qk.{i}``/``vo.{i}`` stand alone
+    (the matchers pair them by layer and skip the head assignment).
     """
     spec = SymmetrySpec()
     for i, lay in enumerate(layouts):
-        heads, qk, vo = lay.heads or f"heads.{i}", f"qk.{i}", f"vo.{i}"
+        heads = None if lay.pinned else lay.heads or f"heads.{i}"
+        qk, vo = f"qk.{i}", f"vo.{i}"
         group = HeadPermutation(lay.n_heads, lay.head_dim, lay.n_kv_heads)
-        if heads not in spec.spaces:
+        if heads is not None and heads not in spec.spaces:
             spec.add_space(heads, group, "heads", None if lay.heads else i)
-        elif spec.spaces[heads] != group:
+        elif heads is not None and spec.spaces[heads] != group:
             raise SpecError(f"layer {i} shares head space {heads!r} ({spec.spaces[heads].describe()}) but has "
                             f"{group.describe()} heads of width {lay.head_dim}")
         spec.add_space(qk, PerHead(lay.qk, lay.n_kv_heads), "qk", i)
         spec.add_space(vo, PerHead(lay.vo, lay.n_kv_heads), "vo", i)
-        spec.couple(heads, qk, vo)
+        if heads is not None:
+            spec.couple(heads, qk, vo)
         for proj, space, variance, rep in ((lay.q, qk, "co", "query"), (lay.k, qk, "contra", "kv"),
                                            (lay.v, vo, "co", "kv"), (lay.o, vo, "contra", "query")):
             targets = [(proj.weight, proj.axis)] + ([(proj.bias, 0)] if proj.bias else [])
             for tensor, axis in targets:
-                spec.act_on(tensor, heads, axis, "co", rep, proj.segment)
+                if heads is not None:
+                    spec.act_on(tensor, heads, axis, "co", rep, proj.segment)
                 spec.act_on(tensor, space, axis, variance, rep, proj.segment)
     return spec
 

@@ -60,12 +60,12 @@ def model_types() -> list[str]:
     return [mt for f in FAMILIES for mt in f.model_types]
 
 
-# Known families whose attention breaks the per-head groups: refused with the reason.
+# Known families not mapped yet: refused with the reason.
 UNSUPPORTED: dict[str, str] = {
     "gemma3": "the multimodal Gemma 3 checkpoint is not mapped; its text model (gemma3_text) is",
     "cohere": "optional per-head Q/K layer norms are not covered",
-    "bloom": "ALiBi pins every head (no head permutation) and the fused layout is not mapped yet",
-    "mpt": "ALiBi pins every head and the fused layout is not mapped yet",
+    "bloom": "its fused layout is not mapped yet (ALiBi itself is: Falcon with alibi=True, heads pinned)",
+    "mpt": "its fused layout is not mapped yet (ALiBi itself is: Falcon with alibi=True, heads pinned)",
 }
 
 

@@ -6,8 +6,8 @@ Q and K are normalised) and a :class:`Family` subclass with its ``model_type`` v
 Everything else is derived here, once for every family:
 
 * **Attention** (``--scope attention``): :meth:`Family.layouts` -> per layer
-  ``heads.i`` (``S_{h_kv} wr S_g``), ``qk.i`` and ``vo.i`` exactly as
-  :mod:`symalign.arch.base` labels them. Q-K is ``GL(d)`` without RoPE,
+  ``heads.i`` (``S_{h_kv} wr S_g``; none when :attr:`Decoder.pinned_heads`: ALiBi), ``qk.i``
+  and ``vo.i`` exactly as :mod:`symalign.arch.base` labels them. Q-K is ``GL(d)`` without RoPE,
   ``H(r) (+) GL(d - r)`` under RoPE (``r`` read from the family's own rotary module),
   and :class:`~symalign.groups.PlaneSigns` under QK-norm, whose gains then carry a
   space ``qkgain.i`` of :class:`~symalign.groups.PlaneScales` (docs/symmetry.md,
@@ -79,7 +79,10 @@ class Decoder:
     ``y = x W + b``), so every axis is the transpose of the ``nn.Linear`` one.
     ``positions``: other input tables written into the stream beside ``embed`` (GPT-2's
     learned ``wpe``; columns on the stream). ``ff_size``: the config attribute holding
-    the FF width.
+    the FF width. ``rope``: ``False`` declares no RoPE although the family has a rotary
+    module (Falcon with ``alibi``): Q-K is ``GL(d)``. ``pinned_heads``: a fixed additive
+    score bias of its own in every head (ALiBi's slope) tells the heads apart, so no head
+    permutation is declared (:attr:`~symalign.arch.base.AttentionLayout.pinned`).
     """
 
     layer: str = "layers.{i}."
@@ -112,6 +115,8 @@ class Decoder:
     conv1d: bool = False
     positions: tuple[str, ...] = ()
     ff_size: str = "intermediate_size"
+    rope: bool = True
+    pinned_heads: bool = False
 
     @property
     def first_q(self) -> str:
@@ -158,8 +163,8 @@ class Family(Adapter):
 
     # -- attention ----------------------------------------------------------
     def rotary(self, config: Any, d: int) -> int | None:
-        """Rotated width per head (``None``: no RoPE)."""
-        return rotary_dims(config, d) if self.pairing else None
+        """Rotated width per head (``None``: no RoPE, by class or by the declaration's ``rope``)."""
+        return rotary_dims(config, d) if self.pairing and self.declaration(config).rope else None
 
     def qk_group(self, config: Any, d: int):
         r = self.rotary(config, d)
@@ -202,7 +207,7 @@ class Family(Adapter):
             o = Proj(p + dec.o + ".weight", 1)
             if dec.conv1d:  # Conv1D stores W^T: the head axis of Q/K/V is 1, of O 0
                 q, k, v, o = (Proj(x.weight, 1 - x.axis, x.segment, x.bias) for x in (q, k, v, o))
-            out.append(AttentionLayout(q, k, v, o, h, d, kv, qk, vo))
+            out.append(AttentionLayout(q, k, v, o, h, d, kv, qk, vo, pinned=dec.pinned_heads))
         return out
 
     def extra_spaces(self, spec: SymmetrySpec, config: Any, prefix: str, layouts: list[AttentionLayout]) -> None:
@@ -256,8 +261,9 @@ class Family(Adapter):
         rot = getattr(model.base_model, "rotary_emb", None)
         return rot(x, positions) if rot is not None else None
 
-    def attention_kwargs(self, x: Tensor) -> dict[str, Any]:
-        """Other keyword arguments of the attention module's forward for an unmasked call on ``x``."""
+    def attention_kwargs(self, x: Tensor, config: Any = None) -> dict[str, Any]:
+        """Other keyword arguments of the attention module's forward for an unmasked call on ``x``
+        (``config``: the model's, for a family whose attention takes per-head inputs such as ALiBi)."""
         return {"attention_mask": None}
 
     def gauge_nullity(self, config: Any, keys: Iterable[str], i: int) -> dict[str, int]:

@@ -13,8 +13,18 @@ them:
 * neither: per head ``[q | k | v]`` (as GPT-NeoX): ``(0, d, 3d)``, ``(d, d, 3d)``, ``(2d, d, 3d)``.
 
 RoPE ``rotate_half`` over the whole head: ``H(d, half)`` on Q-K, ``GL(d)`` on V-O, one
-element per K/V head. ``alibi=True`` pins every head (distinct slopes) and leaves no
-head permutation: refused, naming the option. The norms: ``ln_attn`` and ``ln_mlp``
+element per K/V head.
+
+``alibi=True`` (all three layouts): no RoPE; the score of head ``i`` is
+``(q_i^T k_j(i) + m_i n) / sqrt(d)`` plus the mask, with one slope ``m_i`` per head
+index (``build_alibi_tensor``: powers of ``2^{-8 / h'}``, all distinct), a bias that depends on
+no weight. A head permutation would move head ``i``'s weights under slope ``m_{pi(i)}``:
+no head permutation is declared (``pinned_heads``). Inside each K/V group nothing
+positional touches ``q`` or ``k``, so ``q -> T^{-T} q`` (every query head of the group)
+and ``k -> T k`` keep every ``q^T k``: Q-K is ``GL(d)`` per K/V head, V-O ``GL(d)`` per
+K/V head, dimension ``2 h_kv d^2`` per layer. (transformers' eager path adds the ALiBi
+term twice, once in the logits and once through the mask, SDPA once: the two kernels
+compute different functions, each with this group.) The norms: ``ln_attn`` and ``ln_mlp``
 (new layout, ``num_ln_in_parallel_attn = 2``), or one ``input_layernorm`` read by both
 branches (``parallel_attn``), or ``input_layernorm`` and ``post_attention_layernorm``
 (sequential); all LayerNorms reading the stream: gains and biases fold, residual
@@ -29,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from symalign.families.base import Decoder, Family, refuse
+from symalign.families.base import Decoder, Family
 
 _BASE = Decoder(layer="h.{i}.", q=None, k=None, v=None, o="self_attention.dense", qkv="self_attention.query_key_value",
                 gate=None, up=None, ff_in="mlp.dense_h_to_4h", down="mlp.dense_4h_to_h", ff_act="activation",
@@ -42,21 +52,16 @@ class FalconFamily(Family):
     model_types = ("falcon",)
     decl = _BASE
 
-    def check_config(self, config: Any) -> None:
-        if bool(getattr(config, "alibi", False)):
-            raise refuse(self.family, "alibi=True", "ALiBi gives every head its own slope, so no head permutation "
-                         "is a symmetry and the positions are not RoPE")
-
     def declaration(self, config: Any) -> Decoder:
-        new = bool(config.new_decoder_architecture)
-        if new:
+        alibi = bool(getattr(config, "alibi", False))  # no RoPE, every head pinned by its slope
+        base = replace(_BASE, qkv_bias=bool(config.bias), rope=not alibi, pinned_heads=alibi)
+        if config.new_decoder_architecture:
             two = (config.num_ln_in_parallel_attn or 2) == 2
             norms = dict(pre_attn_norm="ln_attn", pre_ff_norm="ln_mlp") if two else {}
-            return replace(_BASE, qkv_grouped=True, qkv_bias=bool(config.bias), **norms)
+            return replace(base, qkv_grouped=True, **norms)
         if not bool(config.parallel_attn):
-            return replace(_BASE, pre_ff_norm="post_attention_layernorm", qkv_bias=bool(config.bias),
-                           qkv_interleaved=not config.multi_query)
-        return replace(_BASE, qkv_bias=bool(config.bias), qkv_interleaved=not config.multi_query)
+            return replace(base, pre_ff_norm="post_attention_layernorm", qkv_interleaved=not config.multi_query)
+        return replace(base, qkv_interleaved=not config.multi_query)
 
     def heads(self, config: Any) -> tuple[int, int, int, int]:
         D, h = int(config.hidden_size), int(config.num_attention_heads)
@@ -66,6 +71,15 @@ class FalconFamily(Family):
             kv = 1 if config.multi_query else h
         return D, h, D // h, kv
 
-    def attention_kwargs(self, x: Tensor) -> dict[str, Any]:
-        b, s = x.shape[:2]  # Falcon adds the mask unconditionally: an all-zero additive mask is "no mask"
-        return {"alibi": None, "attention_mask": torch.zeros(b, 1, s, s, dtype=x.dtype)}
+    def attention_kwargs(self, x: Tensor, config: Any = None) -> dict[str, Any]:
+        """No mask (Falcon adds one unconditionally: all zeros); with ``alibi``, the bias as ``FalconModel``
+        builds it for an unpadded batch: ``alibi`` ``(b h, 1, s)`` and, in the additive mask, ``alibi / sqrt(d)``."""
+        b, s = x.shape[:2]
+        if config is None or not bool(getattr(config, "alibi", False)):
+            return {"alibi": None, "attention_mask": torch.zeros(b, 1, s, s, dtype=x.dtype)}
+        from transformers.models.falcon.modeling_falcon import build_alibi_tensor
+
+        _, h, d, _ = self.heads(config)
+        alibi = build_alibi_tensor(torch.ones(b, s, dtype=torch.long), h, x.dtype)
+        mask = (alibi.reshape(b, h, 1, s) / d ** 0.5).expand(b, h, s, s)
+        return {"alibi": alibi, "attention_mask": mask}

@@ -90,13 +90,14 @@ def float64_numerics(model: nn.Module) -> nn.Module:
 
 
 class AttentionProbe(nn.Module):
-    """Layer ``i``'s real attention as ``x -> attn(x)`` (RoPE from the model's own rotary module, no mask)."""
+    """Layer ``i``'s real attention as ``x -> attn(x)`` (RoPE from the model's own rotary module, no mask; other
+    inputs, such as ALiBi's bias, from :meth:`~symalign.families.base.Family.attention_kwargs`)."""
 
     def __init__(self, family: Any, model: nn.Module, i: int):
         super().__init__()
         self.attn = family.attention_module(model, i)
         self.pe = lambda x, pos: family.position_embeddings(model, i, x, pos)  # buffers only: not parameters
-        self.kwargs = family.attention_kwargs
+        self.kwargs = lambda x: family.attention_kwargs(x, model.config)
 
     def forward(self, x):
         pos = torch.arange(x.shape[1]).unsqueeze(0).expand(x.shape[0], -1)
