@@ -169,6 +169,7 @@ def test_probe_nullity_equals_declared_on_a_sliding_and_a_full_layer(layer, decl
     assert row.declared == declared and row.undeclared == {} and res.nullity == declared and row.match
     assert res.singular_value_gap > 1e8
     assert ("proportional" in row.group[f"qkgain.{layer}"]) == (layer == 1)
+    assert len(res.rope_planes) == (4 if layer == 0 else 2)  # zero frequencies are not reported as RoPE planes
 
 
 def test_a_table_shorter_than_the_head_is_refused_naming_rope_parameters():

@@ -327,19 +327,20 @@ def generic_hidden_states(args: tuple, kwargs: dict, seed: int) -> tuple[tuple, 
 
 
 def _frequencies(model: nn.Module, config: Any, layer: int) -> Tensor | None:
-    """The RoPE plane frequencies of layer ``layer``: the model's ``*inv_freq`` buffer (per layer type if several)."""
+    """The RoPE plane frequencies of layer ``layer``: the model's ``*inv_freq`` buffer (per layer type if several),
+    without zero frequencies (proportional RoPE's unrotated planes: not rotation planes at all)."""
     found = {n: b for n, b in model.named_buffers() if n.endswith("inv_freq") and not n.endswith("original_inv_freq")}
     if not found:
         return None
     distinct = {tuple(b.tolist()): b for b in found.values()}
+    hit = None
     if len(distinct) == 1:
-        return next(iter(distinct.values()))
+        hit = next(iter(distinct.values()))
     types = getattr(config, "layer_types", None)
-    if types and layer < len(types):
+    if hit is None and types and layer < len(types):
         hits = [b for n, b in found.items() if n.rsplit(".", 1)[-1].startswith(str(types[layer]))]
-        if hits:
-            return hits[0]
-    return None
+        hit = hits[0] if hits else None
+    return None if hit is None else hit[hit != 0]
 
 
 def _block_of(module_name: str) -> str:
