@@ -46,6 +46,13 @@ ROWS = [
     ("Gemma", T.GemmaForCausalLM, T.GemmaConfig(**GQA, **BASE)),
     ("Gemma 2 (soft-capping)", T.Gemma2ForCausalLM, T.Gemma2Config(query_pre_attn_scalar=4, **GQA, **BASE)),
     ("Gemma 3 (QK-norm, 1 + w gains)", T.Gemma3ForCausalLM, T.Gemma3TextConfig(query_pre_attn_scalar=4, **GQA, **EPS, **BASE)),
+    # layer 1 (full attention) rotates 1 of the head's 2 planes (proportional RoPE), layer 0 (sliding) both
+    ("Gemma 3, full layer: proportional RoPE 0.5", T.Gemma3ForCausalLM,
+     T.Gemma3TextConfig(query_pre_attn_scalar=4, layer_types=["sliding_attention", "full_attention"],
+                        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
+                                                            "rope_theta": 1e6}},
+                        **GQA, **EPS, **{**BASE, "num_hidden_layers": 2}), 1),
     ("Mixtral (GQA)", T.MixtralForCausalLM, T.MixtralConfig(num_local_experts=4, **GQA, **BASE)),
     ("Qwen2-MoE (GQA, Q/K/V biases)", T.Qwen2MoeForCausalLM,
      T.Qwen2MoeConfig(num_experts=4, moe_intermediate_size=4, shared_expert_intermediate_size=4, **GQA, **BASE)),

@@ -59,6 +59,18 @@ def test_help(monkeypatch, capsys, command):
     (["--hf", "no-such-family"], "neither a checkpoint folder nor a transformers model_type"),
     (["--hf", "llama", "--layer", "7"], "out of range"),
     (["--hf", "llama", "--layer", "-1"], "--layer must be >= 0"),
+    # #19: the sites of an encoder-decoder (T5): --layer [STACK.]I [--cross]
+    (["--cross"], "only with --hf"),
+    (["--hf", "t5", "--layer", "decoder"], "--layer must be a layer index I or STACK.I"),
+    (["--hf", "t5", "--layer", ".1"], "names no stack before the dot"),
+    (["--hf", "t5", "--layer", "decoder.-1"], "--layer must be >= 0"),
+    (["--hf", "t5", "--layer", "middle.1"], "T5 has the stacks encoder, decoder"),
+    (["--hf", "t5", "--layer", "decoder.2"], "out of range: the decoder has 2 blocks"),
+    (["--hf", "t5", "--layer", "2"], "out of range: the encoder has 2 blocks"),
+    (["--hf", "t5", "--cross"], "cross-attention is in the decoder's blocks; use --layer decoder.0 --cross"),
+    (["--hf", "t5", "--layer", "encoder.1", "--cross"], "use --layer decoder.1 --cross"),
+    (["--hf", "llama", "--layer", "decoder.1"], "Llama has a single stack of layers; use --layer 1"),
+    (["--hf", "llama", "--cross"], "Llama has no cross-attention"),
 ])
 def test_bad_input_one_line_exit_2(monkeypatch, capsys, args, needle):
     code, out, err = run_main(monkeypatch, capsys, "probe", *args)
@@ -120,6 +132,29 @@ def test_probe_hf_json(monkeypatch, capsys):
     assert row["nullity"] == row["declared"] == row["expected"] == 2 * 4 + 2 * 16 and row["match"] is True
     assert row["ad"] == "both" and "softmax(dtype=float32)" in row["upcasts"]
     assert set(row["near_null"]) == {"1e-3", "1e-4"} and len(row["rope_planes"]) == 2
+
+
+@pytest.mark.parametrize("layer,cross,site,module", [
+    ("decoder.1", False, "attention", "decoder.block.1.layer.0.SelfAttention"),
+    ("decoder.1", True, "cross-attention", "decoder.block.1.layer.1.EncDecAttention"),
+])
+def test_probe_hf_t5_decoder_sites_json(monkeypatch, capsys, layer, cross, site, module):
+    """#19: T5's decoder self-attention and cross-attention through the CLI: measured == declared, ``--json``."""
+    pytest.importorskip("transformers")
+    code, out, err = run_main(monkeypatch, capsys, "probe", "--hf", "t5", "--layer", layer, "--json",
+                              *(["--cross"] if cross else []))
+    assert code == 0, err
+    (row,) = json.loads(out)["probes"]
+    assert row["family"] == "T5" and row["stack"] == "decoder" and row["layer"] == 1 and row["site"] == site
+    assert row["module"] == module and row["config"]["num_decoder_layers"] == 2
+    assert row["nullity"] == row["declared"] == row["expected"] == 2 * 4 * 16 and row["match"] is True
+
+
+def test_probe_hf_table_names_the_module(monkeypatch, capsys):
+    """The table's title shows the module path (it is not swallowed as a rich markup tag)."""
+    pytest.importorskip("transformers")
+    code, out, _ = run_main(monkeypatch, capsys, "probe", "--hf", "t5", "--layer", "decoder.0", "--cross")
+    assert code == 0 and "decoder layer 0 cross-attention [decoder.block.0.layer.1.EncDecAttention]" in out
 
 
 def test_probe_hf_table(monkeypatch, capsys):

@@ -250,6 +250,35 @@ def test_probe_hf_cli_layer(capsys, monkeypatch):
     assert row["declared"] == 2 * 4 * 16 and row["nullity"] == row["declared"] and row["match"] is True
 
 
+@pytest.mark.parametrize("stack,layer,cross,module,spaces", [
+    ("encoder", 1, False, "encoder.block.1.layer.0.SelfAttention", ["qk.1", "vo.1"]),
+    ("decoder", 2, False, "decoder.block.2.layer.0.SelfAttention", ["qk.3", "vo.3"]),
+    ("decoder", 2, True, "decoder.block.2.layer.1.EncDecAttention", ["heads.6", "qk.6", "vo.6"]),
+])
+def test_probe_hf_every_site(stack, layer, cross, module, spaces):
+    """``probe_hf`` reaches every attention site of a T5 (2 encoder, 3 decoder blocks: the decoder's last block
+    is out of the encoder's range), through the model's real call (decoder: causal mask and the stack's
+    position bias; cross: generic encoder states). The probe builds blocks 0..I of the stack and one of the
+    other, so the layer numbers of the spaces are 1 + I (decoder self) and 1 + 3 + I (cross)."""
+    from symalign.probe.hf import probe_hf
+
+    (row,) = probe_hf(T.T5Config(**BASE), layer, stack=stack, cross=cross, ad="forward")
+    assert row.stack == stack and row.layer == layer and row.module == module
+    assert row.site == ("cross-attention" if cross else "attention") and sorted(row.group) == spaces
+    res = row.result
+    assert row.declared == 2 * 4 * 16 and row.undeclared == {} and res.nullity == row.declared and row.match
+    assert res.largest_null < 1e-12 and res.singular_value_gap > 1e8 and res.outputs >= 2 * res.parameters
+
+
+def test_probe_hf_decoder_of_an_encoder_only_checkpoint_is_refused(tmp_path):
+    from symalign.errors import ConfigError
+    from symalign.probe.hf import probe_hf
+
+    make(T.T5EncoderModel).save_pretrained(tmp_path)
+    with pytest.raises(ConfigError, match=r"T5EncoderModel\) has no decoder"):
+        probe_hf(str(tmp_path), 0, stack="decoder")
+
+
 def test_stream_is_refused(tmp_path, capsys, monkeypatch):
     for d in ("A", "B"):
         make().save_pretrained(tmp_path / d)

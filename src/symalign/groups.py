@@ -1051,23 +1051,39 @@ class PerHead(Group):
 # ----------------------------------------------------------------------------
 
 
-def _plane_of(n: int, pairing: str, r: int) -> Tensor:
-    """``plane[j]``: the index of the RoPE plane (or unrotated coordinate) holding dimension ``j``."""
+def _plane_of(n: int, pairing: str, r: int, proportional: bool = False) -> Tensor:
+    """``plane[j]``: the index of the RoPE plane (or unrotated coordinate) holding dimension ``j``.
+
+    Rotated planes come first (``0 .. r/2 - 1``), then the unrotated coordinates in order.
+    Partial RoPE rotates the first ``r`` dimensions in the planes of width ``r``
+    (``rotary_pairs(r, pairing)``); ``proportional`` RoPE (transformers'
+    ``rope_type="proportional"``) keeps the planes of the whole head
+    (``rotary_pairs(n, pairing)``) and turns only the first ``r/2`` of them (the others have
+    frequency zero), so with ``"half"`` pairing plane ``k < r/2`` is ``(k, k + n/2)``.
+    """
     out = torch.empty(n, dtype=torch.long)
-    j0, j1 = rotary_pairs(r, pairing)
+    j0, j1 = rotary_pairs(n if proportional else r, pairing)
+    j0, j1 = j0[: r // 2], j1[: r // 2]
     out[j0] = torch.arange(r // 2)
     out[j1] = torch.arange(r // 2)
-    out[r:] = torch.arange(n - r) + r // 2
+    rest = torch.ones(n, dtype=torch.bool)
+    rest[j0] = rest[j1] = False
+    out[rest] = torch.arange(n - r) + r // 2
     return out
 
 
 @dataclass(frozen=True)
 class _Diagonal(MatrixGroup):
-    """Diagonal matrices constant on each RoPE plane (free on the ``n - r`` unrotated coordinates)."""
+    """Diagonal matrices constant on each RoPE plane (free on the ``n - r`` unrotated coordinates).
+
+    ``proportional``: the rotated planes are the first ``r/2`` planes of the whole head's
+    pairing, not the planes of the first ``r`` dimensions (:func:`_plane_of`).
+    """
 
     n: int
     pairing: str = "half"
     rotary_dims: int | None = None
+    proportional: bool = False
 
     @property
     def r(self) -> int:
@@ -1079,7 +1095,10 @@ class _Diagonal(MatrixGroup):
         return self.r // 2 + self.n - self.r
 
     def plane_index(self) -> Tensor:
-        return _plane_of(self.n, self.pairing, self.r)
+        return _plane_of(self.n, self.pairing, self.r, self.proportional)
+
+    def _layout(self) -> str:
+        return f"{self.pairing},proportional" if self.proportional and self.r < self.n else self.pairing
 
     def from_units(self, u: Tensor) -> Tensor:
         """The diagonal matrix (``(*batch, n, n)``) with entry ``u[plane[j]]`` at ``(j, j)``."""
@@ -1129,7 +1148,7 @@ class PlaneSigns(_Diagonal):
 
     def describe(self) -> str:
         tag = f"Z2^{self.units}" if self.r == self.n else f"Z2^{self.r // 2}+Z2^{self.n - self.r}"
-        return f"signs({tag},{self.pairing})"
+        return f"signs({tag},{self._layout()})"
 
 
 @dataclass(frozen=True)
@@ -1155,7 +1174,7 @@ class PlaneScales(_Diagonal):
         return self._is_diagonal(a, atol) and bool((torch.diagonal(a.to(torch.float64), dim1=-2, dim2=-1) > 0).all())
 
     def describe(self) -> str:
-        return f"scales(R+^{self.units},{self.pairing})"
+        return f"scales(R+^{self.units},{self._layout()})"
 
 
 @dataclass(frozen=True)

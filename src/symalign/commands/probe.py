@@ -49,6 +49,25 @@ def build_config(pe: str, d_model: int, heads: int, head_dim: int | None, kv_hea
                            max_len=seq_len)
 
 
+def parse_layer(text: str) -> tuple[str | None, int]:
+    """``--layer``: ``I`` -> ``(None, I)``; ``STACK.I`` (``encoder.2``, ``decoder.0``) -> ``(STACK, I)``.
+
+    Whether the stack exists, and ``I`` is in range, is the family's to say
+    (:func:`symalign.probe.hf.probe_site`); here only the form and ``I >= 0`` are checked.
+    """
+    stack, _, index = text.strip().rpartition(".")
+    try:
+        value = int(index)
+    except ValueError:
+        raise ConfigError(f"--layer must be a layer index I or STACK.I (e.g. 2, encoder.2, decoder.2), "
+                          f"got {text!r}") from None
+    if value < 0:
+        raise ConfigError(f"--layer must be >= 0, got {text}")
+    if "." in text and not stack:
+        raise ConfigError(f"--layer {text!r} names no stack before the dot; use STACK.I (e.g. decoder.2)")
+    return (stack or None), value
+
+
 def _spectrum_rows(table, result) -> None:
     """Near-null spectrum and RoPE planes (dense results)."""
     if result.near_null is not None:
@@ -98,12 +117,14 @@ def render(result, cfg) -> None:
 
 def render_hf(rows) -> None:
     """Print Hugging Face probes (attention, block) as one rich table each."""
+    from rich.markup import escape
     from rich.table import Table
 
     for row in rows:
         res = row.result
-        table = Table(title=f"symmetry probe: {row.family} ({row.model_type}) layer {row.layer} {row.site} "
-                            f"[{row.module}], float64")
+        where = f"{row.stack} layer {row.layer}" if row.stack else f"layer {row.layer}"
+        table = Table(title=f"symmetry probe: {row.family} ({row.model_type}) {where} {row.site} "
+                            + escape(f"[{row.module}]") + ", float64")  # not a rich markup tag
         table.add_column("quantity")
         table.add_column("value", overflow="fold")
         table.add_row("nullity (measured)", str(int(res.nullity)) if res.method == "dense"
@@ -130,7 +151,12 @@ def register(app: typer.Typer) -> None:
         hf: str = typer.Option(None, "--hf", metavar="DIR_OR_MODEL_TYPE",
                                help="probe a Hugging Face family's real attention layer instead: a checkpoint folder "
                                     "or a model_type (a tiny random config), beside its adapter's declared group"),
-        layer: int = typer.Option(0, "--layer", help="--hf: which layer"),
+        layer: str = typer.Option("0", "--layer", metavar="[STACK.]I",
+                                  help="--hf: which layer: its index I, or STACK.I in an encoder-decoder "
+                                       "(T5: encoder.I, decoder.I; a bare I is the encoder's)"),
+        cross: bool = typer.Option(False, "--cross",
+                                   help="--hf: the decoder layer's cross-attention (keys/values from the encoder's "
+                                        "output) instead of its self-attention; needs --layer decoder.I"),
         block: bool = typer.Option(False, "--block", help="--hf: also probe the whole block (every parameter)"),
         pe: str = typer.Option("none", "--pe", help=f"positional encoding: {', '.join(POSITIONAL_ENCODINGS)}"),
         d_model: int = typer.Option(8, "--d-model", help="model width D"),
@@ -151,7 +177,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Measure the Jacobian nullity (the continuous symmetry group) of one generic attention layer in
         float64 and whether a head swap is a symmetry; compare with the predicted group dimension. With
-        --hf, the real layer of a Hugging Face family against the dimension its adapter declares.
+        --hf, the real layer of a Hugging Face family against the dimension its adapter declares; an
+        encoder-decoder (T5) has three attention sites: --layer encoder.I (encoder self-attention),
+        --layer decoder.I (decoder self-attention, causal) and --layer decoder.I --cross (cross-attention).
         Refuses (exit 2) a spectrum without a clean gap rather than print a nullity that depends on the cut."""
         if method not in ("auto", "dense", "matrix-free"):
             raise ConfigError(f"unknown --method {method!r}; use auto, dense or matrix-free")
@@ -167,18 +195,17 @@ def register(app: typer.Typer) -> None:
             if clash:
                 raise ConfigError(f"{clash[0]} describes the reference layer; with --hf the layer comes from the "
                                   f"model's config (drop {clash[0]})")
-            if layer < 0:
-                raise ConfigError(f"--layer must be >= 0, got {layer}")
+            stack, index = parse_layer(layer)
             from symalign.probe.hf import probe_hf
 
-            rows = probe_hf(hf, layer, block=block, seed=seed, method=method, probes=probes)
+            rows = probe_hf(hf, index, stack=stack, cross=cross, block=block, seed=seed, method=method, probes=probes)
             if as_json:
                 typer.echo(json.dumps({"hf": hf, "probes": [r.to_dict() for r in rows]}))
             else:
                 render_hf(rows)
             return
-        if layer != 0 or block:
-            raise ConfigError("--layer and --block apply only with --hf")
+        if layer != "0" or block or cross:
+            raise ConfigError("--layer, --cross and --block apply only with --hf")
         cfg = build_config(pe, d_model, heads, head_dim, kv_heads, rotary_fraction, pairing, bias, causal, seq_len)
         from symalign.probe import probe_attention
 

@@ -8,7 +8,8 @@ Everything else is derived here, once for every family:
 * **Attention** (``--scope attention``): :meth:`Family.layouts` -> per layer
   ``heads.i`` (``S_{h_kv} wr S_g``; none when :attr:`Decoder.pinned_heads`: ALiBi), ``qk.i``
   and ``vo.i`` exactly as :mod:`symalign.arch.base` labels them. Q-K is ``GL(d)`` without RoPE,
-  ``H(r) (+) GL(d - r)`` under RoPE (``r`` read from the family's own rotary module),
+  ``H(r) (+) GL(d - r)`` under RoPE (``r`` read from the family's own rotary module,
+  per layer: :meth:`Family.rotary_layers`),
   and :class:`~symalign.groups.PlaneSigns` under QK-norm, whose gains then carry a
   space ``qkgain.i`` of :class:`~symalign.groups.PlaneScales` (docs/symmetry.md,
   "QK-norm"; Phi's centring ``qk_layernorm``: :class:`~symalign.groups.PlaneIdentity`,
@@ -166,8 +167,13 @@ class Family(Adapter):
         """Rotated width per head (``None``: no RoPE, by class or by the declaration's ``rope``)."""
         return rotary_dims(config, d) if self.pairing and self.declaration(config).rope else None
 
-    def qk_group(self, config: Any, d: int):
-        r = self.rotary(config, d)
+    def rotary_layers(self, config: Any, d: int) -> list[int | None]:
+        """Rotated width per head of every layer: :meth:`rotary` for each (a family whose layer types rotate
+        different widths overrides: Gemma 3), so that each layer gets the Q-K group of its own width."""
+        return [self.rotary(config, d)] * int(config.num_hidden_layers)
+
+    def qk_group(self, config: Any, d: int, r: int | None):
+        """The Q-K group inside each K/V block of a layer rotating ``r`` of ``d`` dimensions (``None``: no RoPE)."""
         if self.decl.q_norm:
             return PlaneSigns(d, self.pairing or "half", r if r is not None else 0)
         return RotaryPlanes(d, self.pairing, r) if r is not None else GeneralLinear(d)
@@ -179,10 +185,13 @@ class Family(Adapter):
     def layouts(self, config: Any, prefix: str, keys: set[str]) -> list[AttentionLayout]:
         _, h, d, kv = self.heads(config)
         dec = self.named(self.declaration(config), prefix, keys)
-        qk, vo = self.qk_group(config, d), self.vo_group(config, d)
+        vo = self.vo_group(config, d)
+        widths = self.rotary_layers(config, d)
+        groups = {r: self.qk_group(config, d, r) for r in dict.fromkeys(widths)}
         out = []
         for i in range(int(config.num_hidden_layers)):
             p = prefix + dec.layer.format(i=i)
+            qk = groups[widths[i]]
 
             def bias(name: str) -> str | None:
                 b = p + name + ".bias"
@@ -242,7 +251,7 @@ class Family(Adapter):
                 spec.act_on(kn, name, 0, "contra")
 
     def gain_group(self, signs: PlaneSigns) -> PlaneScales:
-        return PlaneScales(signs.n, signs.pairing, signs.r)
+        return PlaneScales(signs.n, signs.pairing, signs.r, signs.proportional)
 
     def layer_spaces(self, i: int) -> list[str]:
         """The attention spaces of layer ``i`` (the group the probe of that layer measures)."""

@@ -17,9 +17,15 @@ scalar: it commutes with every residual map), a head tied to the embedding by de
 * **Gemma 3**: Gemma 2's layout plus per-head QK-norm ``q_norm``/``k_norm`` over
   ``head_dim`` with ``(1 + w)`` gains shared by the heads: Q-K group ``+-1`` per
   plane, gain rescalings acting on ``1 + w`` (:class:`~symalign.groups.OffsetPerHead`),
-  and a RoPE table per layer type (``sliding_attention`` / ``full_attention``: both
-  must rotate the same width, else the layer types would need different groups and
-  the config is refused naming ``rope_parameters``).
+  and a RoPE table per layer type (``sliding_attention`` / ``full_attention``, each with
+  its own ``rope_parameters``). The types may rotate different widths of each head: a
+  ``partial_rotary_factor`` ``p`` under ``rope_type="proportional"`` keeps the whole
+  head's ``rotate_half`` planes ``(k, k + d/2)`` and zeroes the frequencies of all but
+  the first ``r/2 = floor(p d / 2)``. Each layer then gets the group of its own type:
+  ``+-1`` on each turning plane and on each of the ``d - r`` unrotated coordinates, the
+  gain scales likewise (:meth:`Gemma3Family.rotary_layers`). Other RoPE types with
+  ``p < 1`` give a table shorter than the head, which transformers' Gemma 3 cannot
+  apply (its forward fails): refused naming ``rope_parameters``.
 """
 
 from __future__ import annotations
@@ -29,8 +35,8 @@ from typing import Any
 from torch import Tensor, nn
 
 from symalign.arch.rope import rotary_module
-from symalign.errors import ConfigError
 from symalign.families.base import Decoder, Family, refuse
+from symalign.groups import PlaneSigns
 
 _POST = dict(pre_attn_norm="input_layernorm", post_attn_norm="post_attention_layernorm",
              pre_ff_norm="pre_feedforward_layernorm", post_ff_norm="post_feedforward_layernorm")
@@ -53,16 +59,36 @@ class Gemma3Family(Family):
     model_types = ("gemma3_text",)
     decl = Decoder(norm="rms1p", q_norm="self_attn.q_norm", k_norm="self_attn.k_norm", **_POST)
 
-    def rotary(self, config: Any, d: int) -> int | None:
+    def rotary_layers(self, config: Any, d: int) -> list[int | None]:
+        """Each layer's rotated width: that of its layer type's RoPE table (module doc).
+
+        transformers' Gemma 3 multiplies the whole head by its type's ``cos``/``sin``, so
+        every table has ``d / 2`` frequencies; a partial rotation is a table whose last
+        frequencies are zero (``rope_type="proportional"`` with a ``partial_rotary_factor``):
+        ``r = 2 * (number of nonzero frequencies)``, and the group is
+        :class:`~symalign.groups.PlaneSigns` with ``proportional=True`` (:meth:`qk_group`).
+        A table of another length cannot run (the rotation fails on a shape mismatch), and
+        zeros that do not trail would not be planes of a partial rotation: both are refused
+        naming ``rope_parameters``.
+        """
         rot = rotary_module(config, "gemma3")
-        widths = {2 * int(getattr(rot, f"{t}_inv_freq").numel()) for t in sorted(set(config.layer_types))}
-        if len(widths) != 1:
-            raise refuse(self.family, "rope_parameters", f"the layer types rotate different widths {sorted(widths)} "
-                         "of each head, so their Q-K groups differ")
-        r = widths.pop()
-        if not 0 < r <= d:
-            raise ConfigError(f"{self.family}: RoPE rotates {r} of head_dim={d} dimensions")
-        return r
+        width = {}
+        for t in sorted(set(config.layer_types)):
+            inv = getattr(rot, f"{t}_inv_freq")
+            if 2 * int(inv.numel()) != d:
+                raise refuse(self.family, "rope_parameters", f"the {t} RoPE table has {int(inv.numel())} "
+                             f"frequencies for head_dim={d}, and transformers' Gemma 3 applies it to the whole head "
+                             f"(its forward fails); rotate part of a head with rope_type 'proportional' instead")
+            nonzero = int((inv != 0).sum())
+            if not bool((inv[:nonzero] != 0).all()):
+                raise refuse(self.family, "rope_parameters", f"the {t} RoPE table has zero frequencies before "
+                             "nonzero ones: not a partial rotation of the head's first planes")
+            width[t] = 2 * nonzero
+        return [width[t] for t in config.layer_types]
+
+    def qk_group(self, config: Any, d: int, r: int | None):
+        """``PlaneSigns`` on the layer's turning planes: the first ``r / 2`` of the whole head (proportional)."""
+        return PlaneSigns(d, "half", r if r is not None else 0, proportional=True)
 
     def position_embeddings(self, model: nn.Module, i: int, x: Tensor, positions: Tensor) -> Any:
         return model.base_model.rotary_emb(x, positions, model.config.layer_types[i])

@@ -53,10 +53,10 @@ class PhiFamily(Family):
         """With ``qk_layernorm``, the Q/K norms are declared (``q_norm``/``k_norm``; over ``head_dim``, shared)."""
         return replace(self.decl, q_norm=QK_LN[0], k_norm=QK_LN[1]) if _qk_layernorm(config) else self.decl
 
-    def qk_group(self, config: Any, d: int) -> MatrixGroup:
+    def qk_group(self, config: Any, d: int, r: int | None) -> MatrixGroup:
         if _qk_layernorm(config):
-            return PlaneIdentity(d, "half", self.rotary(config, d))
-        return super().qk_group(config, d)
+            return PlaneIdentity(d, "half", r if r is not None else 0)
+        return super().qk_group(config, d, r)
 
     def extra_spaces(self, spec: SymmetrySpec, config: Any, prefix: str, layouts: list[AttentionLayout]) -> None:
         """``qkgain.i`` on both LayerNorms' gains *and* biases (``q`` side covariant, ``k`` contravariant)."""

@@ -58,6 +58,7 @@ import torch
 from torch import Tensor, nn
 
 from symalign.arch.base import AttentionLayout, Proj, _AllKeys, find_prefix
+from symalign.errors import ConfigError
 from symalign.families.base import Family
 from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_group, headless_note, to_f64
 from symalign.groups import GeneralLinear, Permutation
@@ -132,6 +133,41 @@ class T5Family(Family):
         return [f"heads.{i}", f"qk.{i}", f"vo.{i}"]
 
     # -- probe --------------------------------------------------------------
+    probe_sites = (("encoder", False), ("decoder", False), ("decoder", True))
+    """The kinds of attention site ``probe --hf`` reaches, as ``(stack, cross)``: encoder self-attention,
+    decoder self-attention (causal), decoder cross-attention."""
+
+    def probe_site(self, config: Any, layer: int, stack: str | None = None,
+                   cross: bool = False) -> tuple[int, str]:
+        """``symalign probe --hf --layer [STACK.]I [--cross]``: block ``I`` of the encoder (the default
+        stack) or of the decoder, its self-attention or (decoder, ``cross``) its cross-attention.
+
+        Trims ``config`` in place to blocks ``0..I`` of the named stack and one block of the
+        other (the decoder's inputs are generic states either way) and returns the layer
+        number of the site's spaces (module doc: encoder ``I``, decoder self-attention
+        ``L_e + I``, cross-attention ``L_e + L_d + I``, with the trimmed depths) and the stack.
+        """
+        stack = stack or "encoder"
+        if stack not in SHARED_HEADS:
+            raise ConfigError(f"--layer {stack}.{layer}: T5 has the stacks {', '.join(SHARED_HEADS)}; "
+                              f"use --layer encoder.I or --layer decoder.I")
+        if cross and stack != "decoder":
+            raise ConfigError(f"--cross: T5's cross-attention is in the decoder's blocks; use --layer decoder.{layer} "
+                              "--cross")
+        if stack == "decoder" and not _has_decoder(config, "", _AllKeys()):
+            archs = ", ".join(getattr(config, "architectures", None) or [])
+            raise ConfigError(f"--layer decoder.{layer}: this T5 checkpoint ({archs}) has no decoder; probe "
+                              f"--layer encoder.I")
+        n_enc, n_dec = self.depths(config)
+        n = n_enc if stack == "encoder" else n_dec
+        if not 0 <= layer < n:
+            raise ConfigError(f"--layer {stack}.{layer} is out of range: the {stack} has {n} blocks (0..{n - 1})")
+        config.num_layers, config.num_decoder_layers = (layer + 1, 1) if stack == "encoder" else (1, layer + 1)
+        n_enc, n_dec = self.depths(config)
+        if stack == "encoder":
+            return layer, stack
+        return (n_enc + n_dec + layer if cross else n_enc + layer), stack
+
     def attention_module(self, model: nn.Module, i: int) -> nn.Module:
         """Layer ``i`` as ``x -> attn(x)`` through the real ``T5Attention`` (see :class:`AttentionSite`)."""
         base = model.base_model

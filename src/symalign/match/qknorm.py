@@ -8,8 +8,9 @@ See docs/symmetry.md ("QK-norm") for the derivation.
 
 :func:`match_qknorm` runs the two-stage matcher on the *relaxed* spec in which each
 ``PlaneSigns`` Q-K space is replaced by the RoPE group ``H (+) GL`` it is a subgroup
-of: stage 1's head costs are invariant under ``H`` hence under the signs, and the V-O
-solution is unaffected (the V-O spaces are untouched). Its Q-K elements are then
+of (``GL`` when RoPE is proportional -- its turning planes are not the first ``r``
+dimensions' -- or absent): stage 1's head costs are invariant under ``H`` hence under
+the signs, and the V-O solution is unaffected (the V-O spaces are untouched). Its Q-K elements are then
 discarded and replaced by the exact optimum over the signs, per block and plane (under a
 centring QK-norm -- Phi's ``qk_layernorm``, Q-K group :class:`~symalign.groups.PlaneIdentity` --
 by the identity, and the gain spaces act on the norms' biases as well)::
@@ -58,7 +59,10 @@ def relaxed(spec: SymmetrySpec) -> SymmetrySpec:
     for n, g in out.spaces.items():
         if isinstance(g, PerHead) and isinstance(g.inner, (PlaneSigns, PlaneIdentity)):
             s = g.inner
-            out.spaces[n] = replace(g, inner=RotaryPlanes(s.n, s.pairing, s.r))
+            # proportional RoPE's planes are not those of a partial H (+) GL: widen to GL (no rotation: GL too)
+            wide = GeneralLinear(s.n) if (s.proportional and s.r < s.n) or s.r == 0 else RotaryPlanes(s.n, s.pairing,
+                                                                                                       s.r)
+            out.spaces[n] = replace(g, inner=wide)
         elif isinstance(g, PerHead) and isinstance(g.inner, SignedPermutations):
             out.spaces[n] = replace(g, inner=GeneralLinear(g.inner.n))
     return out

@@ -7,11 +7,13 @@ For ``source`` a local checkpoint folder (its ``config.json``) or a ``model_type
    ``O(1)`` random weights (``N(0, 1 / fan_in)`` matrices, ``1 + N(0, 0.2^2)``
    vectors: the default ``0.02`` init makes attention nearly uniform and the
    spectrum needlessly ill-conditioned);
-2. asks the family's adapter (:func:`symalign.families.get_adapter`) for its spec and
-   keeps layer ``I``'s spaces: the declared dimension is the sum of their group
-   dimensions, and the probed parameters are exactly the tensors those spaces act
-   on (Q, K, V, O and the biases labelled with them; the output bias ``b_O`` is on
-   the model axis, no declared group touches it, and it stays fixed);
+2. resolves the site (:func:`probe_site`: layer ``I`` of a single stack, or of the
+   encoder / decoder of an encoder-decoder, self- or cross-attention), asks the family's
+   adapter (:func:`symalign.families.get_adapter`) for its spec and keeps that layer's
+   spaces: the declared dimension is the sum of their group dimensions, and the
+   probed parameters are exactly the tensors those spaces act on (Q, K, V, O and the
+   biases labelled with them; the output bias ``b_O`` is on the model axis, no
+   declared group touches it, and it stays fixed);
 3. finds the attention module as the smallest module holding those tensors, runs
    the model once on a generic batch (the adapter's ``dummy_inputs``) to capture
    the module's real call (hidden states, position embeddings, masks), and probes
@@ -59,8 +61,9 @@ from symalign.groups import GeneralLinear, PerHead, PlaneIdentity, PlaneScales, 
 from symalign.probe.measure import ProbeResult, probe
 from symalign.probe.precision import Float64Mode
 
-TINY = dict(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, intermediate_size=32,
-            vocab_size=64, max_position_embeddings=64, image_size=8, patch_size=4, embedding_size=16, d_ff=32)
+TINY = dict(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, num_decoder_layers=2,
+            intermediate_size=32, vocab_size=64, max_position_embeddings=64, image_size=8, patch_size=4,
+            embedding_size=16, d_ff=32)
 """Overrides of a ``model_type``'s default config (each applied only when the config has the attribute)."""
 
 MAX_PARAMETERS = 200_000
@@ -69,12 +72,18 @@ MAX_PARAMETERS = 200_000
 OUTPUT_RATIO = 2.0
 """The batch gives at least this many outputs per probed parameter."""
 
+CROSS_INPUTS = ("key_value_states", "encoder_hidden_states")
+"""Keyword arguments of a cross-attention call that hold the other stream (replaced by generic states too)."""
+
 
 @dataclass
 class HFProbe:
     """One probed site of a Hugging Face model: measured nullity vs the adapter's declared dimension.
 
-    ``site``: ``"attention"`` or ``"block"``; ``module``: its path in the base model;
+    ``site``: ``"attention"`` (self-attention), ``"cross-attention"`` (an encoder-decoder's
+    decoder layer reading the encoder's output) or ``"block"``; ``layer``: the index of the
+    layer in its stack; ``stack``: ``"encoder"`` / ``"decoder"`` for an encoder-decoder
+    family (None for a single stack); ``module``: the site's path in the base model;
     ``declared``: dimension of the adapter's group on the layer (None for a block,
     whose feed-forward and residual groups no attention adapter declares);
     ``undeclared``: the named exact symmetries outside the declared group
@@ -91,6 +100,7 @@ class HFProbe:
     undeclared: dict[str, int]
     result: ProbeResult
     config: dict[str, Any] = field(default_factory=dict)
+    stack: str | None = None
 
     @property
     def expected(self) -> int | None:
@@ -107,8 +117,8 @@ class HFProbe:
         r = self.result.to_dict()
         for k in ("predicted", "match", "breakdown", "group"):
             r.pop(k, None)
-        return {"family": self.family, "model_type": self.model_type, "layer": self.layer, "site": self.site,
-                "module": self.module, "declared": self.declared, "undeclared": self.undeclared,
+        return {"family": self.family, "model_type": self.model_type, "stack": self.stack, "layer": self.layer,
+                "site": self.site, "module": self.module, "declared": self.declared, "undeclared": self.undeclared,
                 "expected": self.expected, "match": self.match, "group": self.group, **r, "config": self.config}
 
 
@@ -308,7 +318,8 @@ def generic_hidden_states(args: tuple, kwargs: dict, seed: int) -> tuple[tuple, 
     The model's own hidden states are not generic: after a LayerNorm they lie in an
     affine hyperplane (``u^T x = c`` with ``u = 1 / gamma``), which adds exact symmetries
     of the *composition* (``W -> W + a u^T``, ``b -> b - c a``: ``D`` per biased
-    projection) that are not symmetries of the layer. The probe measures the layer.
+    projection) that are not symmetries of the layer. The probe measures the layer. A
+    cross-attention call's other stream (:data:`CROSS_INPUTS`) is replaced the same way.
     """
     where = _hidden_states(args, kwargs)
     if where is None:
@@ -321,23 +332,28 @@ def generic_hidden_states(args: tuple, kwargs: dict, seed: int) -> tuple[tuple, 
         args = args[:key] + (fresh,) + args[key + 1:]
     else:
         kwargs = {**kwargs, key: fresh}
+    for name in CROSS_INPUTS:  # cross-attention: the other stream (keys/values) is generic too
+        y = kwargs.get(name)
+        if isinstance(y, Tensor) and y.is_floating_point() and y.dim() == 3 and name != key:
+            kwargs = {**kwargs, name: torch.randn(y.shape, generator=gen, dtype=torch.float64)}
     return args, kwargs, int(x.shape[1])
 
 
 def _frequencies(model: nn.Module, config: Any, layer: int) -> Tensor | None:
-    """The RoPE plane frequencies of layer ``layer``: the model's ``*inv_freq`` buffer (per layer type if several)."""
+    """The RoPE plane frequencies of layer ``layer``: the model's ``*inv_freq`` buffer (per layer type if several),
+    without zero frequencies (proportional RoPE's unrotated planes: not rotation planes at all)."""
     found = {n: b for n, b in model.named_buffers() if n.endswith("inv_freq") and not n.endswith("original_inv_freq")}
     if not found:
         return None
     distinct = {tuple(b.tolist()): b for b in found.values()}
+    hit = None
     if len(distinct) == 1:
-        return next(iter(distinct.values()))
+        hit = next(iter(distinct.values()))
     types = getattr(config, "layer_types", None)
-    if types and layer < len(types):
+    if hit is None and types and layer < len(types):
         hits = [b for n, b in found.items() if n.rsplit(".", 1)[-1].startswith(str(types[layer]))]
-        if hits:
-            return hits[0]
-    return None
+        hit = hits[0] if hits else None
+    return None if hit is None else hit[hit != 0]
 
 
 def _block_of(module_name: str) -> str:
@@ -367,30 +383,55 @@ def _batch(n_params: int, per_item: int) -> int:
 # ----------------------------------------------------------------------------
 
 
-def probe_hf(source: Any, layer: int = 0, *, block: bool = False, seed: int = 0, method: str = "auto",
-             ad: str = "both", probes: int = 16) -> list[HFProbe]:
-    """Probe layer ``layer`` of a Hugging Face family (module doc): ``[attention]`` or ``[attention, block]``.
+def probe_site(adapter: Any, config: Any, layer: int, stack: str | None = None,
+               cross: bool = False) -> tuple[int, str | None]:
+    """Resolve ``--layer [STACK.]I [--cross]`` for ``adapter``: trim ``config`` in place to what the probe builds
+    and return ``(number, stack)``: the layer number of the site's spaces in the adapter's spec
+    and the site's stack (None for a single stack).
 
-    ``source``: a checkpoint folder, a ``model_type``, or a transformers config.
-    Raises :class:`~symalign.errors.ConfigError` for an unknown source, a family
-    without an adapter, or a layer out of range, and
-    :class:`~symalign.probe.spectrum.AmbiguousSpectrumError` when a spectrum has no clean gap.
+    An adapter with several stacks (an encoder-decoder: T5) resolves it itself
+    (``adapter.probe_site``). A single stack: ``I`` is the layer index, no stack and no
+    cross-attention may be named, and only layers ``0..I`` are built.
     """
-    config = hf_config(source)
-    adapter = get_adapter(config)
+    own = getattr(adapter, "probe_site", None)
+    if own is not None:
+        return own(config, layer, stack, cross)
+    if stack is not None:
+        raise ConfigError(f"--layer {stack}.{layer} names a stack, but {adapter.family} has a single stack of layers; "
+                          f"use --layer {layer}")
+    if cross:
+        raise ConfigError(f"--cross: {adapter.family} has no cross-attention (encoder-decoder families such as T5 do)")
     n_layers = int(getattr(config, "num_hidden_layers", 0) or 0)
     if not 0 <= layer < max(n_layers, 1):
         raise ConfigError(f"--layer {layer} is out of range: the model has {n_layers} layers (0..{n_layers - 1})")
-    cfg_summary = _summary(config)
     if n_layers > layer + 1:  # build only what is needed up to the probed layer
         config.num_hidden_layers = layer + 1
         if getattr(config, "layer_types", None):
             config.layer_types = list(config.layer_types)[: layer + 1]
+    return layer, None
+
+
+def probe_hf(source: Any, layer: int = 0, *, stack: str | None = None, cross: bool = False, block: bool = False,
+             seed: int = 0, method: str = "auto", ad: str = "both", probes: int = 16) -> list[HFProbe]:
+    """Probe one attention site of a Hugging Face family (module doc): ``[attention]`` or ``[attention, block]``.
+
+    ``source``: a checkpoint folder, a ``model_type``, or a transformers config.
+    ``layer``: the layer's index in its stack; ``stack``: ``"encoder"`` / ``"decoder"`` of an
+    encoder-decoder family (default: its encoder); ``cross``: the decoder layer's
+    cross-attention instead of its self-attention (:func:`probe_site`).
+    Raises :class:`~symalign.errors.ConfigError` for an unknown source, a family
+    without an adapter, or a site that does not exist, and
+    :class:`~symalign.probe.spectrum.AmbiguousSpectrumError` when a spectrum has no clean gap.
+    """
+    config = hf_config(source)
+    adapter = get_adapter(config)
+    cfg_summary = _summary(config)
+    number, stack = probe_site(adapter, config, layer, stack, cross)
     model = generic_model(config, seed)
     state = dict(model.state_dict())
     full = adapter.spec(model)
     spaces = getattr(adapter, "layer_spaces", None)  # a Family names all its attention spaces (QK-norm gains too)
-    spec = full.restrict([s for s in spaces(layer) if s in full.spaces]) if spaces else layer_spec(full, layer)
+    spec = full.restrict([s for s in spaces(number) if s in full.spaces]) if spaces else layer_spec(full, number)
     tensors = list(spec.tensors)
     if not tensors:
         raise ConfigError(f"the {adapter.family} adapter declares no attention spaces for layer {layer}")
@@ -407,14 +448,15 @@ def probe_hf(source: Any, layer: int = 0, *, block: bool = False, seed: int = 0,
     per_item = _tokens_times_width(*capture_call(model, attn_name, _inputs(adapter, config, 1, seed)))
     args, kwargs = capture_call(model, attn_name, _inputs(adapter, config, _batch(n_params, per_item), seed))
     args, kwargs, seq_len = generic_hidden_states(args, kwargs, seed + 2)
-    freqs = _frequencies(model, config, layer)
+    freqs = _frequencies(model, config, number)
     rows = []
     call = _Call(model.get_submodule(attn_name), args, kwargs, site[len(attn_name) + 1:] if attn_name else site)
     names = ["layer." + t[len(attn_name) + 1:] if attn_name else "layer." + t for t in tensors]
     res = probe(call, (), method=method, ad=ad, probes=probes, seed=seed, parameters=names, check_heads=False,
                 predicted=declared + sum(undeclared.values()), frequencies=freqs, seq_len=seq_len, spec=spec)
-    rows.append(HFProbe(adapter.family, config.model_type, layer, "attention", attn_name, declared, spec.describe(),
-                        undeclared, res, cfg_summary))
+    kind = "cross-attention" if cross else "attention"
+    rows.append(HFProbe(adapter.family, config.model_type, layer, kind, attn_name, declared, spec.describe(),
+                        undeclared, res, cfg_summary, stack))
     if block:
         block_name = _block_of(attn_name)
         block_module = model.get_submodule(block_name)
@@ -424,7 +466,7 @@ def probe_hf(source: Any, layer: int = 0, *, block: bool = False, seed: int = 0,
         bres = probe(_Call(block_module, bargs, bkwargs, ""), (), method=method, ad=ad, probes=probes, seed=seed,
                      check_heads=False, frequencies=freqs, seq_len=bseq)
         rows.append(HFProbe(adapter.family, config.model_type, layer, "block", block_name, None, {}, {}, bres,
-                            cfg_summary))
+                            cfg_summary, stack))
     return rows
 
 
@@ -441,7 +483,8 @@ def _inputs(adapter: Any, config: Any, batch: int, seed: int) -> dict[str, Tenso
 
 def _summary(config: Any) -> dict[str, Any]:
     keys = ("model_type", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-            "num_hidden_layers", "partial_rotary_factor", "rope_theta", "attention_bias", "qkv_bias")
+            "num_hidden_layers", "num_decoder_layers", "partial_rotary_factor", "rope_theta", "attention_bias",
+            "qkv_bias")
     out = {}
     for k in keys:
         v = getattr(config, k, None)
