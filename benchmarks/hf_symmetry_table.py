@@ -8,8 +8,10 @@ clean gap required) and prints it beside the dimension the adapter declares. An 
 several kinds of attention site (``probe_sites``: T5's encoder, decoder and cross-attention) gets
 one row per kind.
 
-Usage: ``.venv/bin/python benchmarks/hf_symmetry_table.py [--block] [--json] [--only TYPE ...]``
-(about 5 s a family; ``--block`` adds the whole block, about 30 s more a family).
+Usage: ``.venv/bin/python benchmarks/hf_symmetry_table.py [--block] [--json] [--only TYPE ...] [--out FILE]``
+(about 5 s a family; ``--block`` adds the whole block, about 30 s more a family). ``--out`` writes the rows
+and the rendered table (``tables.hf``) with provenance to a result file that ``symalign docs`` writes into
+docs/symmetry.md.
 """
 
 from __future__ import annotations
@@ -24,9 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block", action="store_true", help="also probe the whole block (slower)")
     ap.add_argument("--json", action="store_true", help="print JSON rows instead of markdown")
     ap.add_argument("--only", nargs="*", default=None, metavar="TYPE", help="model_types to probe (default: all)")
+    ap.add_argument("--out", default=None, help="write a result file (rows, table, provenance) for `symalign docs`")
     args = ap.parse_args(argv)
 
+    import torch
     from transformers.utils import logging
+
+    torch.set_num_threads(1)
 
     logging.set_verbosity_error()
     from symalign.families import get_adapter, supported
@@ -52,30 +58,48 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows))
         return 1 if failures else 0
-    head = ("| family (`model_type`) | attention params | measured nullity | declared by the adapter | "
-            "exact, undeclared | verdict | near-null < 1e-3 / 1e-4 | slow RoPE planes | computed in float64 |")
+    table = [_cells(r, args.block) for r in rows]
+    cols = [("family", "family (`model_type`)"), ("parameters", "attention params"),
+            ("nullity", "measured nullity"), ("declared", "declared by the adapter"),
+            ("undeclared", "exact, undeclared"), ("verdict", "verdict"), ("near_null", "near-null < 1e-3 / 1e-4"),
+            ("planes", "slow RoPE planes"), ("upcasts", "computed in float64")]
     if args.block:
-        head += " block nullity (params) |"
-    print(head)
-    print("|" + "---|" * (head.count("|") - 1))
-    for r in rows:
-        if "error" in r:
-            print(f"| `{r['model_type']}` | | refused | | | {r['error']} | | | |" + (" |" if args.block else ""))
-            continue
-        extra = " + ".join(f"{k} {v}" for k, v in r["undeclared"].items()) or "-"
-        groups = " x ".join(r["group"].values())
-        planes = "-" if r["slow_planes"] is None else f"{r['slow_planes']} of {len(r['rope_planes'])}"
-        nn_ = f"{r['near_null']['1e-3']} / {r['near_null']['1e-4']}"
-        site = f", {r['stack']} {'cross-attention' if r['site'] == 'cross-attention' else 'self-attention'}" \
-            if r.get("stack") else ""
-        line = (f"| {r['family']} (`{r['model_type']}`{site}) | {r['parameters']} | {r['nullity']} | {r['declared']} "
-                f"({groups}) | {extra} | {'match' if r['match'] else '**MISMATCH**'} | {nn_} | {planes} | "
-                f"{', '.join(f'`{u}`' for u in r['upcasts']) or '-'} |")
-        if args.block:
-            b = r.get("block")
-            line += f" {b['nullity']} ({b['parameters']}) |" if b else " - |"
-        print(line)
+        cols.append(("block", "block nullity (params)"))
+    if args.out:
+        import shlex
+        from pathlib import Path
+
+        from symalign.atomic import write_json
+        from symalign.experiments.docs_tables import make_table
+        from symalign.provenance import provenance
+
+        command = shlex.join(["python", "benchmarks/hf_symmetry_table.py", *(argv if argv is not None else sys.argv[1:])])
+        doc = {"provenance": provenance(command, 1), "tables": {"hf": make_table(table, cols)}, "rows": rows}
+        write_json(Path(args.out), doc)
+    print("| " + " | ".join(c[1] for c in cols) + " |")
+    print("|" + "---|" * len(cols))
+    for t in table:
+        print("| " + " | ".join("-" if t.get(c[0]) is None else str(t[c[0]]) for c in cols) + " |")
     return 1 if failures else 0
+
+
+def _cells(r: dict, block: bool) -> dict:
+    """One table row's cells (strings) from a probe row (``probe_hf(...)[0].to_dict()``) or a refusal."""
+    if "error" in r:
+        return {"family": f"`{r['model_type']}`", "nullity": "refused", "verdict": r["error"]}
+    site = f", {r['stack']} {'cross-attention' if r['site'] == 'cross-attention' else 'self-attention'}" \
+        if r.get("stack") else ""
+    out = {"family": f"{r['family']} (`{r['model_type']}`{site})", "parameters": r["parameters"],
+           "nullity": r["nullity"], "declared": f"{r['declared']} ({' x '.join(r['group'].values())})",
+           "undeclared": " + ".join(f"{k} {v}" for k, v in r["undeclared"].items()) or "-",
+           "verdict": "match" if r["match"] else "**MISMATCH**",
+           "near_null": f"{r['near_null']['1e-3']} / {r['near_null']['1e-4']}",
+           "planes": "-" if r["slow_planes"] is None else f"{r['slow_planes']} of {len(r['rope_planes'])}",
+           "upcasts": ", ".join(f"`{u}`" for u in r["upcasts"]) or "-"}
+    if block:
+        b = r.get("block")
+        out["block"] = f"{b['nullity']} ({b['parameters']})" if b else "-"
+    return out
 
 
 if __name__ == "__main__":
