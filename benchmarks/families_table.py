@@ -1,6 +1,8 @@
 """Print the families table of docs/symmetry.md: each family's layer-0 attention, measured vs declared.
 
-Usage: ``.venv/bin/python benchmarks/families_table.py`` (about 30 s). Tiny random transformers models built
+Usage: ``.venv/bin/python benchmarks/families_table.py [--out results/families-probe.json]`` (about 30 s);
+``--out`` writes both tables (``tables.attention``, ``tables.moe``) with provenance to a result file that
+``symalign docs`` writes into docs/symmetry.md. Tiny random transformers models built
 from configs (D=16, 2 heads, head_dim 4 or 8, one K/V head where the family has GQA), O(1) random weights,
 dense float64 Jacobian of the real attention module (``symalign.probe.families.probe_layer``); T5: each of its
 three kinds of attention layer.
@@ -96,33 +98,55 @@ def _random_model(cls, cfg):
     return model
 
 
+def _row(name: str, r) -> dict:
+    """One table row (cells) of a probe result (:class:`symalign.probe.families` row)."""
+    return {"family": name, "parameters": r.parameters,
+            "nullity": f"{r.nullity}" + ("" if r.match else " **MISMATCH**"), "declared": r.declared,
+            "group": f"{r.group}: " + ", ".join(f"{k.split('.')[0]} {v}" for k, v in r.describe.items()),
+            "gauge": ", ".join(f"{k} {v}" for k, v in r.gauge.items()) or "-", "gap": f"{r.gap:.0e}",
+            "match": bool(r.match)}
+
+
 def main() -> None:
     import argparse
+    import shlex
+    import sys
+    from pathlib import Path
 
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=None, help="write the result file for `symalign docs`")
+    args = ap.parse_args()
     T.utils.logging.set_verbosity_error()
     torch.set_num_threads(1)
-    print("| family (config) | params | measured nullity | declared | group terms | bias gauges | gap |")
-    print("|---|---|---|---|---|---|---|")
+    attention = []
     for name, cls, cfg, *layer in ROWS:
         model = _random_model(cls, cfg)
-        r = probe_layer(get_adapter(model), model, layer[0] if layer else 0)
-        flag = "" if r.match else " **MISMATCH**"
-        groups = ", ".join(f"{k.split('.')[0]} {v}" for k, v in r.describe.items())
-        gauge = ", ".join(f"{k} {v}" for k, v in r.gauge.items()) or "-"
-        print(f"| {name} | {r.parameters} | {r.nullity}{flag} | {r.declared} | {r.group}: {groups} | {gauge} | "
-              f"{r.gap:.0e} |")
-    print()
-    print("| MoE block (config) | params | measured nullity | declared | group | undeclared, named | gap |")
-    print("|---|---|---|---|---|---|---|")
+        attention.append(_row(name, probe_layer(get_adapter(model), model, layer[0] if layer else 0)))
+    moe = []
     for name, cls, cfg in MOE_ROWS:
         model = _random_model(cls, cfg)
-        r = probe_moe_block(get_adapter(model), model, 0)
-        flag = "" if r.match else " **MISMATCH**"
-        groups = ", ".join(f"{k.split('.')[0]} {v}" for k, v in r.describe.items())
-        gauge = ", ".join(f"{k} {v}" for k, v in r.gauge.items())
-        print(f"| {name} | {r.parameters} | {r.nullity}{flag} | {r.declared} | {r.group}: {groups} | {gauge} | "
-              f"{r.gap:.0e} |")
+        moe.append(_row(name, probe_moe_block(get_adapter(model), model, 0)))
+    cols = [("family", "family (config)"), ("parameters", "params"), ("nullity", "measured nullity"),
+            ("declared", "declared"), ("group", "group terms"), ("gauge", "bias gauges"), ("gap", "gap")]
+    moe_cols = [("family", "MoE block (config)"), ("parameters", "params"), ("nullity", "measured nullity"),
+                ("declared", "declared"), ("group", "group"), ("gauge", "undeclared, named"), ("gap", "gap")]
+    for rows, c in ((attention, cols), (moe, moe_cols)):
+        print("| " + " | ".join(h for _, h in c) + " |")
+        print("|" + "---|" * len(c))
+        for r in rows:
+            print("| " + " | ".join(str(r[k]) for k, _ in c) + " |")
+        print()
+    if args.out:
+        from symalign.atomic import write_json
+        from symalign.experiments.docs_tables import make_table
+        from symalign.provenance import provenance
+
+        command = shlex.join(["python", "benchmarks/families_table.py", *sys.argv[1:]])
+        write_json(args.out, {"provenance": provenance(command, 1),
+                              "tables": {"attention": make_table(attention, cols), "moe": make_table(moe, moe_cols)},
+                              "rows": {"attention": attention, "moe": moe}})
+    if not all(r["match"] for r in attention + moe):
+        sys.exit("some rows do not match (marked **MISMATCH**)")
 
 
 if __name__ == "__main__":
