@@ -128,6 +128,28 @@ class LazyCheckpoint:
             raise CheckpointError(f"{self.path}: tensor {name!r} contains NaN or Inf values")
         return t
 
+    def read_rows_into(self, name: str, start: int, stop: int, buf: Tensor) -> Tensor:
+        """Rows ``start:stop`` (axis 0) of one tensor as stored, read straight into ``buf`` (any contiguous
+        tensor with at least their byte count; no NaN/Inf check, no other copy). Returns a view of ``buf``
+        with the rows' dtype and shape."""
+        info = self.tensors[name]
+        row = info.nbytes // max(1, info.shape[0]) if info.shape else info.nbytes
+        n = (stop - start) * row if info.shape else info.nbytes
+        raw = buf.view(-1).view(torch.uint8)
+        if raw.numel() < n:
+            raise ValueError(f"buffer of {raw.numel()} bytes for {n} bytes of {name!r}")
+        sh = next(s for s in self.shards if s.path == info.file)
+        view = memoryview(raw.numpy())[:n]
+        off = 8 + sh.header_len + info.start + (start * row if info.shape else 0)
+        with open(info.file, "rb", buffering=0) as f:
+            while len(view):
+                got = os.preadv(f.fileno(), [view], off)
+                if got <= 0:
+                    raise CheckpointError(f"{info.file} is truncated (tensor {name!r}); re-save or re-download it")
+                view, off = view[got:], off + got
+        self.bytes_read += n
+        return raw[:n].view(info.dtype).view((stop - start, *info.shape[1:]) if info.shape else ())
+
     def read_raw(self, name: str) -> bytes:
         """The stored bytes of one tensor (no decoding)."""
         info = self.tensors[name]
