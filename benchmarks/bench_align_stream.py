@@ -240,6 +240,7 @@ def summarise(r: dict, floor_s: float, read_bytes_floor: int) -> dict:
             "read_bandwidth_gb_s": round(st["bytes_read"] / 2**30 / r["wall_s"], 3),
             "grams_s": round(grams, 1), "floor_s": round(floor_s + grams, 1),
             "wall_over_floor": round(r["wall_s"] / (floor_s + grams), 2),
+            "io_floor_s": round(floor_s, 1), "wall_over_io_floor": round(r["wall_s"] / floor_s, 2),
             "distance": {"before": info["distance"]["before"]["total"], "after": info["distance"]["after"]["total"]},
             "check": {"layers": len(v["layers"]) // 2, "exact_max": (v["exact"] or {}).get("rel"),
                       "stored_max": v["rel"], "dtype": v["dtype"],
