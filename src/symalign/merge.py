@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-import torch
 from torch import Tensor
 
 from symalign.checkpoint import average
