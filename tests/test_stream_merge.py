@@ -83,3 +83,18 @@ def test_streamed_merge_peak_memory_independent_of_depth(tmp_path):
     print(f"merge: peak RSS 2 layers {peaks[2] / 2**20:.1f} MiB, 16 layers {peaks[16] / 2**20:.1f} MiB, "
           f"difference {grow / 2**20:.1f} MiB, one layer {layer_bytes / 2**20:.1f} MiB")
     assert grow < layer_bytes
+
+
+def test_streamed_merge_names_a_non_finite_input(tmp_path, capsys, monkeypatch):
+    """A NaN in the second model's tensor (found from the average): one line naming that model's file, exit 2."""
+    from safetensors.torch import load_file, save_file
+
+    _, _, da, db = _pair(tmp_path, shard=None, dtype=torch.bfloat16)
+    f = db / "model.safetensors"
+    st = load_file(str(f))
+    k = next(n for n in st if n.endswith("mlp.up_proj.weight"))
+    st[k][3, 5] = float("nan")
+    save_file(st, str(f), metadata={"format": "pt"})
+    code, out, err = _merge(monkeypatch, capsys, da, db, "--no-align", "--stream", "-o", tmp_path / "OUT")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and k in err and str(db) in err, err
+    assert _nothing_written(tmp_path)

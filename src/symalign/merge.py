@@ -6,8 +6,9 @@ weights ``w_k >= 0`` normalised to ``sum_k w_k = 1``, the merged model is
 
     ``theta = sum_k w_k theta_k'``
 
-per floating tensor (summed in float64, cast back to the first checkpoint's dtype
-of that tensor); integer tensors are taken from the first checkpoint.
+per floating tensor (summed in float32 for bfloat16/float16 tensors, in float64
+otherwise -- :mod:`symalign.checkpoint.average` states why float32 is as good for 16-bit
+storage --, rounded to the first checkpoint's dtype of that tensor); integer tensors are taken from the first checkpoint.
 
 The merged state is written laid out like the first checkpoint by
 :func:`symalign.checkpoint.output.stage_checkpoint` (its non-weight files, its shard
@@ -21,9 +22,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-import torch
 from torch import Tensor
 
+from symalign.checkpoint import average
 from symalign.checkpoint.layout import shard_map
 from symalign.checkpoint.output import stage_checkpoint
 from symalign.errors import ConfigError
@@ -44,14 +45,12 @@ def normalise_weights(weights: Sequence[float] | None, n: int) -> list[float]:
 
 
 def weighted_average(states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
-    """``sum_k w_k states[k]`` per floating tensor (float64 sum, first state's dtype); others from the first."""
+    """``sum_k w_k states[k]`` per floating tensor (first state's dtype; summed in float32 for 16-bit dtypes,
+    float64 otherwise: :mod:`symalign.checkpoint.average`); others from the first."""
     out: dict[str, Tensor] = {}
     for name, ref in states[0].items():
         if ref.is_floating_point():
-            acc = torch.zeros(ref.shape, dtype=torch.float64)
-            for w, s in zip(weights, states):
-                acc += w * s[name].double()
-            out[name] = acc.to(ref.dtype)
+            out[name] = average.weighted_average([s[name] for s in states], weights, ref.dtype)
         else:
             out[name] = ref
     return out

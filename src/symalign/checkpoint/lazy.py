@@ -22,6 +22,7 @@ set. Each tensor read is checked for NaN/Inf. Bytes read are counted in
 from __future__ import annotations
 
 import os
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,12 @@ class LazyCheckpoint:
     index: dict[str, Any] | None = None  # the index JSON (``metadata`` + ``weight_map``), if sharded
     bytes_read: int = 0
     _checked: set[str] = field(default_factory=set, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def _count(self, n: int) -> None:
+        """Add ``n`` to :attr:`bytes_read` (reads may come from a writer thread too)."""
+        with self._lock:
+            self.bytes_read += n
 
     @property
     def keys(self) -> list[str]:
@@ -99,7 +106,7 @@ class LazyCheckpoint:
                     for n in group:
                         t = h.get_tensor(n)
                         t = t.to(dtype) if dtype is not None and t.is_floating_point() else t.clone()
-                        self.bytes_read += self.tensors[n].nbytes
+                        self._count(self.tensors[n].nbytes)
                         if check_finite and t.is_floating_point() and not all_finite(t):
                             raise CheckpointError(f"{self.path}: tensor {n!r} contains NaN or Inf values")
                         out[n] = t
@@ -123,10 +130,32 @@ class LazyCheckpoint:
         except Exception as exc:
             raise CheckpointError(f"{info.file} cannot be read ({str(exc).splitlines()[0]}); re-save or re-download "
                                   "it") from None
-        self.bytes_read += t.numel() * info.nbytes // max(1, info.numel)
+        self._count(t.numel() * info.nbytes // max(1, info.numel))
         if check_finite and t.is_floating_point() and not all_finite(t):
             raise CheckpointError(f"{self.path}: tensor {name!r} contains NaN or Inf values")
         return t
+
+    def read_rows_into(self, name: str, start: int, stop: int, buf: Tensor) -> Tensor:
+        """Rows ``start:stop`` (axis 0) of one tensor as stored, read straight into ``buf`` (any contiguous
+        tensor with at least their byte count; no NaN/Inf check, no other copy). Returns a view of ``buf``
+        with the rows' dtype and shape."""
+        info = self.tensors[name]
+        row = info.nbytes // max(1, info.shape[0]) if info.shape else info.nbytes
+        n = (stop - start) * row if info.shape else info.nbytes
+        raw = buf.view(-1).view(torch.uint8)
+        if raw.numel() < n:
+            raise ValueError(f"buffer of {raw.numel()} bytes for {n} bytes of {name!r}")
+        sh = next(s for s in self.shards if s.path == info.file)
+        view = memoryview(raw.numpy())[:n]
+        off = 8 + sh.header_len + info.start + (start * row if info.shape else 0)
+        with open(info.file, "rb", buffering=0) as f:
+            while len(view):
+                got = os.preadv(f.fileno(), [view], off)
+                if got <= 0:
+                    raise CheckpointError(f"{info.file} is truncated (tensor {name!r}); re-save or re-download it")
+                view, off = view[got:], off + got
+        self._count(n)
+        return raw[:n].view(info.dtype).view((stop - start, *info.shape[1:]) if info.shape else ())
 
     def read_raw(self, name: str) -> bytes:
         """The stored bytes of one tensor (no decoding)."""
@@ -137,7 +166,7 @@ class LazyCheckpoint:
             data = f.read(info.nbytes)
         if len(data) != info.nbytes:
             raise CheckpointError(f"{info.file} is truncated (tensor {name!r}); re-save or re-download it")
-        self.bytes_read += info.nbytes
+        self._count(info.nbytes)
         return data
 
 

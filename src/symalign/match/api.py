@@ -249,6 +249,40 @@ def match_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: 
         return match_qknorm(spec, state_a, state_b, stage1=stage1, stage2=stage2, spec_b=spec_b, max_iter=max_iter,
                             xtol=xtol, ftol=ftol, max_cond=max_cond, rope_grid=rope_grid, t_cap=t_cap,
                             stage1_dtype=stage1_dtype)
+    prep = prepare_attention(spec, state_a, state_b, stage1=stage1, stage2=stage2, spec_b=spec_b,
+                             stage1_dtype=stage1_dtype)
+    return solve_attention(prep, max_iter=max_iter, xtol=xtol, ftol=ftol, max_cond=max_cond, rope_grid=rope_grid,
+                           t_cap=t_cap)
+
+
+@dataclass
+class PreparedAttention:
+    """Stage 1 and the stage-2 Gram matrices of :func:`match_attention`, before the stage-2 solve
+    (:func:`prepare_attention`); holds no weight tensor, only ``d x d`` Grams and the diagnostics."""
+
+    spec: SymmetrySpec
+    layers: list
+    transform: Transform
+    diags: list
+    batches: dict
+    stage1: bool
+    stage2: str
+    t0: float
+    t_stage1: float
+    t_grams: float
+
+
+def prepare_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor], *,
+                      stage1: bool = True, stage2: str = "full", spec_b: SymmetrySpec | None = None,
+                      stage1_dtype: torch.dtype | None = None) -> PreparedAttention:
+    """The first half of :func:`match_attention` (same arguments; not for QK-norm specs): the head
+    assignment and every block's Gram matrices. The weights are not needed after it returns, so a
+    caller may free them while :func:`solve_attention` runs (the streamed scope overlaps the solve of
+    one layer with the next layer's reading and Gram products)."""
+    if stage2 not in STAGE2_MODES:
+        raise MatchError(f"unknown stage2={stage2!r}; use one of {', '.join(STAGE2_MODES)}")
+    if has_qknorm(spec):
+        raise MatchError("internal error: prepare_attention does not take QK-norm specs; call match_attention")
     try:
         layers = find_layers(spec, state_a)
     except SymalignError as e:
@@ -294,7 +328,15 @@ def match_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: 
         t_grams += time.perf_counter() - tg
         diag.time_s = time.perf_counter() - tl
         diags.append(diag)
+    return PreparedAttention(spec, layers, transform, diags, batches, stage1, stage2, t0, t_stage1, t_grams)
 
+
+def solve_attention(prep: PreparedAttention, *, max_iter: int = 500, xtol: float = 1e-14, ftol: float = 1e-9,
+                    max_cond: float = 1e6, rope_grid: int = 65, t_cap: float = 20.0) -> AttentionMatch:
+    """The second half of :func:`match_attention`: the stage-2 solves of every batch (one intra-op
+    thread, :func:`~symalign.match.qk.one_thread`) and the result."""
+    spec, layers, transform, diags, batches = prep.spec, prep.layers, prep.transform, prep.diags, prep.batches
+    stage1, stage2, t0, t_stage1, t_grams = prep.stage1, prep.stage2, prep.t0, prep.t_stage1, prep.t_grams
     ts2 = time.perf_counter()
     kw = dict(max_iter=max_iter, xtol=xtol, ftol=ftol, max_cond=max_cond)
     for (kind, what), batch in batches.items():

@@ -4,8 +4,8 @@ Attention layers have independent symmetry spaces (``heads.i``, ``qk.i``, ``vo.i
 so matching layer ``i`` needs only the attention tensors of layer ``i`` of A and B.
 For each layer, in order:
 
-1. read A's and B's attention tensors of the layer, converted to the working dtype
-   (float64; float32 when one model's layer exceeds :data:`FLOAT64_MAX_LAYER_PARAMS`)
+1. read A's and B's attention tensors of the layer (as stored), converted to the working
+   dtype (float64; float32 when one model's layer exceeds :data:`FLOAT64_MAX_LAYER_PARAMS`)
    whatever the stored dtype (bfloat16, float16, float32);
 2. match them (:func:`symalign.match.match_attention` on the layer's sub-spec, fused
    Q|K|V tensors cut into their segments) and apply the transform exactly;
@@ -18,6 +18,15 @@ For each layer, in order:
 4. round to B's dtype and write the tensors into OUT's shards
    (:class:`~symalign.checkpoint.shards.ShardWriter`).
 
+Overlap (same results, same order of every floating-point operation on a layer): step 2
+is split at its stage-2 solve (:func:`~symalign.match.api.prepare_attention`, then
+:func:`~symalign.match.api.solve_attention`). Layer ``i``'s solve runs on a worker thread
+(one intra-op thread, :func:`~symalign.match.qk.one_thread`) while the main thread reads
+layer ``i + 1`` and forms its head assignment and Gram products; then layer ``i`` is
+transformed, checked and handed to a writer thread, which also copies B's other tensors
+of the layer while the next layer is computed. Meanwhile layer ``i`` is kept only as
+stored (its working-dtype copies are made again, exactly, when it is finished), so the
+overlap adds one layer's attention tensors in B's dtype to the memory.
 Every other tensor of B is copied byte for byte. OUT is committed only when every
 layer passed; on any error nothing is left behind.
 """
@@ -25,6 +34,9 @@ layer passed; on any error nothing is left behind.
 from __future__ import annotations
 
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -59,6 +71,24 @@ def sq(x: torch.Tensor) -> float:
     return float(x.double().pow(2).sum())
 
 
+def sq_dist(x: torch.Tensor, y: torch.Tensor | None = None, chunk: int = 1 << 20) -> float:
+    """``||x - y||^2`` (``||x||^2`` without ``y``) in float64, in chunks of ``chunk`` values through one
+    reused buffer (no tensor-sized temporary: the layer's three distances cost no allocation)."""
+    xf = x.reshape(-1)
+    yf = None if y is None else y.reshape(-1)
+    buf = torch.empty(min(chunk, xf.numel()), dtype=torch.float64)
+    total = 0.0
+    for lo in range(0, xf.numel(), chunk):
+        k = min(chunk, xf.numel() - lo)
+        d = buf[:k]
+        if yf is None:
+            d.copy_(xf[lo:lo + k])
+        else:
+            torch.sub(xf[lo:lo + k].double(), yf[lo:lo + k].double(), out=d)
+        total += float(torch.dot(d, d))
+    return total
+
+
 def stored_tolerance(dtype: torch.dtype, check: torch.dtype, floor: float = 0.0) -> float:
     """Bound on a layer's output change as stored in ``dtype``, checked in ``check``."""
     return function_tolerance(dtype, check, floor=floor)
@@ -87,6 +117,8 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
     from symalign.checkpoint.output import check_output_dir, commit
     from symalign.arch.fused import split_segments
     from symalign.match import match_attention
+    from symalign.match.api import prepare_attention, solve_attention
+    from symalign.match.qknorm import has_qknorm
     from symalign.spec import apply
 
     clock = clock or PhaseClock()
@@ -113,61 +145,101 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
     transform: dict[str, torch.Tensor] = {}
     writer = ShardWriter(out_path, b)
     done: set[str] = set()
+    s1dtype = torch.float32 if b.dtype != torch.float64 else None
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="symalign-stage2")
+    io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="symalign-write")  # the only thread using `writer`
+    waiting: deque[_Pending] = deque()
+    writes: deque[Future] = deque()
+
+    def finish(p: _Pending) -> None:
+        """Stage 2's result of layer ``p.i``, then its transform, distances, function check and writing."""
+        i, names = p.i, p.names
+        with clock("match"):
+            res = p.solved.result()
+        extra = [n for n in checker.wanted(_layer_keys(b, names[0], i), shapes, i) if n not in names]
+        with clock("read"):
+            ref = {**p.raw_b, **b.read(extra)}  # B's layer as stored, with the other tensors the check loads
+            la, lb = {n: p.raw_a[n].to(dt) for n in names}, {n: p.raw_b[n].to(dt) for n in names}
+        with clock("match"):
+            out = apply(p.sub, res.transform, lb)
+        nb, na_, nf = (sum(sq_dist(la[n], lb[n]) for n in names), sum(sq_dist(la[n], out[n]) for n in names),
+                       sum(sq_dist(la[n]) for n in names))
+        num["before"] += nb
+        num["after"] += na_
+        num["norm"] += nf
+        per_before.append((nb / nf) ** 0.5 if nf else nb ** 0.5)
+        per_after.append((na_ / nf) ** 0.5 if nf else na_ ** 0.5)
+        del la
+        stored = {n: out[n].to(b.tensors[n].dtype) for n in names}
+        with clock("verify"):
+            exact = checker.check(ref, {**ref, **out}, i, exact_tol, stored=False)
+            kept = checker.check(ref, {**ref, **stored}, i, tol)
+            checks.extend([exact, kept])
+            for c in (exact, kept):
+                c.require(f"refusing to write {out_path}: aligned layer {i} changes B's layer output",
+                          f"the {b.adapter.family} adapter or the matcher")
+        with clock("write"):  # on the writer thread: the layer, then B's other tensors of the layer, copied
+            for n in names:
+                writes.append(io.submit(writer.put, n, stored[n]))
+                done.add(n)
+            for n in _layer_keys(b, names[0], i):
+                if n not in done:
+                    writes.append(io.submit(writer.copy, n))
+                    done.add(n)
+            while writes and writes[0].done():
+                writes.popleft().result()  # a failed write (or a NaN in a copied tensor) stops the run here
+        layers.extend(res.to_dict()["layers"])
+        if return_transform:
+            transform.update(res.transform)
+        for k, v in res.totals.items():
+            totals[k] = totals.get(k, 0.0) + v
+        release()
+
     try:
         with progress_bar(total_bytes, "align (attention, streamed)", progress) as bar:
             for i, names in enumerate(names_of):
-                release()
                 bar.update(a.bytes_read + b.bytes_read, f"layer {i + 1}/{L}")
                 sub = spec.restrict(layer_of(spec, i))
-                extra = [n for n in checker.wanted(_layer_keys(b, names[0], i), shapes, i) if n not in names]
-                with clock("read"):
-                    ref = b.read(names + extra)  # B's layer as stored, with the other tensors the check loads
-                    la, lb = a.read(names, dt), {n: ref[n].to(dt) for n in names}
+                with clock("read"):  # as stored: kept (small) until the layer is finished
+                    raw_a, raw_b = a.read(names), b.read(names)
+                    la, lb = {n: raw_a[n].to(dt) for n in names}, {n: raw_b[n].to(dt) for n in names}
                 with clock("match"):
                     view_spec, (va, vb) = split_segments(sub, la, lb)
-                    res = match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2,
-                                          stage1_dtype=torch.float32 if b.dtype != torch.float64 else None)
-                    del va, vb
-                    out = apply(sub, res.transform, lb)
-                nb, na_, nf = (sum(sq(la[n] - lb[n]) for n in names), sum(sq(la[n] - out[n]) for n in names),
-                               sum(sq(la[n]) for n in names))
-                num["before"] += nb
-                num["after"] += na_
-                num["norm"] += nf
-                per_before.append((nb / nf) ** 0.5 if nf else nb ** 0.5)
-                per_after.append((na_ / nf) ** 0.5 if nf else na_ ** 0.5)
-                del la
-                stored = {n: out[n].to(b.tensors[n].dtype) for n in names}
-                with clock("verify"):
-                    exact = checker.check(ref, {**ref, **out}, i, exact_tol, stored=False)
-                    kept = checker.check(ref, {**ref, **stored}, i, tol)
-                    checks += [exact, kept]
-                    for c in (exact, kept):
-                        c.require(f"refusing to write {out_path}: aligned layer {i} changes B's layer output",
-                                  f"the {b.adapter.family} adapter or the matcher")
-                with clock("write"):
-                    for n in names:
-                        writer.put(n, stored[n])
-                        done.add(n)
-                layers.extend(res.to_dict()["layers"])
-                if return_transform:
-                    transform.update(res.transform)
-                for k, v in res.totals.items():
-                    totals[k] = totals.get(k, 0.0) + v
-                del lb, out, stored, ref, res
+                    if has_qknorm(view_spec):  # solved in one piece (no prepared form), here
+                        done_now: Future = Future()
+                        done_now.set_result(match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2,
+                                                            stage1_dtype=s1dtype))
+                        solved = done_now
+                    else:  # stage 1 and the Grams here; stage 2 on the worker thread, overlapping the next layer
+                        prep = prepare_attention(view_spec, va, vb, stage1=stage1, stage2=stage2,
+                                                 stage1_dtype=s1dtype)
+                        solved = pool.submit(solve_attention, prep)
+                    del va, vb, la, lb
+                waiting.append(_Pending(i, names, sub, raw_a, raw_b, solved))
+                del raw_a, raw_b
+                if len(waiting) > 1:
+                    finish(waiting.popleft())
+            while waiting:
+                finish(waiting.popleft())
             bar.update(a.bytes_read + b.bytes_read, "copying the other tensors")
             with clock("write"):
                 for n in b.keys:
                     if n not in done:
-                        writer.copy(n)
+                        writes.append(io.submit(writer.copy, n))
+                while writes:
+                    writes.popleft().result()
             bar.update(a.bytes_read + b.bytes_read, "done")
         with clock("write"):
             tmp = writer.stage(marker={"command": "align", "scope": "attention", "folded": False, "streamed": True,
                                        "a": str(Path(a_dir).resolve()), "b": str(Path(b_dir).resolve())})
             commit(tmp, out_path)
     except BaseException:
+        pool.shutdown(wait=True, cancel_futures=True)
+        io.shutdown(wait=True, cancel_futures=True)
         writer.abort()
         raise
+    pool.shutdown(wait=True)
+    io.shutdown(wait=True)
     rel = lambda x: (x / num["norm"]) ** 0.5 if num["norm"] else x ** 0.5  # noqa: E731
     res = new_result(b, spec, "streamed", {"total": rel(num["before"]), "per_layer": per_before},
                      {"total": rel(num["after"]), "per_layer": per_after}, 1, True, CheckReport.per_layer(checks),
@@ -182,6 +254,19 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
         stage1, stage2
     res.timings = clock.timings()
     return res
+
+
+@dataclass
+class _Pending:
+    """A layer between its stage-2 submission and its writing: its spec, its tensors as stored
+    (A's and B's, kept in the stored dtype until then) and the stage-2 result to come."""
+
+    i: int
+    names: list[str]
+    sub: object
+    raw_a: dict[str, torch.Tensor]
+    raw_b: dict[str, torch.Tensor]
+    solved: Future
 
 
 def _layer_keys(ck: LazyCheckpoint, probe: str, i: int) -> list[str]:

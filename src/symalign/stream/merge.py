@@ -9,22 +9,26 @@ the merged model is ``theta = sum_k w_k T_k . theta_k`` (``T_1 = id``), exactly 
    memory, every layer's function checked) into a scratch folder next to OUT;
 2. the average is formed tensor by tensor in row chunks of at most
    :data:`CHUNK_ELEMENTS` values: each input's rows are read lazily
-   (:class:`~symalign.stream.reader.LazyCheckpoint`), summed in float64, rounded to
-   the first checkpoint's dtype of that tensor, and written at their offsets into
-   OUT's shards (:class:`~symalign.stream.writer.ShardWriter`, the first checkpoint's
-   layout: shard names, index, header bytes, non-weight files); integer tensors are
-   the first checkpoint's bytes. Each aligned scratch checkpoint is deleted once the
-   average is written;
+   (:class:`~symalign.stream.reader.LazyCheckpoint`), summed in float32 for
+   bfloat16/float16 tensors and in float64 otherwise (the rounding argument:
+   :mod:`symalign.checkpoint.average`), rounded to the first checkpoint's dtype of that
+   tensor, and written at their offsets into OUT's shards by a writer thread while the
+   next chunk is read (:class:`~symalign.stream.writer.ShardWriter`, the first
+   checkpoint's layout: shard names, index, header bytes, non-weight files); integer
+   tensors are the first checkpoint's bytes. Each aligned scratch checkpoint is deleted
+   once the average is written;
 3. OUT is checked to load without materialising weights: every tensor header against
    the config (:func:`~symalign.stream.reader.open_checkpoint`), and the model class
    built on the meta device has exactly those names and shapes
    (:func:`check_loads_lazily`). Then OUT is committed atomically (nothing is left on
    any failure).
 
-Memory: one layer of two models during each alignment, then ``M + 1`` row chunks
-(``(M + 1) x 8 x CHUNK_ELEMENTS`` bytes at most) while averaging -- independent of the
-depth. The row chunks are exact (the average is elementwise), so the result is
-bit-identical to the in-memory merge of the same aligned checkpoints.
+Memory: one layer of two models during each alignment, then ``M`` input row chunks,
+the sum and its rounding, and :data:`WRITES_IN_FLIGHT` rounded chunks waiting to be
+written while averaging -- independent of the depth. The row chunks are exact (the
+average is elementwise) and the sums are :func:`symalign.checkpoint.average.weighted_average`,
+as in memory, so the result is bit-identical to the in-memory merge of the same aligned
+checkpoints.
 """
 
 from __future__ import annotations
@@ -32,18 +36,23 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from symalign.checkpoint import average
 from symalign.errors import CheckpointError, ConfigError
-from symalign.stream.memory import bound_heap, peak_rss, release
+from symalign.stream.memory import bound_heap, peak_rss
 from symalign.stream.progress import progress_bar
 from symalign.stream.reader import LazyCheckpoint, check_same_architecture, open_checkpoint
 from symalign.stream.writer import ShardWriter
+from symalign.tolerance import all_finite
 
-CHUNK_ELEMENTS = 1 << 22  # values per input read at a time while averaging (32 MiB in float64)
+CHUNK_ELEMENTS = 1 << 24  # values per input read at a time while averaging (32 MiB in bfloat16)
+WRITES_IN_FLIGHT = 2  # averaged blocks waiting for the writer thread at most
 
 
 def row_chunks(shape: tuple[int, ...], limit: int = CHUNK_ELEMENTS) -> list[tuple[int, int]]:
@@ -60,36 +69,76 @@ def row_chunks(shape: tuple[int, ...], limit: int = CHUNK_ELEMENTS) -> list[tupl
 def average_into(out_path: Path, inputs: Sequence[LazyCheckpoint], weights: Sequence[float],
                  marker: dict[str, Any], progress: bool = True) -> tuple[Path, int]:
     """Write ``sum_k w_k inputs[k]`` laid out like ``inputs[0]`` into a staged folder; returns it and the
-    bytes written. Float tensors: float64 sums in row chunks, rounded to ``inputs[0]``'s dtype; others copied."""
+    bytes written. Float tensors: row blocks of at most :data:`CHUNK_ELEMENTS` values, summed in
+    :func:`~symalign.checkpoint.average.accumulate_dtype` (float32 for bfloat16/float16, float64
+    otherwise) and rounded to ``inputs[0]``'s dtype; others copied.
+
+    One writer thread writes block ``j`` while block ``j + 1`` is read and summed (``pwrite``
+    releases the GIL; at most :data:`WRITES_IN_FLIGHT` blocks wait); every call on the
+    :class:`ShardWriter` goes through that thread. An input with NaN/Inf is found from the
+    average (a non-finite input makes it non-finite), then named."""
     like = inputs[0]
     writer = ShardWriter(out_path, like)
     total = sum(ck.nbytes for ck in inputs)
+    pending: deque[Future] = deque()
+    floats = [t for t in like.tensors.values() if t.dtype.is_floating_point and t.numel]
+    widest = max((t.dtype.itemsize for t in floats), default=1)
+    acc_bytes = max((average.accumulate_dtype(t.dtype).itemsize for t in floats), default=1)
+    cap = max([CHUNK_ELEMENTS] + [t.numel // max(1, t.shape[0]) for t in floats if t.shape])  # one row at least
+    # reused storage: the inputs' raw rows, the sum, the current term, and a ring of rounded chunks for the writer
+    raw = [torch.empty(cap * widest, dtype=torch.uint8) for _ in inputs]
+    acc, term = (torch.empty(cap * acc_bytes, dtype=torch.uint8) for _ in range(2))
+    ring = [torch.empty(cap * widest, dtype=torch.uint8) for _ in range(WRITES_IN_FLIGHT + 1)]
+    j = 0
+
+    def submit(fn, *args) -> None:
+        pending.append(pool.submit(fn, *args))
+        while len(pending) > WRITES_IN_FLIGHT:
+            pending.popleft().result()
+
     try:
-        with progress_bar(total, "merge (streamed average)", progress) as bar:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="symalign-write") as pool, \
+                progress_bar(total, "merge (streamed average)", progress) as bar:
             order = sorted(like.tensors.values(), key=lambda t: (str(t.file), t.start))  # sequential writes
             for info in order:
                 n = info.name
                 if not info.dtype.is_floating_point or info.numel == 0:
-                    writer.copy(n)
+                    submit(writer.copy, n)
                     continue
                 for lo, hi in row_chunks(info.shape):
-                    if not info.shape:  # a scalar tensor
-                        acc = sum(w * ck.read([n], torch.float64)[n] for w, ck in zip(weights, inputs))
-                        writer.put(n, acc)
-                        continue
-                    acc = torch.zeros((hi - lo, *info.shape[1:]), dtype=torch.float64)
-                    for w, ck in zip(weights, inputs):
-                        acc += w * ck.read_rows(n, lo, hi, torch.float64)  # as merge.weighted_average
-                    writer.put_rows(n, lo, acc)
-                    del acc
+                    xs = [ck.read_rows_into(n, lo, hi, r) for ck, r in zip(inputs, raw)]
+                    dt = average.accumulate_dtype(info.dtype)
+                    s = average.weighted_sum(xs, weights, info.dtype, acc.view(dt), term.view(dt))
+                    slot = ring[j % len(ring)].view(info.dtype)  # free: at most WRITES_IN_FLIGHT writes wait
+                    j += 1
+                    avg = slot[:s.numel()].view(s.shape)
+                    avg.copy_(s)
+                    if not all_finite(avg):
+                        _non_finite(n, inputs, xs)
+                    if not info.shape:
+                        submit(writer.put, n, avg)
+                    else:
+                        submit(writer.put_rows, n, lo, avg)
                 bar.update(sum(ck.bytes_read for ck in inputs), n)
-                release()
+            while pending:
+                pending.popleft().result()
             bar.update(total, "done")
         tmp = writer.stage(marker=marker)
     except BaseException:
+        for f in pending:
+            f.cancel()
         writer.abort()
         raise
     return tmp, writer.bytes_written
+
+
+def _non_finite(name: str, inputs: Sequence[LazyCheckpoint], xs: Sequence[torch.Tensor]) -> None:
+    """Raise the error for a non-finite average of tensor ``name``: the input that has NaN/Inf, else overflow."""
+    for ck, x in zip(inputs, xs):
+        if not all_finite(x):
+            raise CheckpointError(f"{ck.path}: tensor {name!r} contains NaN or Inf values")
+    raise CheckpointError(f"the weighted average of tensor {name!r} overflows {str(inputs[0].tensors[name].dtype)}; "
+                          "use weights between 0 and 1")
 
 
 def check_loads_lazily(path: Path) -> dict[str, Any]:
