@@ -15,18 +15,45 @@ over the tensors ``X`` and ``U`` act on splits per expert slot:
 with ``F^u[e]`` (``F x K``) expert ``e``'s unit rows of every tensor ``u`` acts on (each
 segment's unit axis first, the rest flattened, concatenated over the tensors) and
 ``R[e]`` its rows of the tensors only ``X`` acts on (the router). For a fixed pair
-``(a, b)`` the best ``sigma`` is a linear assignment on ``F^u_A[a] F^u_B[b]^T`` with value
-``v_u(a, b)``; so the joint minimiser is the assignment over experts maximising
-``S[a, b] = sum_u v_u(a, b) + <R_A[a], R_B[b]>``, each expert then keeping the unit
-matching of its pair. :func:`match_experts` returns that exact block minimiser: ``E^2``
-unit assignments of size ``F`` and one of size ``E`` (cost ``O(E^2 F^2 K)`` products plus
-``E^2`` assignments ``O(F^3)``, memory ``O(F^2)`` beyond the features: instant for tiny models, heavy for
-full-size ones).
+``(a, b)`` the best ``sigma`` is a linear assignment on ``C^u_ab = F^u_A[a] F^u_B[b]^T``
+with value ``v_u(a, b)``; so the joint minimiser is the assignment over experts
+maximising ``S[a, b] = sum_u v_u(a, b) + <R_A[a], R_B[b]>``, each expert then keeping the
+unit matching of its pair.
+
+**Exact, with about ``E`` unit assignments instead of ``E^2``** (``method="exact"``, the
+default). Every feasible dual of a pair's assignment, ``u_i + w_j >= C_ij``, bounds its
+value: ``v(a, b) <= sum_i u_i + sum_j w_j`` (weak duality). :func:`dual_bound` starts
+from the row maxima (``w = 0``) and takes a few exact block-coordinate steps
+(``w_j = max_i C_ij - u_i``, ``u_i = max_j C_ij - w_j``), ``O(F^2)`` each, on the
+product ``C`` every method needs. With ``M[a, b]`` the bound (plus the router term and
+a rigorous floating-point margin) for every pair, repeat: solve the ``E x E`` assignment
+on ``M``; compute the exact ``v`` (one ``F x F`` assignment) of each of its pairs still
+holding a bound, and write it into ``M``. When every pair of the assignment is exact it
+is optimal for ``S`` (``M >= S`` everywhere and ``M = S`` on it), so the result is the
+all-pairs one whenever that optimum is unique (a tie can only pick another optimum of
+equal value). Cost: the ``E^2`` products ``O(E^2 F^2 K)`` (the floor of any method that
+looks at every pair), ``O(E^2 F^2)`` for the bounds, and one assignment per pair that
+reaches an assignment on ``M`` (``E`` when the experts are told apart, as with a planted
+or nearly aligned pair; more on near-ties). ``method="all-pairs"`` is the reference:
+``E^2`` assignments.
+
+**Approximate** (``method="paired"``, opt-in): the expert pairing is the assignment on a
+permutation-invariant lower bound of ``S`` that needs no ``F x F`` product,
+``L[a, b] = <R_A[a], R_B[b]> + F sum_u <mean_i F^u_A[a]_i, mean_j F^u_B[b]_j>`` (the mean of
+``<F_A[a], sigma F_B[b]>`` over all ``sigma``: at most ``v``); then the ``E`` products and
+assignments of the chosen pairs. It recovers a planted element but is not the joint
+optimum in general; ``benchmarks/bench_experts.py`` measures how often and by how much
+it differs.
+
+Memory: the ``(E, F, K)`` features of both sides plus one ``F x F`` product (two for
+:func:`dual_bound`'s chunked passes are avoided: it works in row chunks).
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+import time
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
 
 import torch
 from torch import Tensor
@@ -34,6 +61,25 @@ from torch import Tensor
 from symalign.errors import MatchError
 from symalign.groups import BlockPermutations, Permutation, assign_max
 from symalign.spec import SymmetrySpec, Transform, segment_view
+
+Method = Literal["exact", "all-pairs", "paired"]
+METHODS: tuple[str, ...] = ("exact", "all-pairs", "paired")
+CHUNK_BYTES = 1 << 28  # products of several expert pairs are formed together up to this size
+DUAL_ROUNDS = 2  # block-coordinate steps of dual_bound after the row maxima
+
+
+@dataclass
+class ExpertStats:
+    """What one :func:`match_experts` call did: pairs whose product was formed, unit assignments
+    solved, ``E x E`` assignments solved, and seconds in the products (incl. bounds) and the
+    unit assignments."""
+
+    products: int = 0
+    unit_assignments: int = 0
+    expert_assignments: int = 0
+    time_products_s: float = 0.0
+    time_assignments_s: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
 
 
 def expert_units(spec: SymmetrySpec) -> dict[str, tuple[str, ...]]:
@@ -59,13 +105,30 @@ def _unit_features(spec: SymmetrySpec, unit: str, state: Mapping[str, Tensor]) -
     return torch.cat(parts, dim=2)
 
 
-def match_experts(spec: SymmetrySpec, experts: str, units: tuple[str, ...], state_a: Mapping[str, Tensor],
-                  state_b: Mapping[str, Tensor]) -> Transform:
-    """The exact joint minimiser over ``experts`` and its coupled ``units`` (module docstring).
+def dual_bound(c: Tensor, rounds: int = DUAL_ROUNDS, chunk_rows: int = 1024) -> Tensor:
+    r"""Upper bounds on ``max_sigma sum_i c[..., i, sigma(i)]`` for a batch of square ``c`` (``(..., n, n)``).
 
-    ``state_b``: B with every other space applied to the tensors these spaces act on.
-    Returns ``{experts: pi, unit: sigma (E, F), ...}``.
+    Weak duality of the assignment: any ``u, w`` with ``u_i + w_j >= c_ij`` for all
+    ``i, j`` gives ``sum_i u_i + sum_j w_j >= sum_i c_{i sigma(i)}`` for every ``sigma``.
+    Start at ``u_i = max_j c_ij``, ``w = 0`` (the row-maximum bound), then ``rounds``
+    times ``w_j = max_i (c_ij - u_i)`` and ``u_i = max_j (c_ij - w_j)``: each is the
+    exact minimiser of the dual over one block given the other, so the bound only
+    tightens and stays feasible. Rows are processed ``chunk_rows`` at a time (no
+    ``n x n`` temporary). Returns ``(...)`` (float64 sums; add a rounding margin for a
+    rigorous bound, as :func:`match_experts` does).
     """
+    n = c.shape[-2]
+    chunks = [slice(i, min(n, i + chunk_rows)) for i in range(0, n, chunk_rows)]
+    u = torch.cat([c[..., s, :].amax(-1) for s in chunks], dim=-1)
+    w = torch.zeros(c.shape[:-2] + c.shape[-1:], dtype=c.dtype)
+    for _ in range(rounds):
+        w = torch.stack([(c[..., s, :] - u[..., s, None]).amax(-2) for s in chunks]).amax(0)
+        u = torch.cat([(c[..., s, :] - w[..., None, :]).amax(-1) for s in chunks], dim=-1)
+    return u.sum(-1) + w.sum(-1)
+
+
+def _block(spec: SymmetrySpec, experts: str, units: tuple[str, ...], state_a, state_b):
+    """Check the declaration; return the router score ``<R_A[a], R_B[b]>`` and each unit space's features."""
     E = spec.spaces[experts].n
     unit_set = set(units)
     router = []  # tensors only the expert permutation (of these spaces) acts on
@@ -82,24 +145,117 @@ def match_experts(spec: SymmetrySpec, experts: str, units: tuple[str, ...], stat
     for t in router:
         ra, rb = (st[t].to(torch.float64).reshape(E, -1) for st in (state_a, state_b))
         score += ra @ rb.T
-    best: dict[str, list[list[Tensor]]] = {}
-    for u in units:
-        fa, fb = _unit_features(spec, u, state_a), _unit_features(spec, u, state_b)
-        perms: list[list[Tensor]] = []
+    feats = [(_unit_features(spec, u, state_a), _unit_features(spec, u, state_b)) for u in units]
+    return score, feats
+
+
+def _pair_lap(fa: Tensor, fb: Tensor, a: int, b: int, stats: ExpertStats) -> tuple[Tensor, Tensor]:
+    """The unit assignment of pair ``(a, b)`` and its value (the product formed as the reference does)."""
+    t0 = time.perf_counter()
+    cross = fa[a] @ fb[b].T
+    t1 = time.perf_counter()
+    p = assign_max(cross)
+    stats.time_products_s += t1 - t0
+    stats.time_assignments_s += time.perf_counter() - t1
+    stats.unit_assignments += 1
+    return p, cross.gather(1, p.view(-1, 1)).sum()
+
+
+def _all_pairs(score: Tensor, feats, stats: ExpertStats):
+    E = score.shape[0]
+    best = []
+    for fa, fb in feats:
+        perms = {}
         for a in range(E):
-            row = []
             for b in range(E):  # one (F, F) cross matrix at a time: memory O(F^2)
-                cross = fa[a] @ fb[b].T
-                p = assign_max(cross)
-                score[a, b] += cross.gather(1, p.view(-1, 1)).sum()
-                row.append(p)
-            perms.append(row)
-        best[u] = perms
-    pi = assign_max(score)
-    out: Transform = {experts: pi}
-    for u in units:
-        out[u] = torch.stack([best[u][e][int(pi[e])] for e in range(E)])
+                perms[a, b], val = _pair_lap(fa, fb, a, b, stats)
+                score[a, b] += val
+        stats.products += E * E
+        best.append(perms)
+    stats.expert_assignments += 1
+    return assign_max(score), best
+
+
+def _bounds(fa: Tensor, fb: Tensor, stats: ExpertStats) -> Tensor:
+    """``(E, E)``: a rigorous upper bound on each pair's unit-assignment value (:func:`dual_bound` plus a margin
+    covering the rounding of the products and of the dual sums)."""
+    t0 = time.perf_counter()
+    E, F, K = fa.shape
+    group = max(1, CHUNK_BYTES // (F * F * 8))
+    fbt = fb.reshape(E * F, K)
+    out = torch.empty(E, E, dtype=torch.float64)
+    for a in range(E):
+        for b0 in range(0, E, group):
+            b1 = min(E, b0 + group)
+            c = (fa[a] @ fbt[b0 * F:b1 * F].T).view(F, b1 - b0, F).transpose(0, 1)
+            out[a, b0:b1] = dual_bound(c)
+    # |fl(C_ij) - C_ij| <= K eps |x_i| |y_j| (dot products), and the dual's subtractions and sums add
+    # O(F eps) relative: margin = 2 (K + F + 4) eps sum_i |x_i| max_j |y_j| covers both.
+    eps = torch.finfo(torch.float64).eps
+    na, nb = fa.norm(dim=2), fb.norm(dim=2)
+    out += 2 * (K + F + 4) * eps * na.sum(1)[:, None] * nb.amax(1)[None, :]
+    stats.products += E * E
+    stats.time_products_s += time.perf_counter() - t0
     return out
 
 
-__all__ = ["expert_units", "match_experts"]
+def _exact(score: Tensor, feats, stats: ExpertStats):
+    E = score.shape[0]
+    m = score + sum(_bounds(fa, fb, stats) for fa, fb in feats)
+    exact = torch.zeros(E, E, dtype=torch.bool)
+    best: list[dict] = [{} for _ in feats]
+    while True:
+        pi = assign_max(m)
+        stats.expert_assignments += 1
+        todo = [(a, int(pi[a])) for a in range(E) if not exact[a, int(pi[a])]]
+        if not todo:
+            return pi, best
+        for a, b in todo:
+            val = score[a, b].clone()
+            for k, (fa, fb) in enumerate(feats):
+                best[k][a, b], v = _pair_lap(fa, fb, a, b, stats)
+                val += v
+            m[a, b], exact[a, b] = val, True
+            stats.products += len(feats)
+
+
+def _paired(score: Tensor, feats, stats: ExpertStats):
+    E = score.shape[0]
+    low = score.clone()
+    for fa, fb in feats:
+        low += fa.shape[1] * (fa.mean(1).reshape(E, -1) @ fb.mean(1).reshape(E, -1).T)
+    pi = assign_max(low)
+    stats.expert_assignments += 1
+    best: list[dict] = [{} for _ in feats]
+    for a in range(E):
+        for k, (fa, fb) in enumerate(feats):
+            best[k][a, int(pi[a])], _ = _pair_lap(fa, fb, a, int(pi[a]), stats)
+            stats.products += 1
+    return pi, best
+
+
+def match_experts(spec: SymmetrySpec, experts: str, units: tuple[str, ...], state_a: Mapping[str, Tensor],
+                  state_b: Mapping[str, Tensor], method: Method = "exact",
+                  stats: ExpertStats | None = None) -> Transform:
+    """The joint minimiser over ``experts`` and its coupled ``units`` (module docstring).
+
+    ``state_b``: B with every other space applied to the tensors these spaces act on.
+    ``method``: ``"exact"`` (bounds, then only the unit assignments that can still win: the
+    all-pairs result), ``"all-pairs"`` (every pair's assignment; the reference) or ``"paired"``
+    (approximate: experts paired by a permutation-invariant lower bound, ``E`` assignments).
+    ``stats``: filled with what was computed when given.
+    Returns ``{experts: pi, unit: sigma (E, F), ...}``.
+    """
+    if method not in METHODS:
+        raise MatchError(f"unknown expert matching method {method!r}; use one of {', '.join(METHODS)}")
+    stats = stats if stats is not None else ExpertStats()
+    score, feats = _block(spec, experts, units, state_a, state_b)
+    solve = {"exact": _exact, "all-pairs": _all_pairs, "paired": _paired}[method]
+    pi, best = solve(score, feats, stats)
+    out: Transform = {experts: pi}
+    for u, perms in zip(units, best):
+        out[u] = torch.stack([perms[e, int(pi[e])] for e in range(len(pi))])
+    return out
+
+
+__all__ = ["ExpertStats", "METHODS", "dual_bound", "expert_units", "match_experts"]
