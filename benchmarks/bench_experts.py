@@ -1,6 +1,7 @@
 """Time the joint expert + unit matching of one mixture-of-experts layer (``symalign.match.experts``).
 
-Usage: ``.venv/bin/python benchmarks/bench_experts.py [--sizes E,F,D ...] [--cases ...] [--threads N] [--json OUT]``.
+Usage: ``.venv/bin/python benchmarks/bench_experts.py [--sizes E,F,D[:case+case] ...] [--cases ...]
+[--lap-sizes N ...] [--threads N] [--json OUT]``.
 
 Random router ``(E, D)``, ``gate_up_proj`` ``(E, 2F, D)`` and ``down_proj`` ``(E, D, F)`` (A, seed 0).
 B is, per case: ``planted``: a random element (expert permutation with the router rows,
@@ -9,11 +10,12 @@ per-expert unit permutations) of A plus relative noise 0.1; ``related``: the sam
 runs the three methods of ``match_experts`` and the floor:
 
 * ``floor``: the ``E^2`` products ``F_A[a] F_B[b]^T`` alone (formed as the exact method forms them);
-* ``exact``: bounds on every pair, then unit assignments only for pairs that can still win;
+* ``exact``: bounds on every pair (product-free Gram bounds first where ``use_gram_screen``), then
+  products and unit assignments only for pairs that can still win;
 * ``all-pairs``: the reference, ``E^2`` unit assignments (skipped above ``--all-pairs-max-f``);
 * ``paired``: approximate, experts paired by a permutation-invariant lower bound, ``E`` assignments.
 
-Prints one table row per (size, case): seconds, unit assignments, ratios ``exact / all-pairs`` and
+Prints one table row per (size, case): seconds, unit assignments, products formed, ratios ``exact / all-pairs`` and
 ``exact / floor``, whether ``exact`` equals ``all-pairs`` (both permutations), whether the planted
 element is recovered, and whether ``paired`` differs from ``exact`` and by how much (relative
 increase of the block's squared distance). ``--json`` writes the rows with provenance.
@@ -28,7 +30,7 @@ import torch
 
 from symalign.atomic import write_json
 from symalign.groups import BlockPermutations, Permutation
-from symalign.match.experts import CHUNK_BYTES, ExpertStats, _unit_features, match_experts
+from symalign.match.experts import ExpertStats, _unit_features, match_experts, use_gram_screen
 from symalign.provenance import provenance
 from symalign.spec import SymmetrySpec, apply, invert, sample
 
@@ -63,15 +65,13 @@ def pair(spec, a, case: str, E: int, F: int, D: int):
 
 
 def floor_s(spec, a, b) -> float:
-    """Seconds for the ``E^2`` products alone (chunked as ``match_experts`` forms them)."""
+    """Seconds for the ``E^2`` products ``F_A[a] F_B[b]^T`` alone (formed as ``match_experts`` forms them)."""
     fa, fb = _unit_features(spec, "units", a), _unit_features(spec, "units", b)
-    E, F, K = fa.shape
-    group = max(1, CHUNK_BYTES // (F * F * 8))
-    fbt = fb.reshape(E * F, K)
+    E = fa.shape[0]
     t0 = time.perf_counter()
     for i in range(E):
-        for b0 in range(0, E, group):
-            c = fa[i] @ fbt[b0 * F:min(E, b0 + group) * F].T
+        for j in range(E):
+            c = fa[i] @ fb[j].T
             del c
     return time.perf_counter() - t0
 
@@ -92,24 +92,44 @@ def same(x, y) -> bool:
     return all(torch.equal(x[k], y[k]) for k in ("experts", "units"))
 
 
+def lap_time(n: int, K: int = 256) -> dict:
+    """One unit assignment of size ``n`` alone (``assign_max``, as the dense FF step does): the cost
+    ``X (P X + 0.1 noise)^T`` of a planted unit permutation."""
+    from symalign.groups import assign_max
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, K, generator=g, dtype=torch.float64)
+    p = torch.randperm(n, generator=g)
+    y = x[p] + 0.1 * torch.randn(n, K, generator=g, dtype=torch.float64)
+    t0 = time.perf_counter()
+    c = x @ y.T
+    t1 = time.perf_counter()
+    q = assign_max(c)
+    t2 = time.perf_counter()
+    return {"n": n, "K": K, "product_s": t1 - t0, "assignment_s": t2 - t1, "recovered": bool(torch.equal(p[q], torch.arange(n)))}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", nargs="*", default=["8,256,256", "8,1024,512", "32,256,256", "64,128,256",
                                                    "64,256,512", "8,4096,512"])
-    ap.add_argument("--cases", nargs="*", default=["planted", "related", "independent"])
+    ap.add_argument("--cases", nargs="*", default=["planted", "related", "independent"],
+                    help="cases for every size without its own (a size E,F,D:planted+related names its cases)")
     ap.add_argument("--all-pairs-max-f", type=int, default=4096, help="skip the all-pairs reference above this F")
+    ap.add_argument("--lap-sizes", nargs="*", type=int, default=[], help="also time one planted unit assignment of each size")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="write the rows (with provenance) here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
-    print("| E | F | D | case | floor s | exact s | LAPs | all-pairs s | LAPs | exact/all-pairs | exact/floor "
+    print("| E | F | D | case | floor s | exact s | LAPs | products | all-pairs s | LAPs | exact/all-pairs | exact/floor "
           "| exact == all-pairs | planted recovered | paired s | paired differs | paired distance excess |")
-    print("|" + "---|" * 16)
+    print("|" + "---|" * 17)
     for size in args.sizes:
+        size, _, only = size.partition(":")
         E, F, D = (int(v) for v in size.split(","))
         spec, a = layer(E, F, D)
-        for case in args.cases:
+        for case in (only.split("+") if only else args.cases):
             b, planted = pair(spec, a, case, E, F, D)
             fl = floor_s(spec, a, b)
             ex, t_ex, st_ex = run(spec, a, b, "exact")
@@ -118,7 +138,8 @@ def main() -> None:
             d_ex, d_pa = distance(spec, ex, a, b), distance(spec, pa, a, b)
             row = {"E": E, "F": F, "D": D, "case": case, "floor_s": fl, "exact_s": t_ex,
                    "exact_unit_assignments": st_ex.unit_assignments,
-                   "exact_expert_assignments": st_ex.expert_assignments,
+                   "exact_expert_assignments": st_ex.expert_assignments, "exact_products": st_ex.products,
+                   "gram_screen": use_gram_screen(E, F, 3 * D), "exact_gram_s": st_ex.extra.get("time_gram_s"),
                    "exact_products_s": st_ex.time_products_s, "exact_assignments_s": st_ex.time_assignments_s,
                    "exact_over_floor": t_ex / fl,
                    "planted_recovered": None if planted is None else same(ex, invert(spec, planted)),
@@ -134,12 +155,18 @@ def main() -> None:
                 return "-" if row.get(k) is None else fmt.format(row[k])
 
             print(f"| {E} | {F} | {D} | {case} | {fl:.2f} | {t_ex:.2f} | {st_ex.unit_assignments} | "
+                  f"{st_ex.products}{' (Gram screen)' if row['gram_screen'] else ''} | "
                   f"{f('all_pairs_s')} | {f('all_pairs_unit_assignments', '{}')} | {f('exact_over_all_pairs', '{:.3f}')} "
                   f"| {row['exact_over_floor']:.2f} | {f('exact_equals_all_pairs', '{}')} | "
                   f"{f('planted_recovered', '{}')} | {t_pa:.2f} | {row['paired_differs']} | "
                   f"{row['paired_distance_excess']:.2e} |", flush=True)
+    laps = [lap_time(n) for n in args.lap_sizes]
+    if laps:
+        print("\n| n | product s (K = 256) | unit assignment s (planted) | recovered |\n|---|---|---|---|")
+        for r in laps:
+            print(f"| {r['n']} | {r['product_s']:.2f} | {r['assignment_s']:.2f} | {r['recovered']} |", flush=True)
     if args.json:
-        write_json(args.json, {"provenance": provenance(threads=args.threads), "rows": rows})
+        write_json(args.json, {"provenance": provenance(threads=args.threads), "rows": rows, "lap": laps})
 
 
 if __name__ == "__main__":

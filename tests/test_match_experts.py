@@ -6,7 +6,7 @@
   permutations as the all-pairs reference, and both reach the brute-force optimum over every
   ``(pi, sigma)`` (tiny layers, two unit spaces);
 * a planted element (plus noise) is recovered exactly by every method, ``exact`` with ``E``
-  unit assignments instead of ``E^2``.
+  unit assignments instead of ``E^2`` (and, where the Gram screen applies, ``E`` products).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from scipy.optimize import linear_sum_assignment
 
 from symalign.errors import MatchError
 from symalign.groups import BlockPermutations, Permutation
-from symalign.match.experts import ExpertStats, dual_bound, match_experts
+from symalign.match.experts import ExpertStats, dual_bound, match_experts, use_gram_screen
 from symalign.spec import SymmetrySpec, apply, invert, sample
 
 
@@ -71,7 +71,7 @@ def test_dual_bound_bounds_the_assignment_and_beats_row_maxima():
     assert float(dual_bound(c[0], rounds=0)) == pytest.approx(float(c[0].amax(1).sum()))
 
 
-@pytest.mark.parametrize("E,F,D", [(3, 4, 3), (5, 6, 4), (8, 16, 6), (12, 8, 5)])
+@pytest.mark.parametrize("E,F,D", [(3, 4, 3), (5, 6, 4), (8, 16, 6), (12, 8, 5), (32, 8, 6)])
 def test_exact_equals_all_pairs_on_unrelated_layers(E, F, D):
     for seed in range(4):
         spec, a, units = layer(E, F, D, 0)
@@ -102,9 +102,9 @@ def test_exact_is_the_brute_force_optimum_with_two_unit_spaces():
 
 
 @pytest.mark.parametrize("method", ["exact", "all-pairs", "paired"])
-def test_planted_element_is_recovered_exactly(method):
-    E, F = 8, 24
-    spec, a, units = layer(E, F, 10, 0)
+@pytest.mark.parametrize("E,F,D", [(8, 24, 10), (32, 8, 8)])
+def test_planted_element_is_recovered_exactly(method, E, F, D):
+    spec, a, units = layer(E, F, D, 0)
     for seed in (1, 2):
         t = sample(spec, seed)
         g = torch.Generator().manual_seed(seed)
@@ -116,6 +116,8 @@ def test_planted_element_is_recovered_exactly(method):
         for k in got:
             assert torch.equal(got[k], inv[k]), (seed, k)
         assert st.unit_assignments == (E * E if method == "all-pairs" else E)
+        if method == "exact":  # (32, 8, 8): screened by the Gram bound, products only for the E winners
+            assert st.products == (E if use_gram_screen(E, F, 3 * D) else E * E)
 
 
 def test_unknown_method_is_refused():

@@ -64,7 +64,8 @@ from symalign.spec import SymmetrySpec, Transform, segment_view
 
 Method = Literal["exact", "all-pairs", "paired"]
 METHODS: tuple[str, ...] = ("exact", "all-pairs", "paired")
-CHUNK_BYTES = 1 << 28  # products of several expert pairs are formed together up to this size
+CHUNK_BYTES = 1 << 28  # Gram rows formed together (bytes)
+CACHE_BYTES = 1 << 29  # products kept between a pair's bound and its assignment (bytes)
 DUAL_ROUNDS = 2  # block-coordinate steps of dual_bound after the row maxima
 
 
@@ -149,74 +150,126 @@ def _block(spec: SymmetrySpec, experts: str, units: tuple[str, ...], state_a, st
     return score, feats
 
 
-def _pair_lap(fa: Tensor, fb: Tensor, a: int, b: int, stats: ExpertStats) -> tuple[Tensor, Tensor]:
-    """The unit assignment of pair ``(a, b)`` and its value (the product formed as the reference does)."""
-    t0 = time.perf_counter()
-    cross = fa[a] @ fb[b].T
-    t1 = time.perf_counter()
-    p = assign_max(cross)
-    stats.time_products_s += t1 - t0
-    stats.time_assignments_s += time.perf_counter() - t1
-    stats.unit_assignments += 1
-    return p, cross.gather(1, p.view(-1, 1)).sum()
+class _Products:
+    """The cross products ``C_ab = F_A[a] F_B[b]^T`` of one unit space, formed as the all-pairs reference forms
+    them (so a unit assignment sees the same numbers), kept between a pair's bound and its assignment while
+    they fit in ``budget`` bytes (else formed again: at most one extra product per assigned pair)."""
+
+    def __init__(self, fa: Tensor, fb: Tensor, stats: ExpertStats, budget: int = CACHE_BYTES):
+        self.fa, self.fb, self.stats, self.budget = fa, fb, stats, budget
+        self.kept: dict[tuple[int, int], Tensor] = {}
+        E, F, K = fa.shape
+        eps = torch.finfo(torch.float64).eps
+        # |fl(C_ij) - C_ij| <= K eps |x_i| |y_j| (dot products), and the dual's subtractions and sums add
+        # O(F eps) relative: margin = 2 (K + F + 4) eps sum_i |x_i| max_j |y_j| covers both.
+        self.margin = 2 * (K + F + 4) * eps * fa.norm(dim=2).sum(1)[:, None] * fb.norm(dim=2).amax(1)[None, :]
+
+    def cross(self, a: int, b: int, keep: bool = False) -> Tensor:
+        c = self.kept.pop((a, b), None)
+        if c is None:
+            t0 = time.perf_counter()
+            c = self.fa[a] @ self.fb[b].T
+            self.stats.products += 1
+            self.stats.time_products_s += time.perf_counter() - t0
+        if keep and c.numel() * c.element_size() * (len(self.kept) + 1) <= self.budget:
+            self.kept[a, b] = c
+        return c
+
+    def bound(self, a: int, b: int, keep: bool = False) -> Tensor:
+        """A rigorous upper bound on the pair's assignment value (:func:`dual_bound` plus the margin)."""
+        c = self.cross(a, b, keep)
+        t0 = time.perf_counter()
+        out = dual_bound(c) + self.margin[a, b]
+        self.stats.time_products_s += time.perf_counter() - t0
+        return out
+
+    def assign(self, a: int, b: int) -> tuple[Tensor, Tensor]:
+        """The pair's unit assignment and its value."""
+        c = self.cross(a, b)
+        t0 = time.perf_counter()
+        p = assign_max(c)
+        self.stats.time_assignments_s += time.perf_counter() - t0
+        self.stats.unit_assignments += 1
+        return p, c.gather(1, p.view(-1, 1)).sum()
 
 
 def _all_pairs(score: Tensor, feats, stats: ExpertStats):
     E = score.shape[0]
     best = []
     for fa, fb in feats:
+        prod = _Products(fa, fb, stats)
         perms = {}
         for a in range(E):
             for b in range(E):  # one (F, F) cross matrix at a time: memory O(F^2)
-                perms[a, b], val = _pair_lap(fa, fb, a, b, stats)
+                perms[a, b], val = prod.assign(a, b)
                 score[a, b] += val
-        stats.products += E * E
         best.append(perms)
     stats.expert_assignments += 1
     return assign_max(score), best
 
 
-def _bounds(fa: Tensor, fb: Tensor, stats: ExpertStats) -> Tensor:
-    """``(E, E)``: a rigorous upper bound on each pair's unit-assignment value (:func:`dual_bound` plus a margin
-    covering the rounding of the products and of the dual sums)."""
-    t0 = time.perf_counter()
+def _gram_bounds(fa: Tensor, fb: Tensor) -> Tensor:
+    r"""``(E, E)``: ``sqrt(F) ||F_A[a] F_B[b]^T||_F`` plus a rounding margin, an upper bound on each pair's
+    unit-assignment value that needs no ``F x F`` product.
+
+    ``v(a, b) = <P, C_ab> <= ||P||_F ||C_ab||_F = sqrt(F) ||C_ab||_F`` (Cauchy-Schwarz, ``P`` a permutation
+    matrix), and ``||X Y^T||_F^2 = <X^T X, Y^T Y>``: the ``K x K`` Grams of the unit sets, formed
+    ``chunk`` rows at a time (memory ``O(E chunk K)``; cost ``2 E F K^2 + E^2 K^2``).
+    """
     E, F, K = fa.shape
-    group = max(1, CHUNK_BYTES // (F * F * 8))
-    fbt = fb.reshape(E * F, K)
-    out = torch.empty(E, E, dtype=torch.float64)
-    for a in range(E):
-        for b0 in range(0, E, group):
-            b1 = min(E, b0 + group)
-            c = (fa[a] @ fbt[b0 * F:b1 * F].T).view(F, b1 - b0, F).transpose(0, 1)
-            out[a, b0:b1] = dual_bound(c)
-    # |fl(C_ij) - C_ij| <= K eps |x_i| |y_j| (dot products), and the dual's subtractions and sums add
-    # O(F eps) relative: margin = 2 (K + F + 4) eps sum_i |x_i| max_j |y_j| covers both.
+    chunk = max(1, CHUNK_BYTES // (2 * E * K * 8))
+    sq = torch.zeros(E, E, dtype=torch.float64)
+    for r0 in range(0, K, chunk):
+        r = slice(r0, min(K, r0 + chunk))
+        ga = (fa[:, :, r].transpose(1, 2) @ fa).reshape(E, -1)  # rows r of each Gram
+        gb = (fb[:, :, r].transpose(1, 2) @ fb).reshape(E, -1)
+        sq += ga @ gb.T
     eps = torch.finfo(torch.float64).eps
-    na, nb = fa.norm(dim=2), fb.norm(dim=2)
-    out += 2 * (K + F + 4) * eps * na.sum(1)[:, None] * nb.amax(1)[None, :]
-    stats.products += E * E
-    stats.time_products_s += time.perf_counter() - t0
-    return out
+    na, nb = fa.square().sum((1, 2)), fb.square().sum((1, 2))  # ||X||_F^2 ||Y||_F^2 >= |<G_X, G_Y>| terms
+    err = 4 * (F + K + 4) * eps * na[:, None] * nb[None, :]
+    return F ** 0.5 * (sq.clamp_min(0) + err).sqrt()
+
+
+def use_gram_screen(E: int, F: int, K: int) -> bool:
+    """Whether :func:`match_experts` screens pairs by :func:`_gram_bounds` first: only where it can prune
+    (``F < K``: a matched pair's value ``~ F K`` exceeds an unrelated pair's bound ``~ F^1.5 K^0.5``) and
+    costs at most a quarter of the ``E^2`` products (``2 E F K^2 <= E^2 F^2 K / 4``)."""
+    return F < K and 8 * K <= E * F
 
 
 def _exact(score: Tensor, feats, stats: ExpertStats):
     E = score.shape[0]
-    m = score + sum(_bounds(fa, fb, stats) for fa, fb in feats)
-    exact = torch.zeros(E, E, dtype=torch.bool)
+    prods = [_Products(fa, fb, stats) for fa, fb in feats]
+    F, K = feats[0][0].shape[1], sum(fa.shape[2] for fa, _ in feats)
+    if use_gram_screen(E, F, K) and len({fa.shape[1] for fa, _ in feats}) == 1:
+        # level 0: product-free bounds; a pair reaching an assignment gets its product's dual bound
+        t0 = time.perf_counter()
+        m = score + sum(_gram_bounds(fa, fb) for fa, fb in feats)
+        stats.extra["time_gram_s"] = time.perf_counter() - t0
+        level = torch.zeros(E, E, dtype=torch.int64)
+    else:  # level 1: every pair's dual bound (E^2 products)
+        m = score.clone()
+        for a in range(E):
+            for b in range(E):
+                m[a, b] += sum(p.bound(a, b, keep=True) for p in prods)
+        level = torch.ones(E, E, dtype=torch.int64)
     best: list[dict] = [{} for _ in feats]
     while True:
         pi = assign_max(m)
         stats.expert_assignments += 1
-        todo = [(a, int(pi[a])) for a in range(E) if not exact[a, int(pi[a])]]
+        todo = [(a, int(pi[a])) for a in range(E) if level[a, int(pi[a])] < 2]
         if not todo:
             return pi, best
         for a, b in todo:
-            val = score[a, b].clone()
-            for k, (fa, fb) in enumerate(feats):
-                best[k][a, b], v = _pair_lap(fa, fb, a, b, stats)
-                val += v
-            m[a, b], exact[a, b] = val, True
-            stats.products += len(feats)
+            if level[a, b] == 0:  # a bound never rises above the one it refines (both bound the same value)
+                m[a, b] = torch.minimum(score[a, b] + sum(p.bound(a, b, keep=True) for p in prods), m[a, b])
+            else:
+                val = score[a, b].clone()
+                for k, p in enumerate(prods):
+                    best[k][a, b], v = p.assign(a, b)
+                    val += v
+                m[a, b] = val
+            level[a, b] += 1
 
 
 def _paired(score: Tensor, feats, stats: ExpertStats):
@@ -227,10 +280,10 @@ def _paired(score: Tensor, feats, stats: ExpertStats):
     pi = assign_max(low)
     stats.expert_assignments += 1
     best: list[dict] = [{} for _ in feats]
-    for a in range(E):
-        for k, (fa, fb) in enumerate(feats):
-            best[k][a, int(pi[a])], _ = _pair_lap(fa, fb, a, int(pi[a]), stats)
-            stats.products += 1
+    for k, (fa, fb) in enumerate(feats):
+        prod = _Products(fa, fb, stats)
+        for a in range(E):
+            best[k][a, int(pi[a])], _ = prod.assign(a, int(pi[a]))
     return pi, best
 
 
