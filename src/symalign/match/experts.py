@@ -233,43 +233,39 @@ def _gram_bounds(fa: Tensor, fb: Tensor) -> Tensor:
 def use_gram_screen(E: int, F: int, K: int) -> bool:
     """Whether :func:`match_experts` screens pairs by :func:`_gram_bounds` first: only where it can prune
     (``F < K``: a matched pair's value ``~ F K`` exceeds an unrelated pair's bound ``~ F^1.5 K^0.5``) and
-    costs at most a quarter of the ``E^2`` products (``2 E F K^2 <= E^2 F^2 K / 4``)."""
-    return F < K and 8 * K <= E * F
+    costs at most half the ``E^2`` products (``2 E F K^2 <= E^2 F^2 K / 2``)."""
+    return F < K and 4 * K <= E * F
 
 
 def _exact(score: Tensor, feats, stats: ExpertStats):
     E = score.shape[0]
     prods = [_Products(fa, fb, stats) for fa, fb in feats]
     F, K = feats[0][0].shape[1], sum(fa.shape[2] for fa, _ in feats)
-    if use_gram_screen(E, F, K) and len({fa.shape[1] for fa, _ in feats}) == 1:
-        # level 0: product-free bounds; a pair reaching an assignment gets its product's dual bound
+    gram = use_gram_screen(E, F, K) and len({fa.shape[1] for fa, _ in feats}) == 1
+    if gram:  # product-free bounds; a pair reaching an assignment gets its product and its unit assignment
+        # (here F < K: the product, F^2 K, costs more than the assignment, so no dual bound in between)
         t0 = time.perf_counter()
         m = score + sum(_gram_bounds(fa, fb) for fa, fb in feats)
         stats.extra["time_gram_s"] = time.perf_counter() - t0
-        level = torch.zeros(E, E, dtype=torch.int64)
-    else:  # level 1: every pair's dual bound (E^2 products)
+    else:  # every pair's dual bound (E^2 products); a pair reaching an assignment gets its unit assignment
         m = score.clone()
         for a in range(E):
             for b in range(E):
                 m[a, b] += sum(p.bound(a, b, keep=True) for p in prods)
-        level = torch.ones(E, E, dtype=torch.int64)
+    exact = torch.zeros(E, E, dtype=torch.bool)
     best: list[dict] = [{} for _ in feats]
     while True:
         pi = assign_max(m)
         stats.expert_assignments += 1
-        todo = [(a, int(pi[a])) for a in range(E) if level[a, int(pi[a])] < 2]
+        todo = [(a, int(pi[a])) for a in range(E) if not exact[a, int(pi[a])]]
         if not todo:
             return pi, best
         for a, b in todo:
-            if level[a, b] == 0:  # a bound never rises above the one it refines (both bound the same value)
-                m[a, b] = torch.minimum(score[a, b] + sum(p.bound(a, b, keep=True) for p in prods), m[a, b])
-            else:
-                val = score[a, b].clone()
-                for k, p in enumerate(prods):
-                    best[k][a, b], v = p.assign(a, b)
-                    val += v
-                m[a, b] = val
-            level[a, b] += 1
+            val = score[a, b].clone()
+            for k, p in enumerate(prods):
+                best[k][a, b], v = p.assign(a, b)
+                val += v
+            m[a, b], exact[a, b] = val, True
 
 
 def _paired(score: Tensor, feats, stats: ExpertStats):
