@@ -21,21 +21,28 @@ maximising ``S[a, b] = sum_u v_u(a, b) + <R_A[a], R_B[b]>``, each expert then ke
 unit matching of its pair.
 
 **Exact, with about ``E`` unit assignments instead of ``E^2``** (``method="exact"``, the
-default). Every feasible dual of a pair's assignment, ``u_i + w_j >= C_ij``, bounds its
-value: ``v(a, b) <= sum_i u_i + sum_j w_j`` (weak duality). :func:`dual_bound` starts
-from the row maxima (``w = 0``) and takes a few exact block-coordinate steps
-(``w_j = max_i C_ij - u_i``, ``u_i = max_j C_ij - w_j``), ``O(F^2)`` each, on the
-product ``C`` every method needs. With ``M[a, b]`` the bound (plus the router term and
-a rigorous floating-point margin) for every pair, repeat: solve the ``E x E`` assignment
-on ``M``; compute the exact ``v`` (one ``F x F`` assignment) of each of its pairs still
-holding a bound, and write it into ``M``. When every pair of the assignment is exact it
-is optimal for ``S`` (``M >= S`` everywhere and ``M = S`` on it), so the result is the
+default): branch and bound on upper bounds of the pair values ``v(a, b)``.
+
+* Product-free screen (where :func:`use_gram_screen`: ``2F <= K`` and cheap):
+  ``v(a, b) = <P, C_ab> <= ||P||_F ||C_ab||_F = sqrt(F) ||C_ab||_F`` (Cauchy-Schwarz) and
+  ``||C_ab||_F^2 = <G_A[a], G_B[b]>``, ``G[e] = F[e]^T F[e]`` the ``K x K`` Gram of expert
+  ``e``'s unit set (:func:`_gram_bounds`).
+* Otherwise, from each pair's product, a feasible dual of its assignment
+  (:func:`dual_bound`): ``u_i + w_j >= C_ij`` gives ``v(a, b) <= sum_i u_i + sum_j w_j``.
+
+Each bound carries a rigorous margin for the rounding of the products and sums. With
+``M[a, b]`` the bound plus the router term, repeat: solve the ``E x E`` assignment on
+``M``; for each of its pairs still holding a bound, solve the pair's unit assignment and
+write its exact value into ``M``. When every pair of the assignment is exact it is
+optimal for ``S`` (``M >= S`` everywhere and ``M = S`` on it), so the result is the
 all-pairs one whenever that optimum is unique (a tie can only pick another optimum of
-equal value). Cost: the ``E^2`` products ``O(E^2 F^2 K)`` (the floor of any method that
-looks at every pair), ``O(E^2 F^2)`` for the bounds, and one assignment per pair that
-reaches an assignment on ``M`` (``E`` when the experts are told apart, as with a planted
-or nearly aligned pair; more on near-ties). ``method="all-pairs"`` is the reference:
-``E^2`` assignments.
+equal value); a pair's product is formed exactly as the all-pairs reference forms it,
+so its unit assignment is the same too. Cost: the Gram screen ``2 E F K^2`` or the ``E^2``
+products ``E^2 F^2 K`` (the floor of any method that looks at every pair's product) with
+``O(F^2)`` per dual bound, then one product and assignment per pair that reaches an
+assignment on ``M`` (``E`` when the experts differ, as with a planted or nearly aligned
+pair; up to ``E^2`` when all experts look alike, as between independent random layers).
+``method="all-pairs"`` is the reference: ``E^2`` assignments.
 
 **Approximate** (``method="paired"``, opt-in): the expert pairing is the assignment on a
 permutation-invariant lower bound of ``S`` that needs no ``F x F`` product,
@@ -45,8 +52,9 @@ assignments of the chosen pairs. It recovers a planted element but is not the jo
 optimum in general; ``benchmarks/bench_experts.py`` measures how often and by how much
 it differs.
 
-Memory: the ``(E, F, K)`` features of both sides plus one ``F x F`` product (two for
-:func:`dual_bound`'s chunked passes are avoided: it works in row chunks).
+Memory: the ``(E, F, K)`` features of both sides, one ``F x F`` product at a time plus the
+products kept between a pair's bound and its assignment (at most :data:`CACHE_BYTES`), and
+``CHUNK_BYTES`` of Gram rows.
 """
 
 from __future__ import annotations
@@ -66,7 +74,7 @@ Method = Literal["exact", "all-pairs", "paired"]
 METHODS: tuple[str, ...] = ("exact", "all-pairs", "paired")
 CHUNK_BYTES = 1 << 28  # Gram rows formed together (bytes)
 CACHE_BYTES = 1 << 29  # products kept between a pair's bound and its assignment (bytes)
-DUAL_ROUNDS = 2  # block-coordinate steps of dual_bound after the row maxima
+DUAL_ROUNDS = 1  # block-coordinate steps of dual_bound after the row maxima (more rarely tighten it)
 
 
 @dataclass
