@@ -18,7 +18,8 @@ runs the three methods of ``match_experts`` and the floor:
 Prints one table row per (size, case): seconds, unit assignments, products formed, ratios ``exact / all-pairs`` and
 ``exact / floor``, whether ``exact`` equals ``all-pairs`` (both permutations), whether the planted
 element is recovered, and whether ``paired`` differs from ``exact`` and by how much (relative
-increase of the block's squared distance). ``--json`` writes the rows with provenance.
+increase of the block's squared distance). ``--json`` writes the rows with provenance and the
+table ``layers`` that ``docs/whole-model.md`` renders (``symalign docs``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import time
 import torch
 
 from symalign.atomic import write_json
+from symalign.experiments.docs_tables import make_table
 from symalign.groups import BlockPermutations, Permutation
 from symalign.match.experts import ExpertStats, _unit_features, match_experts, use_gram_screen
 from symalign.provenance import provenance
@@ -166,7 +168,18 @@ def main() -> None:
         for r in laps:
             print(f"| {r['n']} | {r['product_s']:.2f} | {r['assignment_s']:.2f} | {r['recovered']} |", flush=True)
     if args.json:
-        write_json(args.json, {"provenance": provenance(threads=args.threads), "rows": rows, "lap": laps})
+        table = make_table(rows, [("E", "E"), ("F", "F"), ("D", "D"), ("case", "B"), ("floor_s", "floor s", ".2f"),
+                                  ("exact_s", "exact s", ".2f"), ("exact_unit_assignments", "assignments"),
+                                  ("gram_screen", "Gram screen"), ("all_pairs_s", "all-pairs s", ".2f"),
+                                  ("all_pairs_unit_assignments", "assignments"),
+                                  ("exact_over_all_pairs", "exact / all-pairs", ".2f"),
+                                  ("exact_over_floor", "exact / floor", ".2f"),
+                                  ("exact_equals_all_pairs", "same as all-pairs"),
+                                  ("planted_recovered", "planted recovered"), ("paired_s", "paired s", ".2f"),
+                                  ("paired_differs", "paired differs"),
+                                  ("paired_distance_excess", "paired distance excess", ".1e")])
+        write_json(args.json, {"provenance": provenance(threads=args.threads), "rows": rows, "lap": laps,
+                               "tables": {"layers": table}})
 
 
 if __name__ == "__main__":
