@@ -74,7 +74,7 @@ Method = Literal["exact", "all-pairs", "paired"]
 METHODS: tuple[str, ...] = ("exact", "all-pairs", "paired")
 CHUNK_BYTES = 1 << 28  # Gram rows formed together (bytes)
 CACHE_BYTES = 1 << 29  # products kept between a pair's bound and its assignment (bytes)
-DUAL_ROUNDS = 1  # block-coordinate steps of dual_bound after the row maxima (more rarely tighten it)
+DUAL_ROUNDS = 1  # rounds of dual_bound after the row maxima (a second never tightened it in measurements)
 
 
 @dataclass
