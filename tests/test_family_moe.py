@@ -130,6 +130,18 @@ def test_declared_groups_are_exact(family, kw):
             assert rel(output(_loaded(model, moved), x), y) <= fam.precision_floor, (name, seed)
 
 
+@pytest.mark.parametrize("family,kw", [("mixtral", {}), ("mixtral", {"sliding_window": 4}), ("qwen2_moe", {}),
+                                       ("olmoe", {})])
+def test_float64_numerics_is_the_models_function(family, kw):
+    """The float64-faithful path computes the model's own function (causal, sliding-window mask included):
+    it differs from the unmodified forward only by the float32 rounding of the router softmax and RMSNorm.
+    (Before the mask function was registered with the attention, transformers built no mask for it and
+    the path attended both ways: ~1 relative.)"""
+    model = make(family, **kw)
+    x = _ids()
+    assert rel(output(float64_numerics(copy.deepcopy(model)), x), output(model, x)) <= 1e-5
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_planted_element_is_recovered_exactly(family):
     """B = g . A (g random in the whole-model group): matching finds g^{-1}, permutations identical."""

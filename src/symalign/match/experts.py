@@ -15,18 +15,53 @@ over the tensors ``X`` and ``U`` act on splits per expert slot:
 with ``F^u[e]`` (``F x K``) expert ``e``'s unit rows of every tensor ``u`` acts on (each
 segment's unit axis first, the rest flattened, concatenated over the tensors) and
 ``R[e]`` its rows of the tensors only ``X`` acts on (the router). For a fixed pair
-``(a, b)`` the best ``sigma`` is a linear assignment on ``F^u_A[a] F^u_B[b]^T`` with value
-``v_u(a, b)``; so the joint minimiser is the assignment over experts maximising
-``S[a, b] = sum_u v_u(a, b) + <R_A[a], R_B[b]>``, each expert then keeping the unit
-matching of its pair. :func:`match_experts` returns that exact block minimiser: ``E^2``
-unit assignments of size ``F`` and one of size ``E`` (cost ``O(E^2 F^2 K)`` products plus
-``E^2`` assignments ``O(F^3)``, memory ``O(F^2)`` beyond the features: instant for tiny models, heavy for
-full-size ones).
+``(a, b)`` the best ``sigma`` is a linear assignment on ``C^u_ab = F^u_A[a] F^u_B[b]^T``
+with value ``v_u(a, b)``; so the joint minimiser is the assignment over experts
+maximising ``S[a, b] = sum_u v_u(a, b) + <R_A[a], R_B[b]>``, each expert then keeping the
+unit matching of its pair.
+
+**Exact, with about ``E`` unit assignments instead of ``E^2``** (``method="exact"``, the
+default): branch and bound on upper bounds of the pair values ``v(a, b)``.
+
+* Product-free screen (where :func:`use_gram_screen`: ``2F <= K`` and cheap):
+  ``v(a, b) = <P, C_ab> <= ||P||_F ||C_ab||_F = sqrt(F) ||C_ab||_F`` (Cauchy-Schwarz) and
+  ``||C_ab||_F^2 = <G_A[a], G_B[b]>``, ``G[e] = F[e]^T F[e]`` the ``K x K`` Gram of expert
+  ``e``'s unit set (:func:`_gram_bounds`).
+* Otherwise, from each pair's product, a feasible dual of its assignment
+  (:func:`dual_bound`): ``u_i + w_j >= C_ij`` gives ``v(a, b) <= sum_i u_i + sum_j w_j``.
+
+Each bound carries a rigorous margin for the rounding of the products and sums. With
+``M[a, b]`` the bound plus the router term, repeat: solve the ``E x E`` assignment on
+``M``; for each of its pairs still holding a bound, solve the pair's unit assignment and
+write its exact value into ``M``. When every pair of the assignment is exact it is
+optimal for ``S`` (``M >= S`` everywhere and ``M = S`` on it), so the result is the
+all-pairs one whenever that optimum is unique (a tie can only pick another optimum of
+equal value); a pair's product is formed exactly as the all-pairs reference forms it,
+so its unit assignment is the same too. Cost: the Gram screen ``2 E F K^2`` or the ``E^2``
+products ``E^2 F^2 K`` (the floor of any method that looks at every pair's product) with
+``O(F^2)`` per dual bound, then one product and assignment per pair that reaches an
+assignment on ``M`` (``E`` when the experts differ, as with a planted or nearly aligned
+pair; up to ``E^2`` when all experts look alike, as between independent random layers).
+``method="all-pairs"`` is the reference: ``E^2`` assignments.
+
+**Approximate** (``method="paired"``, opt-in): the expert pairing is the assignment on a
+permutation-invariant lower bound of ``S`` that needs no ``F x F`` product,
+``L[a, b] = <R_A[a], R_B[b]> + F sum_u <mean_i F^u_A[a]_i, mean_j F^u_B[b]_j>`` (the mean of
+``<F_A[a], sigma F_B[b]>`` over all ``sigma``: at most ``v``); then the ``E`` products and
+assignments of the chosen pairs. It recovers a planted element but is not the joint
+optimum in general; ``benchmarks/bench_experts.py`` measures how often and by how much
+it differs.
+
+Memory: the ``(E, F, K)`` features of both sides, one ``F x F`` product at a time plus the
+products kept between a pair's bound and its assignment (at most :data:`CACHE_BYTES`), and
+``CHUNK_BYTES`` of Gram rows.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+import time
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
 
 import torch
 from torch import Tensor
@@ -34,6 +69,26 @@ from torch import Tensor
 from symalign.errors import MatchError
 from symalign.groups import BlockPermutations, Permutation, assign_max
 from symalign.spec import SymmetrySpec, Transform, segment_view
+
+Method = Literal["exact", "all-pairs", "paired"]
+METHODS: tuple[str, ...] = ("exact", "all-pairs", "paired")
+CHUNK_BYTES = 1 << 28  # Gram rows formed together (bytes)
+CACHE_BYTES = 1 << 29  # products kept between a pair's bound and its assignment (bytes)
+DUAL_ROUNDS = 1  # rounds of dual_bound after the row maxima (a second never tightened it in measurements)
+
+
+@dataclass
+class ExpertStats:
+    """What one :func:`match_experts` call did: pairs whose product was formed, unit assignments
+    solved, ``E x E`` assignments solved, and seconds in the products (incl. bounds) and the
+    unit assignments."""
+
+    products: int = 0
+    unit_assignments: int = 0
+    expert_assignments: int = 0
+    time_products_s: float = 0.0
+    time_assignments_s: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
 
 
 def expert_units(spec: SymmetrySpec) -> dict[str, tuple[str, ...]]:
@@ -59,13 +114,30 @@ def _unit_features(spec: SymmetrySpec, unit: str, state: Mapping[str, Tensor]) -
     return torch.cat(parts, dim=2)
 
 
-def match_experts(spec: SymmetrySpec, experts: str, units: tuple[str, ...], state_a: Mapping[str, Tensor],
-                  state_b: Mapping[str, Tensor]) -> Transform:
-    """The exact joint minimiser over ``experts`` and its coupled ``units`` (module docstring).
+def dual_bound(c: Tensor, rounds: int = DUAL_ROUNDS, chunk_rows: int = 1024) -> Tensor:
+    r"""Upper bounds on ``max_sigma sum_i c[..., i, sigma(i)]`` for a batch of square ``c`` (``(..., n, n)``).
 
-    ``state_b``: B with every other space applied to the tensors these spaces act on.
-    Returns ``{experts: pi, unit: sigma (E, F), ...}``.
+    Weak duality of the assignment: any ``u, w`` with ``u_i + w_j >= c_ij`` for all
+    ``i, j`` gives ``sum_i u_i + sum_j w_j >= sum_i c_{i sigma(i)}`` for every ``sigma``.
+    Start at ``u_i = max_j c_ij``, ``w = 0`` (the row-maximum bound), then ``rounds``
+    times ``w_j = max_i (c_ij - u_i)`` and ``u_i = max_j (c_ij - w_j)``: each is the
+    exact minimiser of the dual over one block given the other, so the bound only
+    tightens and stays feasible. Rows are processed ``chunk_rows`` at a time (no
+    ``n x n`` temporary). Returns ``(...)`` (float64 sums; add a rounding margin for a
+    rigorous bound, as :func:`match_experts` does).
     """
+    n = c.shape[-2]
+    chunks = [slice(i, min(n, i + chunk_rows)) for i in range(0, n, chunk_rows)]
+    u = torch.cat([c[..., s, :].amax(-1) for s in chunks], dim=-1)
+    w = torch.zeros(c.shape[:-2] + c.shape[-1:], dtype=c.dtype)
+    for _ in range(rounds):
+        w = torch.stack([(c[..., s, :] - u[..., s, None]).amax(-2) for s in chunks]).amax(0)
+        u = torch.cat([(c[..., s, :] - w[..., None, :]).amax(-1) for s in chunks], dim=-1)
+    return u.sum(-1) + w.sum(-1)
+
+
+def _block(spec: SymmetrySpec, experts: str, units: tuple[str, ...], state_a, state_b):
+    """Check the declaration; return the router score ``<R_A[a], R_B[b]>`` and each unit space's features."""
     E = spec.spaces[experts].n
     unit_set = set(units)
     router = []  # tensors only the expert permutation (of these spaces) acts on
@@ -82,24 +154,167 @@ def match_experts(spec: SymmetrySpec, experts: str, units: tuple[str, ...], stat
     for t in router:
         ra, rb = (st[t].to(torch.float64).reshape(E, -1) for st in (state_a, state_b))
         score += ra @ rb.T
-    best: dict[str, list[list[Tensor]]] = {}
-    for u in units:
-        fa, fb = _unit_features(spec, u, state_a), _unit_features(spec, u, state_b)
-        perms: list[list[Tensor]] = []
+    feats = [(_unit_features(spec, u, state_a), _unit_features(spec, u, state_b)) for u in units]
+    return score, feats
+
+
+class _Products:
+    """The cross products ``C_ab = F_A[a] F_B[b]^T`` of one unit space, formed as the all-pairs reference forms
+    them (so a unit assignment sees the same numbers), kept between a pair's bound and its assignment while
+    they fit in ``budget`` bytes (else formed again: at most one extra product per assigned pair)."""
+
+    def __init__(self, fa: Tensor, fb: Tensor, stats: ExpertStats, budget: int = CACHE_BYTES):
+        self.fa, self.fb, self.stats, self.budget = fa, fb, stats, budget
+        self.kept: dict[tuple[int, int], Tensor] = {}
+        E, F, K = fa.shape
+        eps = torch.finfo(torch.float64).eps
+        # |fl(C_ij) - C_ij| <= K eps |x_i| |y_j| (dot products), and the dual's subtractions and sums add
+        # O(F eps) relative: margin = 2 (K + F + 4) eps sum_i |x_i| max_j |y_j| covers both.
+        self.margin = 2 * (K + F + 4) * eps * fa.norm(dim=2).sum(1)[:, None] * fb.norm(dim=2).amax(1)[None, :]
+
+    def cross(self, a: int, b: int, keep: bool = False) -> Tensor:
+        c = self.kept.pop((a, b), None)
+        if c is None:
+            t0 = time.perf_counter()
+            c = self.fa[a] @ self.fb[b].T
+            self.stats.products += 1
+            self.stats.time_products_s += time.perf_counter() - t0
+        if keep and c.numel() * c.element_size() * (len(self.kept) + 1) <= self.budget:
+            self.kept[a, b] = c
+        return c
+
+    def bound(self, a: int, b: int, keep: bool = False) -> Tensor:
+        """A rigorous upper bound on the pair's assignment value (:func:`dual_bound` plus the margin)."""
+        c = self.cross(a, b, keep)
+        t0 = time.perf_counter()
+        out = dual_bound(c) + self.margin[a, b]
+        self.stats.time_products_s += time.perf_counter() - t0
+        return out
+
+    def assign(self, a: int, b: int) -> tuple[Tensor, Tensor]:
+        """The pair's unit assignment and its value."""
+        c = self.cross(a, b)
+        t0 = time.perf_counter()
+        p = assign_max(c)
+        self.stats.time_assignments_s += time.perf_counter() - t0
+        self.stats.unit_assignments += 1
+        return p, c.gather(1, p.view(-1, 1)).sum()
+
+
+def _all_pairs(score: Tensor, feats, stats: ExpertStats):
+    E = score.shape[0]
+    best = []
+    for fa, fb in feats:
+        prod = _Products(fa, fb, stats)
+        perms = {}
         for a in range(E):
-            row = []
             for b in range(E):  # one (F, F) cross matrix at a time: memory O(F^2)
-                cross = fa[a] @ fb[b].T
-                p = assign_max(cross)
-                score[a, b] += cross.gather(1, p.view(-1, 1)).sum()
-                row.append(p)
-            perms.append(row)
-        best[u] = perms
-    pi = assign_max(score)
+                perms[a, b], val = prod.assign(a, b)
+                score[a, b] += val
+        best.append(perms)
+    stats.expert_assignments += 1
+    return assign_max(score), best
+
+
+def _gram_bounds(fa: Tensor, fb: Tensor) -> Tensor:
+    r"""``(E, E)``: ``sqrt(F) ||F_A[a] F_B[b]^T||_F`` plus a rounding margin, an upper bound on each pair's
+    unit-assignment value that needs no ``F x F`` product.
+
+    ``v(a, b) = <P, C_ab> <= ||P||_F ||C_ab||_F = sqrt(F) ||C_ab||_F`` (Cauchy-Schwarz, ``P`` a permutation
+    matrix), and ``||X Y^T||_F^2 = <X^T X, Y^T Y>``: the ``K x K`` Grams of the unit sets, formed
+    ``chunk`` rows at a time (memory ``O(E chunk K)``; cost ``2 E F K^2 + E^2 K^2``).
+    """
+    E, F, K = fa.shape
+    chunk = max(1, CHUNK_BYTES // (2 * E * K * 8))
+    sq = torch.zeros(E, E, dtype=torch.float64)
+    for r0 in range(0, K, chunk):
+        r = slice(r0, min(K, r0 + chunk))
+        ga = (fa[:, :, r].transpose(1, 2) @ fa).reshape(E, -1)  # rows r of each Gram
+        gb = (fb[:, :, r].transpose(1, 2) @ fb).reshape(E, -1)
+        sq += ga @ gb.T
+    eps = torch.finfo(torch.float64).eps
+    na, nb = fa.square().sum((1, 2)), fb.square().sum((1, 2))  # ||X||_F^2 ||Y||_F^2 >= |<G_X, G_Y>| terms
+    err = 4 * (F + K + 4) * eps * na[:, None] * nb[None, :]
+    return F ** 0.5 * (sq.clamp_min(0) + err).sqrt()
+
+
+def use_gram_screen(E: int, F: int, K: int) -> bool:
+    """Whether :func:`match_experts` screens pairs by :func:`_gram_bounds` first: only where it can prune and
+    costs at most half the ``E^2`` products (``2 E F K^2 <= E^2 F^2 K / 2``). For unit rows of similar
+    size, a matched pair's value is ``~ F K s^2`` and an unrelated pair's bound ``~ F K s^2 sqrt(F / K)``
+    times ``sqrt(1 + noise^2)`` for B = permuted A plus relative noise: ``2 F <= K`` keeps the screen
+    useful up to noise as large as the weights (measured: ``benchmarks/bench_experts.py``)."""
+    return 2 * F <= K and 4 * K <= E * F
+
+
+def _exact(score: Tensor, feats, stats: ExpertStats):
+    E = score.shape[0]
+    prods = [_Products(fa, fb, stats) for fa, fb in feats]
+    F, K = feats[0][0].shape[1], sum(fa.shape[2] for fa, _ in feats)
+    gram = use_gram_screen(E, F, K) and len({fa.shape[1] for fa, _ in feats}) == 1
+    if gram:  # product-free bounds; a pair reaching an assignment gets its product and its unit assignment
+        # (here F < K: the product, F^2 K, costs more than the assignment, so no dual bound in between)
+        t0 = time.perf_counter()
+        m = score + sum(_gram_bounds(fa, fb) for fa, fb in feats)
+        stats.extra["time_gram_s"] = time.perf_counter() - t0
+    else:  # every pair's dual bound (E^2 products); a pair reaching an assignment gets its unit assignment
+        m = score.clone()
+        for a in range(E):
+            for b in range(E):
+                m[a, b] += sum(p.bound(a, b, keep=True) for p in prods)
+    exact = torch.zeros(E, E, dtype=torch.bool)
+    best: list[dict] = [{} for _ in feats]
+    while True:
+        pi = assign_max(m)
+        stats.expert_assignments += 1
+        todo = [(a, int(pi[a])) for a in range(E) if not exact[a, int(pi[a])]]
+        if not todo:
+            return pi, best
+        for a, b in todo:
+            val = score[a, b].clone()
+            for k, p in enumerate(prods):
+                best[k][a, b], v = p.assign(a, b)
+                val += v
+            m[a, b], exact[a, b] = val, True
+
+
+def _paired(score: Tensor, feats, stats: ExpertStats):
+    E = score.shape[0]
+    low = score.clone()
+    for fa, fb in feats:
+        low += fa.shape[1] * (fa.mean(1).reshape(E, -1) @ fb.mean(1).reshape(E, -1).T)
+    pi = assign_max(low)
+    stats.expert_assignments += 1
+    best: list[dict] = [{} for _ in feats]
+    for k, (fa, fb) in enumerate(feats):
+        prod = _Products(fa, fb, stats)
+        for a in range(E):
+            best[k][a, int(pi[a])], _ = prod.assign(a, int(pi[a]))
+    return pi, best
+
+
+def match_experts(spec: SymmetrySpec, experts: str, units: tuple[str, ...], state_a: Mapping[str, Tensor],
+                  state_b: Mapping[str, Tensor], method: Method = "exact",
+                  stats: ExpertStats | None = None) -> Transform:
+    """The joint minimiser over ``experts`` and its coupled ``units`` (module docstring).
+
+    ``state_b``: B with every other space applied to the tensors these spaces act on.
+    ``method``: ``"exact"`` (bounds, then only the unit assignments that can still win: the
+    all-pairs result), ``"all-pairs"`` (every pair's assignment; the reference) or ``"paired"``
+    (approximate: experts paired by a permutation-invariant lower bound, ``E`` assignments).
+    ``stats``: filled with what was computed when given.
+    Returns ``{experts: pi, unit: sigma (E, F), ...}``.
+    """
+    if method not in METHODS:
+        raise MatchError(f"unknown expert matching method {method!r}; use one of {', '.join(METHODS)}")
+    stats = stats if stats is not None else ExpertStats()
+    score, feats = _block(spec, experts, units, state_a, state_b)
+    solve = {"exact": _exact, "all-pairs": _all_pairs, "paired": _paired}[method]
+    pi, best = solve(score, feats, stats)
     out: Transform = {experts: pi}
-    for u in units:
-        out[u] = torch.stack([best[u][e][int(pi[e])] for e in range(E)])
+    for u, perms in zip(units, best):
+        out[u] = torch.stack([perms[e, int(pi[e])] for e in range(len(pi))])
     return out
 
 
-__all__ = ["expert_units", "match_experts"]
+__all__ = ["ExpertStats", "METHODS", "dual_bound", "expert_units", "match_experts"]

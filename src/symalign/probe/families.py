@@ -71,12 +71,16 @@ def float64_routers(model: nn.Module) -> nn.Module:
 
 def float64_numerics(model: nn.Module) -> nn.Module:
     """``model`` (in place) with its RMSNorms, eager softmax and mixture-of-experts routers evaluated in the
-    weights' dtype (same formulas)."""
+    weights' dtype (same formulas, same masks: the model's eager causal / sliding-window / padding mask)."""
     import sys
 
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
 
     AttentionInterface.register(ATTENTION, eager_float64)
+    # the masks eager attention gets (causal, sliding window, padding): without a mask function registered
+    # under the same name, transformers builds no mask for a custom attention and it would attend both ways
+    AttentionMaskInterface.register(ATTENTION, eager_mask)
     # only families whose attention goes through transformers' attention interface (Falcon's own eager path
     # already takes the softmax in the inputs' dtype)
     interface = hasattr(sys.modules[type(model).__module__], "eager_attention_forward")
