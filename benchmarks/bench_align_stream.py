@@ -59,10 +59,12 @@ CHUNK = 1 << 24
 POOL = 1 << 26  # random values per model (64M); chunks of at most CHUNK values are cut from it
 
 
-def llama_config(size: str):
+def llama_config(size: str, layers: int | None = None):
+    """The shape ``size``; ``layers``: that many layers instead (same widths: each layer keeps its size)."""
     import transformers as T
 
     L, D, H, KV, FF, V = SHAPES[size]
+    L = layers or L
     return T.LlamaConfig(hidden_size=D, intermediate_size=FF, num_hidden_layers=L, num_attention_heads=H,
                          num_key_value_heads=KV, vocab_size=V, tie_word_embeddings=False,
                          architectures=["LlamaForCausalLM"], dtype="bfloat16")
@@ -251,14 +253,15 @@ def summarise(r: dict, floor_s: float, read_bytes_floor: int) -> dict:
             "progress_lines": layer_times(r.get("lines", [])), "load_average_after": r.get("load_average_after")}
 
 
-def expected_size(size: str) -> dict:
+def expected_size(size: str, layers: int | None = None) -> dict:
     """Parameters and bfloat16 bytes of the shape, counted from the config (meta device)."""
     import transformers as T
 
     with torch.device("meta"):
-        model = T.LlamaForCausalLM(llama_config(size))
+        model = T.LlamaForCausalLM(llama_config(size, layers))
     n = sum(p.numel() for p in model.parameters())
     L, D, H, KV, FF, V = SHAPES[size]
+    L = layers or L
     d = D // H
     per_layer = 2 * D * D + 2 * D * KV * d + 3 * D * FF + 2 * D
     return {"params": n, "bf16_gib": round(2 * n / 2**30, 3), "per_layer_params": per_layer,
@@ -277,6 +280,7 @@ def main() -> None:
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-size", choices=tuple(SHAPES), default="7b")
+    ap.add_argument("--layers", type=int, default=None, help="This many layers instead of the size's (same widths).")
     ap.add_argument("--tmp", default=None, help="Parent folder of the temporary checkpoints (default: system temp).")
     ap.add_argument("--max-iter", type=int, default=2, help="--scope model: passes at most.")
     ap.add_argument("--max-shard-size", default=None, help="Shard size limit (default 5GB for 7b, else 200MB, so "
@@ -305,12 +309,13 @@ def main() -> None:
         return left if given is None else given if left is None else min(given, left)
     from symalign.provenance import provenance
 
-    cfg = llama_config(args.llama_size)
+    cfg = llama_config(args.llama_size, args.layers)
     res: dict = {"provenance": provenance(threads=args.threads),
                  "load_average_start": [round(x, 2) for x in os.getloadavg()],
-                 "shape": dict(zip(("layers", "D", "heads", "kv_heads", "ff", "vocab"), SHAPES[args.llama_size])),
+                 "shape": dict(zip(("layers", "D", "heads", "kv_heads", "ff", "vocab"),
+                                  (args.layers or SHAPES[args.llama_size][0], *SHAPES[args.llama_size][1:]))),
                  "size": args.llama_size, "dtype": "bfloat16", "cpus": os.cpu_count(), "threads": args.threads,
-                 "expected": expected_size(args.llama_size), "limits_s": limits,
+                 "expected": expected_size(args.llama_size, args.layers), "limits_s": limits,
                  "deadline_utc": args.deadline_utc}
     tmp = Path(tempfile.mkdtemp(prefix="symalign-stream-bench-", dir=args.tmp))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a terminated run still removes its folder
