@@ -89,3 +89,17 @@ def test_streamed_model_scope_same_output_with_tiny_blocks(tmp_path, monkeypatch
     assert set(a) == set(b)
     scale = max(float(a[k].abs().max()) for k in a)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-10 * scale
+
+
+def test_per_tensor_folding_is_the_whole_layer_fold(tmp_path, monkeypatch):
+    """Every 2-D tensor read and folded on its own (the 7B path) gives the checkpoint bit for bit."""
+    from test_stream import _pair, _state
+
+    from symalign.stream import model
+
+    _pair(tmp_path, dtype=torch.bfloat16, shard="20KB", tie_word_embeddings=False)
+    model.run_stream_model(tmp_path / "A", tmp_path / "B", tmp_path / "REF", progress=False, max_iter=2)
+    monkeypatch.setattr(model, "SMALL_ELEMENTS", 64)  # only the norm gains count as small
+    model.run_stream_model(tmp_path / "A", tmp_path / "B", tmp_path / "ONE", progress=False, max_iter=2)
+    a, b = _state(tmp_path / "REF"), _state(tmp_path / "ONE")
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)

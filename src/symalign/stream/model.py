@@ -83,6 +83,61 @@ class Preparer:
         return {k: p.state[k] for k in real}
 
 
+class FoldedCheckpoint:
+    """``ck`` read through the exact rewrite of ``--scope model`` (:class:`Preparer`: norm gains folded into
+    the next linear maps, the gains set to one), lazily and in row chunks: the same interface as
+    :class:`~symalign.checkpoint.lazy.LazyCheckpoint` for :func:`symalign.stream.merge.average_into`.
+
+    Each read folds only the rows read, in the stored dtype -- as the in-memory merge folds the first
+    checkpoint (``prepare`` on its stored state) -- so the rows are exactly those of the folded
+    checkpoint (the folds scale columns). Every norm gain, and the first row of every other tensor
+    (the folds' other operands), is read once and kept (kilobytes). A rewrite that would add a tensor
+    (an untied head) is refused: the output keeps this checkpoint's layout.
+    """
+
+    def __init__(self, ck: LazyCheckpoint):
+        self.ck, self.path, self.tensors = ck, ck.path, ck.tensors
+        self.prep = Preparer(ck, ck.adapter.spec(ck.config, ck.keys))
+        if self.prep.untied:
+            raise ConfigError(f"{ck.path}: the folded form unties the head from the embedding, which streamed "
+                              "--scope model does not write; use --no-stream")
+        floats = [n for n, t in ck.tensors.items() if t.dtype.is_floating_point and t.numel]
+        small = ck.read([n for n in floats if ck.tensors[n].numel <= SMALL_ELEMENTS or not ck.tensors[n].shape])
+        self._fixed = {**small, **{n: ck.read_rows(n, 0, 1) for n in floats if n not in small}}
+        self._small = {k: v for k, v in self.prep(self._fixed).items() if k in small}
+
+    @property
+    def nbytes(self) -> int:
+        return self.ck.nbytes
+
+    @property
+    def bytes_read(self) -> int:
+        return self.ck.bytes_read
+
+    @bytes_read.setter
+    def bytes_read(self, value: int) -> None:
+        self.ck.bytes_read = value
+
+    def read_rows(self, name: str, start: int, stop: int, dtype: torch.dtype | None = None) -> Tensor:
+        """Rows ``start:stop`` of the folded tensor ``name`` (in ``dtype`` if given)."""
+        if name in self._small:
+            t = self._small[name][start:stop]
+        elif name not in self._fixed:  # not a float tensor: untouched by the rewrite
+            t = self.ck.read_rows(name, start, stop)
+        else:
+            t = self.prep({**self._fixed, name: self.ck.read_rows(name, start, stop)})[name]
+        return t.to(dtype) if dtype is not None else t
+
+    def read(self, names, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        out = {}
+        for n in names:
+            if n in self._small:
+                out[n] = self._small[n].to(dtype) if dtype is not None else self._small[n]
+            else:
+                out[n] = self.read_rows(n, 0, self.tensors[n].shape[0], dtype)
+        return out
+
+
 def _res_action(spec: SymmetrySpec, t: str, res: str):
     return next((a for a in spec.tensors.get(t, []) if a.space == res), None)
 
@@ -145,7 +200,8 @@ class StreamedWhole:
         """Layer ``i`` of ``ck`` (``raw``: already read), prepared, in the working dtype.
 
         Read, converted and folded one big tensor at a time, with the layer's small tensors
-        (the norm gains the folds read): :func:`symalign.families.prepare` works in float64, and
+        (the norm gains the folds read) and the first row of each other big tensor (the other
+        readers of a gain; one row costs nothing): :func:`symalign.families.prepare` works in float64, and
         the folds scale each tensor on its own, so this equals folding the whole layer at once
         without a float64 copy of the layer (1.4 GB at 7B)."""
         names = self.layer_names[i]
@@ -153,15 +209,16 @@ class StreamedWhole:
         def get(ns):
             return {n: raw[n] for n in ns} if raw is not None else ck.read(ns)
 
-        small = {n: v.to(self.dtype) for n, v in get([n for n in names
-                                                      if ck.tensors[n].numel <= SMALL_ELEMENTS]).items()}
+        big = [n for n in names if ck.tensors[n].numel > SMALL_ELEMENTS]
+        small = {n: v.to(self.dtype) for n, v in get([n for n in names if n not in big]).items()}
+        # every other reader of a norm is given as its first row (a meta placeholder cannot meet a real gain)
+        one = {n: (raw[n][:1] if raw is not None else ck.read_rows(n, 0, 1)).to(self.dtype) for n in big}
         out: dict[str, Tensor] = {}
-        for n in names:
-            if n not in small:
-                x = get([n])[n].to(self.dtype)
-                out[n] = prep({**small, n: x})[n]
-                del x
-        out.update(prep(small))
+        for n in big:
+            x = get([n])[n].to(self.dtype)
+            out[n] = prep({**small, **one, n: x})[n]
+            del x
+        out.update({k: v for k, v in prep({**small, **one}).items() if k in small})
         return {n: out[n] for n in names}
 
     def global_chunks(self, ck: LazyCheckpoint, prep: Preparer):
