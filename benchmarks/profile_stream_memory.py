@@ -189,7 +189,7 @@ def main() -> None:
                        "--max-iter", str(args.max_iter), "--json"]
             else:
                 cmd = ["merge", str(pair / "A"), str(pair / "B"), "-o", str(out), "--stream", "--scope", "model",
-                       "--json"]
+                       "--max-iter", str(args.max_iter), "--json"]
             res[c] = {"args": cmd[:1] + ["A", "B", "-o", "OUT"] + cmd[5:], **profiled(cmd, args.threads, tmp)}
             print(json.dumps({c: res[c]}, indent=1), flush=True)
             shutil.rmtree(out, ignore_errors=True)

@@ -69,7 +69,8 @@ def test_streamed_merge_refuses_different_shapes(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
-def test_streamed_merge_peak_memory_independent_of_depth(tmp_path):
+@pytest.mark.parametrize("scope", ["attention", "model"])
+def test_streamed_merge_peak_memory_independent_of_depth(scope, tmp_path):
     """Peak RSS of a 16-layer streamed merge exceeds the 2-layer merge's by less than one layer (float32, sharded)."""
     layer_bytes = 4 * (2 * 512 * 512 + 2 * 512 * 256 + 3 * 512 * 2048 + 2 * 512)
     peaks = {}
@@ -77,10 +78,11 @@ def test_streamed_merge_peak_memory_independent_of_depth(tmp_path):
         d = tmp_path / f"L{layers}"
         _write_llama(d / "A", layers, 0, "6MB")
         _write_llama(d / "B", layers, 1, "6MB")
-        peaks[layers], _ = _run_cli_rss(["merge", str(d / "A"), str(d / "B"), "-o", str(d / "OUT"), "--stream"])
+        peaks[layers], _ = _run_cli_rss(["merge", str(d / "A"), str(d / "B"), "-o", str(d / "OUT"), "--stream",
+                                         "--scope", scope])
         assert (d / "OUT" / "model.safetensors.index.json").is_file()
     grow = peaks[16] - peaks[2]
-    print(f"merge: peak RSS 2 layers {peaks[2] / 2**20:.1f} MiB, 16 layers {peaks[16] / 2**20:.1f} MiB, "
+    print(f"merge --scope {scope}: peak RSS 2 layers {peaks[2] / 2**20:.1f} MiB, 16 layers {peaks[16] / 2**20:.1f} MiB, "
           f"difference {grow / 2**20:.1f} MiB, one layer {layer_bytes / 2**20:.1f} MiB")
     assert grow < layer_bytes
 

@@ -124,8 +124,9 @@ def check_loads_lazily(path: Path) -> dict[str, Any]:
 
 def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], scope: str = "attention",
                      stage2: str = "full", align: bool = True, force: bool = False,
-                     progress: bool = True) -> dict[str, Any]:
-    """Merge ``dirs`` into ``out`` by streaming (module docstring); ``weights`` already normalised."""
+                     progress: bool = True, max_sweeps: int = 20) -> dict[str, Any]:
+    """Merge ``dirs`` into ``out`` by streaming (module docstring); ``weights`` already normalised;
+    ``max_sweeps``: passes of the streamed model scope at most."""
     from symalign import hf_io
     from symalign.stream.attention import run_stream_attention
     from symalign.stream.auto import streamable
@@ -153,8 +154,12 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
         for k, d in enumerate(dirs[1:], 1):
             if align:
                 ta = time.perf_counter()
-                run = run_stream_model if folded else run_stream_attention
-                info = run(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2, progress=progress)
+                if folded:
+                    info = run_stream_model(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2,
+                                            progress=progress, max_iter=max_sweeps)
+                else:
+                    info = run_stream_attention(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2,
+                                                progress=progress)
                 t_align += time.perf_counter() - ta
                 aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict()})
                 inputs.append(open_checkpoint(scratch / str(k)))
