@@ -90,8 +90,9 @@ class FoldedCheckpoint:
 
     Each read folds only the rows read, in the stored dtype -- as the in-memory merge folds the first
     checkpoint (``prepare`` on its stored state) -- so the rows are exactly those of the folded
-    checkpoint (the folds scale columns). Every norm gain, and the first row of every other tensor
-    (the folds' other operands), is read once and kept (kilobytes). A rewrite that would add a tensor
+    checkpoint (the folds scale columns). Every vector (norm gains, biases) and the first row of every
+    matrix (the folds' other operands) is read once and kept: ``O(L D)`` values, about ``1/D`` of one
+    layer per layer. A rewrite that would add a tensor
     (an untied head) is refused: the output keeps this checkpoint's layout.
     """
 
@@ -102,7 +103,7 @@ class FoldedCheckpoint:
             raise ConfigError(f"{ck.path}: the folded form unties the head from the embedding, which streamed "
                               "--scope model does not write; use --no-stream")
         floats = [n for n, t in ck.tensors.items() if t.dtype.is_floating_point and t.numel]
-        small = ck.read([n for n in floats if ck.tensors[n].numel <= SMALL_ELEMENTS or not ck.tensors[n].shape])
+        small = ck.read([n for n in floats if len(ck.tensors[n].shape) <= 1])  # gains, biases: O(L D) values
         self._fixed = {**small, **{n: ck.read_rows(n, 0, 1) for n in floats if n not in small}}
         self._small = {k: v for k, v in self.prep(self._fixed).items() if k in small}
 
