@@ -82,7 +82,8 @@ def test_streamed_merge_peak_memory_independent_of_depth(scope, tmp_path):
                                          "--scope", scope, "--max-iter", "2"])
         assert (d / "OUT" / "model.safetensors.index.json").is_file()
     grow = peaks[16] - peaks[2]
-    print(f"merge --scope {scope}: peak RSS 2 layers {peaks[2] / 2**20:.1f} MiB, 16 layers {peaks[16] / 2**20:.1f} MiB, "
+    print(f"merge --scope {scope}: peak RSS 2 layers {peaks[2] / 2**20:.1f} MiB, "
+          f"16 layers {peaks[16] / 2**20:.1f} MiB, "
           f"difference {grow / 2**20:.1f} MiB, one layer {layer_bytes / 2**20:.1f} MiB")
     assert grow < layer_bytes
 

@@ -201,8 +201,8 @@ def register(app: typer.Typer) -> None:
                                                       "checkpoints saved without one."),
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists (atomically)."),
         stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Align and average tensor by "
-                                              "tensor, never a whole model in memory (--scope attention; --scope model: "
-                                              "Llama-like families). Default: "
+                                              "tensor, never a whole model in memory (--scope attention; --scope "
+                                              "model: Llama-like families). Default: "
                                               "streamed when the checkpoints exceed a quarter of the memory."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
     ) -> None:
