@@ -130,3 +130,12 @@ def test_streamed_model_scope_merge_missing_shard_writes_nothing(tmp_path, capsy
     lines = [x for x in err.strip().splitlines() if x.strip()]
     assert code == 2 and len(lines) == 1 and victim.name in lines[0], err
     assert _nothing_written(tmp_path)
+
+
+def test_streamed_model_scope_merge_refuses_other_families(tmp_path, capsys, monkeypatch):
+    """--stream --scope model covers the Llama family; GPT-2 is refused with one line before anything is written."""
+    _, _, da, db = _pair(tmp_path, family="gpt2")
+    code, out, err = _merge(monkeypatch, capsys, da, db, "--stream", "--scope", "model", "-o", tmp_path / "OUT")
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and "--no-stream" in lines[0], err
+    assert _nothing_written(tmp_path)
