@@ -60,6 +60,7 @@ POOL = 1 << 26  # random values per model (64M); chunks of at most CHUNK values 
 
 
 def llama_config(size: str, layers: int | None = None):
+    """The shape ``size``; ``layers``: that many layers instead (same widths: each layer keeps its size)."""
     import transformers as T
 
     L, D, H, KV, FF, V = SHAPES[size]

@@ -52,7 +52,7 @@ def test_streamed_naive_merge_is_the_average(tmp_path, capsys, monkeypatch):
         assert torch.equal(m[k], want), k
 
 
-@pytest.mark.parametrize("extra", [["--universe"], ["--scope", "model"]])
+@pytest.mark.parametrize("extra", [["--universe"], ["--scope", "residual"]])
 def test_streamed_merge_refusals_write_nothing(extra, tmp_path, capsys, monkeypatch):
     _, _, da, db = _pair(tmp_path)
     code, out, err = _merge(monkeypatch, capsys, da, db, "--stream", *extra, "-o", tmp_path / "OUT")
@@ -69,7 +69,8 @@ def test_streamed_merge_refuses_different_shapes(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.slow
-def test_streamed_merge_peak_memory_independent_of_depth(tmp_path):
+@pytest.mark.parametrize("scope", ["attention", "model"])
+def test_streamed_merge_peak_memory_independent_of_depth(scope, tmp_path):
     """Peak RSS of a 16-layer streamed merge exceeds the 2-layer merge's by less than one layer (float32, sharded)."""
     layer_bytes = 4 * (2 * 512 * 512 + 2 * 512 * 256 + 3 * 512 * 2048 + 2 * 512)
     peaks = {}
@@ -77,10 +78,12 @@ def test_streamed_merge_peak_memory_independent_of_depth(tmp_path):
         d = tmp_path / f"L{layers}"
         _write_llama(d / "A", layers, 0, "6MB")
         _write_llama(d / "B", layers, 1, "6MB")
-        peaks[layers], _ = _run_cli_rss(["merge", str(d / "A"), str(d / "B"), "-o", str(d / "OUT"), "--stream"])
+        peaks[layers], _ = _run_cli_rss(["merge", str(d / "A"), str(d / "B"), "-o", str(d / "OUT"), "--stream",
+                                         "--scope", scope, "--max-iter", "2"])
         assert (d / "OUT" / "model.safetensors.index.json").is_file()
     grow = peaks[16] - peaks[2]
-    print(f"merge: peak RSS 2 layers {peaks[2] / 2**20:.1f} MiB, 16 layers {peaks[16] / 2**20:.1f} MiB, "
+    print(f"merge --scope {scope}: peak RSS 2 layers {peaks[2] / 2**20:.1f} MiB, "
+          f"16 layers {peaks[16] / 2**20:.1f} MiB, "
           f"difference {grow / 2**20:.1f} MiB, one layer {layer_bytes / 2**20:.1f} MiB")
     assert grow < layer_bytes
 
@@ -97,4 +100,57 @@ def test_streamed_merge_names_a_non_finite_input(tmp_path, capsys, monkeypatch):
     save_file(st, str(f), metadata={"format": "pt"})
     code, out, err = _merge(monkeypatch, capsys, da, db, "--no-align", "--stream", "-o", tmp_path / "OUT")
     assert code == 2 and len(err.strip().splitlines()) == 1 and k in err and str(db) in err, err
+    assert _nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-9), (torch.float32, 1e-6)])
+def test_streamed_model_scope_merge_matches_in_memory(dtype, tol, tmp_path, capsys, monkeypatch):
+    """merge --stream --scope model = the in-memory merge --scope model: A averaged in its folded form, B aligned by
+    the streamed passes. The passes are the in-memory sweeps up to float64 rounding (amplified by the polar factor
+    over the sweeps: 1e-9 on a float64 checkpoint, as the streamed align test); float32 storage rounds the
+    aligned weights, so an O(1e-12) move can flip a last bit: 1e-6 relative to the largest weight (~8 float32 ulps).
+    The output loads with from_pretrained and keeps A's layout; the aligned check is the AlignResult entry."""
+    from symalign.hf_lmc import load_hf_model
+
+    _, _, da, db = _pair(tmp_path, dtype=dtype, tie_word_embeddings=False)
+    args = [da, db, "--scope", "model", "--weights", "0.4,0.6", "--json"]
+    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "MEM", "--no-stream")
+    assert code == 0, err
+    mem_info = json.loads(out)
+    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "STR", "--stream")
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["scope"] == "model" and info["loads"]["class"] == "LlamaForCausalLM"
+    check = info["aligned"][0]["check"]
+    assert set(check) == set(mem_info["aligned"][0]["check"]) and check["passed"] and check["exact"]["rel"] < 1e-6
+    mem, st = _state(tmp_path / "MEM"), _state(tmp_path / "STR")
+    assert set(mem) == set(st)
+    scale = max(float(v.abs().max()) for v in mem.values())
+    worst = max(float((mem[k].double() - st[k].double()).abs().max()) for k in mem)
+    print(f"{dtype}: worst |streamed - in-memory| = {worst:.3g} (largest weight {scale:.3g})")
+    assert all(st[k].dtype == dtype for k in st) and worst <= tol * scale, worst
+    marker = json.loads((tmp_path / "STR" / "symalign.json").read_text())
+    assert marker["folded"] is True and marker["streamed"] is True and marker["scope"] == "model"
+    assert sorted(p.name for p in (tmp_path / "STR").glob("*.safetensors")) == \
+        sorted(p.name for p in da.glob("*.safetensors"))
+    load_hf_model(tmp_path / "STR")  # from_pretrained reads it
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch left
+
+
+def test_streamed_model_scope_merge_missing_shard_writes_nothing(tmp_path, capsys, monkeypatch):
+    _, _, da, db = _pair(tmp_path)
+    victim = sorted(db.glob("model-*.safetensors"))[1]
+    victim.unlink()
+    code, out, err = _merge(monkeypatch, capsys, da, db, "--stream", "--scope", "model", "-o", tmp_path / "OUT")
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and victim.name in lines[0], err
+    assert _nothing_written(tmp_path)
+
+
+def test_streamed_model_scope_merge_refuses_other_families(tmp_path, capsys, monkeypatch):
+    """--stream --scope model covers the Llama family; GPT-2 is refused with one line before anything is written."""
+    _, _, da, db = _pair(tmp_path, family="gpt2")
+    code, out, err = _merge(monkeypatch, capsys, da, db, "--stream", "--scope", "model", "-o", tmp_path / "OUT")
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and "--no-stream" in lines[0], err
     assert _nothing_written(tmp_path)

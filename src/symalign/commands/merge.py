@@ -40,8 +40,10 @@ def _parse_weights(text: str | None) -> list[float] | None:
 def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, scope: str | None = None,
               stage2: str = "full", align: bool = True, force: bool = False, eval_data: str | None = None,
               eval_opts: Any = None, universe: bool = False, rounds: int = 3,
-              stream: bool | None = None, progress: bool = True) -> dict[str, Any]:
+              stream: bool | None = None, progress: bool = True, max_sweeps: int = 20) -> dict[str, Any]:
     """Merge ``dirs`` into ``out`` (see the module docstring); returns the diagnostics.
+
+    ``max_sweeps``: sweeps (passes) of the whole-model alignment at most (``--scope model``).
 
     ``stream``: align and average tensor by tensor (:mod:`symalign.stream.merge`; never a whole
     model in memory); ``None`` decides by size (the checkpoints together exceed a quarter of the
@@ -67,7 +69,8 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     if _streams(dirs, stream, universe):
         from symalign.stream.merge import run_stream_merge
 
-        res = run_stream_merge(dirs, out, w, scope=scope, stage2=stage2, align=align, force=force, progress=progress)
+        res = run_stream_merge(dirs, out, w, scope=scope, stage2=stage2, align=align, force=force, progress=progress,
+                               max_sweeps=max_sweeps)
         if eval_data is not None:  # one model resident at a time
             evalset = build_eval(dirs[0], load_hf_model(dirs[0]), eval_data, eval_opts)
             res["eval"] = {"data": eval_data, "objective": evalset.objective, "info": evalset.info, "models": {}}
@@ -115,7 +118,7 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
             states.append(a_state)
         for k, d in enumerate(dirs[1:] if not universe else [], 1):
             if align:
-                info = run_align(dirs[0], d, scratch / str(k), scope=scope, stage2=stage2)
+                info = run_align(dirs[0], d, scratch / str(k), scope=scope, stage2=stage2, max_sweeps=max_sweeps)
                 aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict()})
                 states.append(load_checkpoint(scratch / str(k)).state)
                 shutil.rmtree(scratch / str(k), ignore_errors=True)
@@ -179,6 +182,8 @@ def register(app: typer.Typer) -> None:
                                       "to their evolving weighted average instead of to the first."),
         rounds: int = typer.Option(3, "--rounds", help="Universe matching rounds."),
         stage2: str = typer.Option("full", help="Inside-head alignment: none | orthogonal | full."),
+        max_sweeps: int = typer.Option(20, "--max-sweeps", "--max-iter", min=1, help="--scope model: sweeps of the "
+                                       "alternating whole-model alignment at most (as `symalign align`)."),
         no_align: bool = typer.Option(False, "--no-align", help="Average the checkpoints as they are (naive merge)."),
         eval_data: Optional[str] = typer.Option(None, "--eval", help="Also evaluate the inputs and the merged model "
                                                 "on DATA (as `symalign interpolate --data`)."),
@@ -196,7 +201,8 @@ def register(app: typer.Typer) -> None:
                                                       "checkpoints saved without one."),
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists (atomically)."),
         stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Align and average tensor by "
-                                              "tensor, never a whole model in memory (--scope attention). Default: "
+                                              "tensor, never a whole model in memory (--scope attention; --scope "
+                                              "model: Llama-like families). Default: "
                                               "streamed when the checkpoints exceed a quarter of the memory."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
     ) -> None:
@@ -208,7 +214,7 @@ def register(app: typer.Typer) -> None:
                            image_processor=image_processor)
         res = run_merge(list(models), out, _parse_weights(weights), scope=scope, stage2=stage2, align=not no_align,
                         force=force, eval_data=eval_data, eval_opts=opts, universe=universe, rounds=rounds,
-                        stream=stream)
+                        stream=stream, max_sweeps=max_sweeps)
         if as_json:
             typer.echo(json.dumps(res, default=float))
             return

@@ -5,8 +5,13 @@ the merged model is ``theta = sum_k w_k T_k . theta_k`` (``T_1 = id``), exactly 
 :mod:`symalign.merge`. Streamed:
 
 1. each ``theta_k`` (``k >= 2``) is aligned to ``theta_1`` by the streamed
-   ``symalign align`` (:mod:`symalign.stream.attention`; one layer of each model in
-   memory, every layer's function checked) into a scratch folder next to OUT;
+   ``symalign align`` (``--scope attention``: :mod:`symalign.stream.attention`;
+   ``--scope model``: :mod:`symalign.stream.model`, the alternating passes; one layer
+   of each model in memory, every layer's function checked) into a scratch folder
+   next to OUT. With ``--scope model`` the aligned checkpoints are in the exactly
+   rewritten (folded) format, so ``theta_1`` is averaged in that format too, folded
+   row chunk by row chunk as it is read (:class:`~symalign.stream.model.FoldedCheckpoint`),
+   as the in-memory merge does;
 2. the average is formed tensor by tensor in row chunks of at most
    :data:`CHUNK_ELEMENTS` values: each input's rows are read lazily
    (:class:`~symalign.stream.reader.LazyCheckpoint`), summed in float32 for
@@ -66,19 +71,21 @@ def row_chunks(shape: tuple[int, ...], limit: int = CHUNK_ELEMENTS) -> list[tupl
     return [(s, min(s + rows, shape[0])) for s in range(0, shape[0], rows)] or [(0, 0)]
 
 
-def average_into(out_path: Path, inputs: Sequence[LazyCheckpoint], weights: Sequence[float],
-                 marker: dict[str, Any], progress: bool = True) -> tuple[Path, int]:
-    """Write ``sum_k w_k inputs[k]`` laid out like ``inputs[0]`` into a staged folder; returns it and the
-    bytes written. Float tensors: row blocks of at most :data:`CHUNK_ELEMENTS` values, summed in
+def average_into(out_path: Path, inputs: Sequence[Any], weights: Sequence[float],
+                 marker: dict[str, Any], progress: bool = True, layout: LazyCheckpoint | None = None
+                 ) -> tuple[Path, int]:
+    """Write ``sum_k w_k inputs[k]`` laid out like ``inputs[0]`` (or ``layout``, the checkpoint ``inputs[0]``
+    reads through, e.g. :class:`~symalign.stream.model.FoldedCheckpoint`) into a staged folder; returns it and
+    the bytes written. Float tensors: row blocks of at most :data:`CHUNK_ELEMENTS` values, summed in
     :func:`~symalign.checkpoint.average.accumulate_dtype` (float32 for bfloat16/float16, float64
-    otherwise) and rounded to ``inputs[0]``'s dtype; others copied.
+    otherwise) and rounded to ``inputs[0]``'s dtype; others copied from ``layout``.
 
     One writer thread writes block ``j`` while block ``j + 1`` is read and summed (``pwrite``
     releases the GIL; at most :data:`WRITES_IN_FLIGHT` blocks wait); every call on the
     :class:`ShardWriter` goes through that thread. An input with NaN/Inf is found from the
     average (a non-finite input makes it non-finite), then named."""
     like = inputs[0]
-    writer = ShardWriter(out_path, like)
+    writer = ShardWriter(out_path, layout or like)
     total = sum(ck.nbytes for ck in inputs)
     pending: deque[Future] = deque()
     floats = [t for t in like.tensors.values() if t.dtype.is_floating_point and t.numel]
@@ -165,29 +172,42 @@ def check_loads_lazily(path: Path) -> dict[str, Any]:
 
 def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], scope: str = "attention",
                      stage2: str = "full", align: bool = True, force: bool = False,
-                     progress: bool = True) -> dict[str, Any]:
-    """Merge ``dirs`` into ``out`` by streaming (module docstring); ``weights`` already normalised."""
+                     progress: bool = True, max_sweeps: int = 20) -> dict[str, Any]:
+    """Merge ``dirs`` into ``out`` by streaming (module docstring); ``weights`` already normalised;
+    ``max_sweeps``: passes of the streamed model scope at most."""
     from symalign import hf_io
     from symalign.stream.attention import run_stream_attention
+    from symalign.stream.auto import streamable
+    from symalign.stream.model import FoldedCheckpoint, run_stream_model
 
     t0 = time.perf_counter()
-    if scope != "attention" and align:
-        raise ConfigError("merge --stream aligns with --scope attention (the streamed model scope writes the "
-                          "folded format, which the average does not take yet); use --scope attention or --no-stream")
+    folded = align and scope == "model"
+    if scope not in ("attention", "model"):
+        raise ConfigError(f"merge --stream aligns with --scope attention or model, not {scope!r}")
+    if folded:
+        why = streamable(Path(dirs[0]), "model")
+        if why is not None:
+            raise ConfigError(why)
     bound_heap()
     out_path = hf_io.check_output_dir(out, list(dirs), force)
     first = open_checkpoint(dirs[0])
     for d in dirs[1:]:
         check_same_architecture(first, open_checkpoint(d))
+    reference = FoldedCheckpoint(first) if folded else first  # --scope model: A in the aligned models' format
     scratch = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.align-", dir=out_path.parent))
     aligned_info: list[dict[str, Any]] = []
     t_align = 0.0
     try:
-        inputs = [first]
+        inputs: list[Any] = [reference]
         for k, d in enumerate(dirs[1:], 1):
             if align:
                 ta = time.perf_counter()
-                info = run_stream_attention(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2, progress=progress)
+                if folded:
+                    info = run_stream_model(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2,
+                                            progress=progress, max_iter=max_sweeps)
+                else:
+                    info = run_stream_attention(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2,
+                                                progress=progress)
                 t_align += time.perf_counter() - ta
                 aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict()})
                 inputs.append(open_checkpoint(scratch / str(k)))
@@ -195,8 +215,9 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
                 inputs.append(open_checkpoint(d))
         ta = time.perf_counter()
         tmp, written = average_into(out_path, inputs, weights, marker={
-            "command": "merge", "scope": scope if align else "none", "folded": False, "streamed": True,
-            "weights": list(weights), "inputs": [str(Path(d).resolve()) for d in dirs]}, progress=progress)
+            "command": "merge", "scope": scope if align else "none", "folded": folded, "streamed": True,
+            "weights": list(weights), "inputs": [str(Path(d).resolve()) for d in dirs]}, progress=progress,
+            layout=first)
         t_avg = time.perf_counter() - ta
         read = sum(ck.bytes_read for ck in inputs)
     finally:

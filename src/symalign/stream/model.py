@@ -47,8 +47,8 @@ from symalign.align_result import AlignResult, CheckReport, PhaseClock, new_resu
 from symalign.errors import ConfigError, MatchError
 from symalign.groups import Orthogonal, Permutation, PositiveMonomial, apply_on_axis
 from symalign.spec import SymmetrySpec, apply
-from symalign.stream.attention import (exact_tolerance, layer_of, n_layers, open_pair, sq, stored_tolerance,
-                                      work_dtype)
+from symalign.stream import blocks
+from symalign.stream.attention import exact_tolerance, layer_of, n_layers, open_pair, stored_tolerance, work_dtype
 from symalign.stream.layercheck import LayerChecker, layer_prefix
 from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
@@ -57,6 +57,7 @@ from symalign.checkpoint.lazy import LazyCheckpoint
 from symalign.checkpoint.shards import ShardWriter
 
 CHUNK_ELEMENTS = 1 << 24  # rows of a big global tensor (embedding, head) read at a time
+SMALL_ELEMENTS = 1 << 20  # a layer's tensors up to this size (norm gains, biases) are folded with each big one
 
 
 class Preparer:
@@ -82,8 +83,83 @@ class Preparer:
         return {k: p.state[k] for k in real}
 
 
+class FoldedCheckpoint:
+    """``ck`` read through the exact rewrite of ``--scope model`` (:class:`Preparer`: norm gains folded into
+    the next linear maps, the gains set to one), lazily and in row chunks: the same interface as
+    :class:`~symalign.checkpoint.lazy.LazyCheckpoint` for :func:`symalign.stream.merge.average_into`.
+
+    Each read folds only the rows read, in the stored dtype -- as the in-memory merge folds the first
+    checkpoint (``prepare`` on its stored state) -- so the rows are exactly those of the folded
+    checkpoint (the folds scale columns). Every vector (norm gains, biases) and the first row of every
+    matrix (the folds' other operands) is read once and kept: ``O(L D)`` values, about ``1/D`` of one
+    layer per layer. A rewrite that would add a tensor
+    (an untied head) is refused: the output keeps this checkpoint's layout.
+    """
+
+    def __init__(self, ck: LazyCheckpoint):
+        self.ck, self.path, self.tensors = ck, ck.path, ck.tensors
+        self.prep = Preparer(ck, ck.adapter.spec(ck.config, ck.keys))
+        if self.prep.untied:
+            raise ConfigError(f"{ck.path}: the folded form unties the head from the embedding, which streamed "
+                              "--scope model does not write; use --no-stream")
+        floats = [n for n, t in ck.tensors.items() if t.dtype.is_floating_point and t.numel]
+        small = ck.read([n for n in floats if len(ck.tensors[n].shape) <= 1])  # gains, biases: O(L D) values
+        self._fixed = {**small, **{n: ck.read_rows(n, 0, 1) for n in floats if n not in small}}
+        self._small = {k: v for k, v in self.prep(self._fixed).items() if k in small}
+
+    @property
+    def nbytes(self) -> int:
+        return self.ck.nbytes
+
+    @property
+    def bytes_read(self) -> int:
+        return self.ck.bytes_read
+
+    @bytes_read.setter
+    def bytes_read(self, value: int) -> None:
+        self.ck.bytes_read = value
+
+    def read_rows(self, name: str, start: int, stop: int, dtype: torch.dtype | None = None) -> Tensor:
+        """Rows ``start:stop`` of the folded tensor ``name`` (in ``dtype`` if given)."""
+        if name in self._small:
+            t = self._small[name][start:stop]
+        elif name not in self._fixed:  # not a float tensor: untouched by the rewrite
+            t = self.ck.read_rows(name, start, stop)
+        else:
+            t = self.prep({**self._fixed, name: self.ck.read_rows(name, start, stop)})[name]
+        return t.to(dtype) if dtype is not None else t
+
+    def read_rows_into(self, name: str, start: int, stop: int, buf: Tensor) -> Tensor:
+        """Rows ``start:stop`` of the folded tensor ``name`` in its stored dtype, copied into ``buf`` (as
+        :meth:`~symalign.checkpoint.lazy.LazyCheckpoint.read_rows_into`); returns that view of ``buf``."""
+        t = self.read_rows(name, start, stop)
+        raw = buf.view(-1).view(torch.uint8)
+        n = t.numel() * t.element_size()
+        if raw.numel() < n:
+            raise ValueError(f"buffer of {raw.numel()} bytes for {n} bytes of {name!r}")
+        out = raw[:n].view(t.dtype).view(t.shape)
+        out.copy_(t)
+        return out
+
+    def read(self, names, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        out = {}
+        for n in names:
+            if n in self._small:
+                out[n] = self._small[n].to(dtype) if dtype is not None else self._small[n]
+            else:
+                out[n] = self.read_rows(n, 0, self.tensors[n].shape[0], dtype)
+        return out
+
+
 def _res_action(spec: SymmetrySpec, t: str, res: str):
     return next((a for a in spec.tensors.get(t, []) if a.space == res), None)
+
+
+def _apply_one(spec: SymmetrySpec, transform: Mapping[str, Tensor], t: str, x: Tensor) -> Tensor:
+    """:func:`symalign.spec.apply` on the one tensor ``t`` (the actions on ``t`` alone)."""
+    if t not in spec.tensors:
+        return x
+    return apply(SymmetrySpec(spec.spaces, {t: spec.tensors[t]}, spec.couplings), transform, {t: x})[t]
 
 
 def _rows(x: Tensor, axis: int) -> Tensor:
@@ -134,8 +210,29 @@ class StreamedWhole:
 
     # -- reading ---------------------------------------------------------------
     def layer(self, ck: LazyCheckpoint, prep: Preparer, i: int, raw: Mapping[str, Tensor] | None = None):
-        raw = raw if raw is not None else ck.read(self.layer_names[i])
-        return prep({n: v.to(self.dtype) for n, v in raw.items()})
+        """Layer ``i`` of ``ck`` (``raw``: already read), prepared, in the working dtype.
+
+        Read, converted and folded one big tensor at a time, with the layer's small tensors
+        (the norm gains the folds read) and the first row of each other big tensor (the other
+        readers of a gain; one row costs nothing): :func:`symalign.families.prepare` works in float64, and
+        the folds scale each tensor on its own, so this equals folding the whole layer at once
+        without a float64 copy of the layer (1.4 GB at 7B)."""
+        names = self.layer_names[i]
+
+        def get(ns):
+            return {n: raw[n] for n in ns} if raw is not None else ck.read(ns)
+
+        big = [n for n in names if ck.tensors[n].numel > SMALL_ELEMENTS]
+        small = {n: v.to(self.dtype) for n, v in get([n for n in names if n not in big]).items()}
+        # every other reader of a norm is given as its first row (a meta placeholder cannot meet a real gain)
+        one = {n: (raw[n][:1] if raw is not None else ck.read_rows(n, 0, 1)).to(self.dtype) for n in big}
+        out: dict[str, Tensor] = {}
+        for n in big:
+            x = get([n])[n].to(self.dtype)
+            out[n] = prep({**small, **one, n: x})[n]
+            del x
+        out.update({k: v for k, v in prep({**small, **one}).items() if k in small})
+        return {n: out[n] for n in names}
 
     def global_chunks(self, ck: LazyCheckpoint, prep: Preparer):
         """``(name, start, prepared rows)`` over every global tensor (small ones whole, ``start`` 0)."""
@@ -163,11 +260,21 @@ class StreamedWhole:
 
     def rotate(self, sub: SymmetrySpec, state: Mapping[str, Tensor], o: Tensor) -> dict[str, Tensor]:
         """The residual element on every tensor of ``state`` it acts on (``O^{-T} = O``: one product)."""
-        out = dict(state)
-        for t, x in state.items():
-            a = _res_action(sub, t, self.res)
-            if a is not None:
-                out[t] = apply_on_axis(x, a.axis, o)
+        return {t: self.rotate_one(sub, t, x, o) for t, x in state.items()}
+
+    def rotate_one(self, sub: SymmetrySpec, t: str, x: Tensor, o: Tensor) -> Tensor:
+        a = _res_action(sub, t, self.res)
+        return x if a is None else blocks.rotate(x, a.axis, o)
+
+    def aligned_layer(self, ck: LazyCheckpoint, prep: Preparer, i: int,
+                      raw: Mapping[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """``O (P_i, g_i) . B_i`` in the working dtype, tensor by tensor (B's prepared layer is consumed as
+        each tensor is transformed)."""
+        lb = self.layer(ck, prep, i, raw)
+        sub, lsub = self.layer_spec(i), self.layer_spec(i, with_res=False)
+        out = {}
+        for t in list(lb):
+            out[t] = self.rotate_one(sub, t, _apply_one(lsub, self.layer_t[i], t, lb.pop(t)), self.O)
         return out
 
     # -- the passes ------------------------------------------------------------
@@ -182,16 +289,21 @@ class StreamedWhole:
                 continue
             xa, xb = _rows(ca, a.axis), _rows(cb, a.axis)
             m += xa @ xb.T
-            norms += sq(xa) + sq(xb)
-            d0 += sq(xa - xb)
-            self.norm_a += sq(xa)
+            norms += blocks.sq(xa) + blocks.sq(xb)
+            d0 += blocks.sq_diff(xa, xb)
+            self.norm_a += blocks.sq(xa)
         return m, norms, d0
 
     def sweep(self, first: bool, bar=None) -> tuple[Tensor, float, float]:
-        """One pass: FF and attention per layer given ``O``; returns ``M`` (layers), norms+direct, ``d0``."""
+        """One pass: FF and attention per layer given ``O``; returns ``M`` (layers), norms+direct, ``d0``.
+
+        Memory: A's and B's prepared layer, and one tensor's float64 temporaries at a time
+        (:mod:`~symalign.stream.blocks`): B's layer is rotated by ``O`` tensor by tensor as the
+        FF costs and the attention matcher need it, never as a whole; each tensor leaves memory
+        once its share of ``M`` is added."""
         from symalign.arch.fused import split_segments
         from symalign.match import match_attention
-        from symalign.match.ff import assign, match_monomial
+        from symalign.match.ff import match_monomial
 
         m = torch.zeros_like(self.O)
         acc = d0 = 0.0
@@ -199,12 +311,12 @@ class StreamedWhole:
             release()
             if bar is not None:
                 bar.update(self.a.bytes_read + self.b.bytes_read, f"layer {i + 1}/{self.L}")
-            la, lb = self.layer(self.a, self.prep_a, i), self.layer(self.b, self.prep_b, i)
+            la = self.layer(self.a, self.prep_a, i)
+            lb = self.layer(self.b, self.prep_b, i)
             sub = self.layer_spec(i)
             if first:
-                d0 += sum(sq(la[t] - lb[t]) for t in sub.tensors)
-                self.norm_a += sum(sq(la[t]) for t in sub.tensors)
-            cur = self.rotate(sub, lb, self.O)
+                d0 += sum(blocks.sq_diff(la[t], lb[t]) for t in sub.tensors)
+                self.norm_a += sum(blocks.sq(la[t]) for t in sub.tensors)
             t_i: dict[str, Tensor] = {}
             att_spaces = [s for s in layer_of(self.spec, i)]
             for s in self.layer_spaces(i):
@@ -213,16 +325,27 @@ class StreamedWhole:
                 g = self.spec.spaces[s]
                 pairs = sub.tensors_of(s)
                 if isinstance(g, PositiveMonomial):
+                    cur = {t: self.rotate_one(sub, t, lb[t], self.O) for t, _ in pairs}
                     t_i[s] = match_monomial(pairs, la, cur, g.n)
+                    del cur
                 elif isinstance(g, Permutation):
                     tg = time.perf_counter()
-                    c = sum(_rows(la[t], x.axis) @ _rows(cur[t], x.axis).T for t, x in pairs)
+                    c = None
+                    for t, x in pairs:  # C = sum_t X_A^t (X_{O.B}^t)^T, one tensor at a time
+                        r = _res_action(sub, t, self.res)
+                        xb = (blocks.rotated_rows(lb[t], r.axis, x.axis, self.O) if r is not None
+                              else _rows(lb[t], x.axis))
+                        c = blocks.cost_into(c, blocks.as_rows(la[t], x.axis), xb)
+                        del xb
                     self.t_grams += time.perf_counter() - tg
-                    t_i[s] = assign(c)
+                    t_i[s] = blocks.assign_max_inplace(c)
                     del c
                 else:
                     raise ConfigError(f"space {s!r} ({g.describe()}) is not supported by streamed --scope model")
-            view_spec, (va, vb) = split_segments(sub.restrict(att_spaces), la, cur)
+                release()
+            att_sub = sub.restrict(att_spaces)
+            cur = {t: self.rotate_one(sub, t, lb[t], self.O) for t in att_sub.tensors}
+            view_spec, (va, vb) = split_segments(att_sub, la, cur)
             att = match_attention(view_spec, va, vb, stage1=self.stage1, stage2=self.stage2,
                                   stage1_dtype=torch.float32 if self.b.dtype != torch.float64 else None)
             del va, vb, cur
@@ -230,20 +353,19 @@ class StreamedWhole:
             self.t_grams += att.totals.get("time_stage1_s", 0.0) + att.totals.get("time_grams_s", 0.0)
             self.attention[i] = att.to_dict()["layers"]
             self.layer_t[i] = t_i
-            cur2 = apply(self.layer_spec(i, with_res=False), t_i, lb)
-            del lb
-            for t in sub.tensors:
+            lsub = self.layer_spec(i, with_res=False)
+            for t in list(sub.tensors):  # B'_t = (P, g) . B_t, one tensor at a time
+                xa, xb = la.pop(t), _apply_one(lsub, t_i, t, lb.pop(t))
                 a = _res_action(sub, t, self.res)
                 if a is None:
-                    acc += sq(la[t] - cur2[t])
+                    acc += blocks.sq_diff(xa, xb)
                 else:
                     tg = time.perf_counter()
-                    xa, xb = _rows(la[t], a.axis), _rows(cur2[t], a.axis)
-                    m += xa @ xb.T
+                    blocks.cross_gram_into(m, blocks.as_rows(xa, a.axis), blocks.as_rows(xb, a.axis))
                     self.t_grams += time.perf_counter() - tg
-                    acc += sq(xa) + sq(xb)
-                    del xa, xb
-            del la, cur2
+                    acc += blocks.sq(xa) + blocks.sq(xb)
+                del xa, xb
+            del la, lb
         return m, acc, d0
 
     def match(self, stage1: bool, stage2: str, max_iter: int, rtol: float, progress: bool) -> bool:
@@ -320,9 +442,7 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
                 with clock("read"):
                     raw = b.read(w.layer_names[i])
                 with clock("match"):
-                    lb = w.layer(b, w.prep_b, i, raw)
-                    out = w.rotate(w.layer_spec(i), apply(w.layer_spec(i, with_res=False), w.layer_t[i], lb), w.O)
-                    del lb
+                    out = w.aligned_layer(b, w.prep_b, i, raw)
                     stored = {n: out[n].to(b.tensors[n].dtype) for n in out}
                 with clock("verify"):
                     exact = checker.check(raw, out, i, exact_tol, rotated_emb, rotate=w.O, stored=False)
