@@ -67,6 +67,8 @@ def main() -> None:
                 path = Path(runs) / exp / scope / "results.json"
                 if path.exists():
                     rows.append(row(json.loads(path.read_text())))
+    if not rows:
+        ap.error(f"no RUNS/EXPERIMENT/SCOPE/results.json under {', '.join(args.runs)} for these experiments and scopes")
     cols = [("experiment", "experiment"), ("scope", "scope"), ("seeds", "seeds"), ("acc", "acc A / B"),
             ("naive", "naive loss barrier", ".3f"), ("naive_acc", "naive acc barrier", ".3f"),
             ("none", "none %", ".1f"), ("orthogonal", "orthogonal %", ".1f"), ("full", "full %", ".1f"),
@@ -76,6 +78,7 @@ def main() -> None:
         cols.insert(5, ("naive_original", "naive (original coordinates)", ".3f"))
     if args.loss:
         cols.insert(3, ("loss", "test loss A / B"))
+    cols = [c for c in cols if any(c[0] in r for r in rows)]  # e.g. no full-no-stage1 without stage1_ablation
     pairs = max((len({r["seeds"] for r in rows if r["experiment"] == e}) for e in args.experiments), default=0)
     command = args.command or shlex.join(["python", "benchmarks/results_table.py", *sys.argv[1:]])
     write_json(args.out, {"provenance": provenance(command, args.threads, pairs),
