@@ -2,9 +2,10 @@
 
 Reads ``RUNS/EXPERIMENT/SCOPE/results.json`` (written by ``symalign experiment CONFIG --out RUNS``)
 for every experiment and scope given and writes one row per (experiment, scope, seed pair): the
-endpoints' accuracies, the naive loss barrier, the ratio of every stage-2 variant (stage 1 off:
-``full-no-stage1``), the aligned (``full``) loss barrier and the largest function change of an
-aligned B'. Writes a result file (JSON, atomically) with the provenance of the whole pipeline::
+endpoints' accuracies (and test losses with ``--loss``), the naive loss barrier, the ratio of every
+stage-2 variant (stage 1 off: ``full-no-stage1``), the aligned (``full``) loss barrier and the
+largest function change of an aligned B'. Writes a result file (JSON, atomically) with the
+provenance of the whole pipeline::
 
     symalign experiment configs/vit-digits-rope.toml --threads 1 --out runs/r
     symalign experiment configs/vit-digits-sinusoidal.toml --threads 1 --out runs/r
@@ -31,6 +32,7 @@ def row(res: dict) -> dict:
     v = res["variants"]
     out = {"experiment": res.get("experiment"), "scope": res["scope"],
            "seeds": "-".join(str(s) for s in res.get("seeds", [])),
+           "loss": f"{res['endpoints']['A']['loss']:.3f} / {res['endpoints']['B']['loss']:.3f}",
            "acc": f"{res['endpoints']['A']['acc']:.3f} / {res['endpoints']['B']['acc']:.3f}",
            "naive": res["naive"]["loss_barrier"], "naive_acc": res["naive"]["acc_barrier"],
            "function_change": max(x["function_change"] for x in v.values())}
@@ -53,6 +55,8 @@ def main() -> None:
     ap.add_argument("--scopes", default=",".join(SCOPES))
     ap.add_argument("--threads", type=int, default=1, help="the thread count the runs used (recorded)")
     ap.add_argument("--table", default="barriers")
+    ap.add_argument("--loss", action="store_true",
+                    help="add the endpoints' test loss (A / B; nats per token for the language models)")
     ap.add_argument("--command", default=None, help="the full pipeline to record (default: this command)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -63,6 +67,8 @@ def main() -> None:
                 path = Path(runs) / exp / scope / "results.json"
                 if path.exists():
                     rows.append(row(json.loads(path.read_text())))
+    if not rows:
+        ap.error(f"no RUNS/EXPERIMENT/SCOPE/results.json under {', '.join(args.runs)} for these experiments and scopes")
     cols = [("experiment", "experiment"), ("scope", "scope"), ("seeds", "seeds"), ("acc", "acc A / B"),
             ("naive", "naive loss barrier", ".3f"), ("naive_acc", "naive acc barrier", ".3f"),
             ("none", "none %", ".1f"), ("orthogonal", "orthogonal %", ".1f"), ("full", "full %", ".1f"),
@@ -70,6 +76,9 @@ def main() -> None:
             ("aligned_acc", "aligned acc barrier", ".4f"), ("stage1_rank_cost", "stage-1 rank by cost")]
     if any("naive_original" in r for r in rows):
         cols.insert(5, ("naive_original", "naive (original coordinates)", ".3f"))
+    if args.loss:
+        cols.insert(3, ("loss", "test loss A / B"))
+    cols = [c for c in cols if any(c[0] in r for r in rows)]  # e.g. no full-no-stage1 without stage1_ablation
     pairs = max((len({r["seeds"] for r in rows if r["experiment"] == e}) for e in args.experiments), default=0)
     command = args.command or shlex.join(["python", "benchmarks/results_table.py", *sys.argv[1:]])
     write_json(args.out, {"provenance": provenance(command, args.threads, pairs),
