@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
 
     logging.set_verbosity_error()
+    from symalign.errors import ConfigError
     from symalign.families import get_adapter, supported
     from symalign.probe.hf import hf_config, probe_hf
 
@@ -43,7 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     for mt in types:
         try:  # layer 0 of every kind of attention site the adapter has (T5: encoder, decoder, cross)
             sites = getattr(get_adapter(hf_config(mt)), "probe_sites", ((None, False),))
-            found = [(site, probe_hf(mt, stack=site[0], cross=site[1], block=args.block)) for site in sites]
+            found = []
+            for site in sites:
+                try:
+                    found.append((site, probe_hf(mt, stack=site[0], cross=site[1], block=args.block)))
+                except ConfigError as exc:  # --block refused (too large to probe here): the attention layer alone
+                    if not args.block or "--block" not in str(exc):
+                        raise
+                    found.append((site, probe_hf(mt, stack=site[0], cross=site[1]) + [str(exc)]))
         except Exception as exc:  # a refusal or an unsupported option: shown in the table, not hidden
             failures += 1
             rows.append({"model_type": mt, "error": f"{type(exc).__name__}: {exc}"})
@@ -51,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         for (stack, cross), probes in found:
             row = probes[0].to_dict()
             if args.block and len(probes) > 1:
-                row["block"] = probes[1].to_dict()
+                row["block"] = probes[1] if isinstance(probes[1], str) else probes[1].to_dict()
             rows.append(row)
             where = f" {stack}{' cross' if cross else ''}" if stack else ""
             print(f"{mt}{where}: measured {row['nullity']}, expected {row['expected']}", file=sys.stderr)
@@ -98,7 +106,9 @@ def _cells(r: dict, block: bool) -> dict:
            "upcasts": ", ".join(f"`{u}`" for u in r["upcasts"]) or "-"}
     if block:
         b = r.get("block")
-        out["block"] = f"{b['nullity']} ({b['parameters']})" if b else "-"
+        why = "" if not isinstance(b, str) else "data-dependent routing" if "experts" in b else "too large here"
+        out["block"] = f"not probed ({why})" if isinstance(b, str) else \
+            f"{b['nullity']} ({b['parameters']})" if b else "-"
     return out
 
 

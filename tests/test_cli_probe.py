@@ -71,6 +71,8 @@ def test_help(monkeypatch, capsys, command):
     (["--hf", "t5", "--layer", "encoder.1", "--cross"], "use --layer decoder.1 --cross"),
     (["--hf", "llama", "--layer", "decoder.1"], "Llama has a single stack of layers; use --layer 1"),
     (["--hf", "llama", "--cross"], "Llama has no cross-attention"),
+    # a mixture-of-experts block: refused (was a tracer traceback), not traced or run out of memory
+    (["--hf", "mixtral", "--block"], "routes each token to its experts data-dependently"),
 ])
 def test_bad_input_one_line_exit_2(monkeypatch, capsys, args, needle):
     code, out, err = run_main(monkeypatch, capsys, "probe", *args)
@@ -182,3 +184,13 @@ def test_tour_writes_json_atomically(monkeypatch, capsys, tmp_path):
     saved = json.loads((tmp_path / "symmetry.json").read_text())
     assert saved["tour"] == rows
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_block_probe_refused_when_its_jacobian_cannot_fit(monkeypatch):
+    """--block forms dense Jacobians of ~(2n) x n float64 values: refused before they would exhaust memory."""
+    from symalign.errors import ConfigError
+    from symalign.probe import hf
+
+    monkeypatch.setattr(hf, "_available_bytes", lambda: 10 * 2**20)  # 10 MiB left
+    with pytest.raises(ConfigError, match="--block: the .* block .* parameters, whose dense Jacobians need about"):
+        hf.probe_hf("llama", block=True)

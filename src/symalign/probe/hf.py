@@ -50,6 +50,7 @@ import copy
 import math
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -373,6 +374,31 @@ def _tokens_times_width(args: tuple, kwargs: dict) -> int:
     return int(x.shape[1]) * int(x.shape[2])
 
 
+#: Bytes the block probe needs per squared parameter: two dense Jacobians of ``OUTPUT_RATIO n`` rows by ``n``
+#: float64 columns and their SVD workspaces (measured: a 13,216-parameter Mixtral block took 23 GB).
+BLOCK_BYTES_PER_PARAM2 = 8 * OUTPUT_RATIO * 8
+
+
+def _available_bytes() -> int:
+    """Memory available to this process now (``MemAvailable``; the physical pages where that is unreadable)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _check_block_fits(n_block: int, family: str, block_name: str) -> None:
+    """Refuse ``--block`` before forming a dense Jacobian that would not fit in memory (no OOM kill)."""
+    need, have = BLOCK_BYTES_PER_PARAM2 * n_block ** 2, _available_bytes()
+    if need > have:
+        raise ConfigError(f"--block: the {family} block {block_name!r} has {n_block:,} parameters, whose dense "
+                          f"Jacobians need about {need / 2**30:.1f} GiB and {have / 2**30:.1f} GiB are available; "
+                          "drop --block (the attention layer is probed alone)")
+
+
 def _batch(n_params: int, per_item: int) -> int:
     """Batch size giving at least :data:`OUTPUT_RATIO` outputs per probed parameter."""
     return max(1, math.ceil(OUTPUT_RATIO * n_params / per_item))
@@ -458,9 +484,14 @@ def probe_hf(source: Any, layer: int = 0, *, stack: str | None = None, cross: bo
     rows.append(HFProbe(adapter.family, config.model_type, layer, kind, attn_name, declared, spec.describe(),
                         undeclared, res, cfg_summary, stack))
     if block:
+        if getattr(adapter, "moe", None) is not None:
+            raise ConfigError(f"--block: a {adapter.family} layer routes each token to its experts data-dependently, "
+                              "which the Jacobian tracer cannot follow; drop --block (the experts-and-router block "
+                              "is probed on its own: docs/symmetry.md, 'Mixture-of-experts blocks')")
         block_name = _block_of(attn_name)
         block_module = model.get_submodule(block_name)
         n_block = sum(p.numel() for p in block_module.parameters() if p.is_floating_point())
+        _check_block_fits(n_block, adapter.family, block_name)
         bargs, bkwargs = capture_call(model, block_name, _inputs(adapter, config, _batch(n_block, per_item), seed))
         bargs, bkwargs, bseq = generic_hidden_states(bargs, bkwargs, seed + 3)
         bres = probe(_Call(block_module, bargs, bkwargs, ""), (), method=method, ad=ad, probes=probes, seed=seed,
