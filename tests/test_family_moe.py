@@ -29,6 +29,7 @@ import torch
 from hf_tiny import output, randomize, rel
 from _cli_util import run_symalign
 
+from symalign.errors import MatchError
 from symalign.families import get_adapter
 from symalign.families import prepare
 from symalign.families.moe import MoEFamily
@@ -192,6 +193,7 @@ def test_cli_align_recovers_a_and_keeps_b_function(family, scope, tmp_path, caps
     assert code == 0, err
     info = json.loads(stdout)
     assert info["distance"]["before"]["total"] > 0.1 and info["distance"]["after"]["total"] <= 1e-8
+    assert info["match"].get("experts") == ("exact" if scope == "model" else None)  # the default ran
     disk = load_file(str(out / "model.safetensors"))
     assert set(disk) == set(load_file(str(tmp_path / "B" / "model.safetensors")))  # saved per expert, as B
     o, b = _from(out, family, torch.float64), _from(tmp_path / "B", family, torch.float64)
@@ -216,6 +218,93 @@ def test_cli_float32_pair_stays_exact(family, tmp_path, capsys, monkeypatch):
     assert json.loads(stdout)["dtype"] == "float32"
     o, b = _from(out, family, torch.float32), _from(tmp_path / "B", family, torch.float32)
     assert rel(output(o, _ids()), output(b, _ids())) <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["mixtral", "olmoe"])
+def test_match_whole_paired_experts_recovers_a_planted_element(family):
+    """``experts="paired"`` (approximate, ``E`` products) still recovers a planted element exactly, and the
+    result records which method ran; an unknown method is refused."""
+    prep = _prepared(make(family))
+    spec, a = prep.spec, prep.state
+    g = sample(spec, 5)
+    b = apply(spec, g, a)
+    res = match_whole(spec, a, b, max_sweeps=5, experts="paired")
+    assert res.experts == "paired" and res.to_dict()["experts"] == "paired"
+    inv = invert(spec, g)
+    for name in spec.select(("experts", "ff")):
+        assert torch.equal(res.transform[name], inv[name]), name
+    assert not torch.equal(g["experts.0"], torch.arange(4))
+    with pytest.raises(MatchError, match="unknown expert matching method 'greedy'"):
+        match_whole(spec, a, b, experts="greedy")
+
+
+def test_cli_align_experts_paired(tmp_path, capsys, monkeypatch):
+    """``symalign align --scope model --experts paired`` on a planted Mixtral pair: the planted element is
+    recovered (distance to A ~ 0), OUT computes B's function through from_pretrained, --json says paired."""
+    import symalign.match.whole as whole
+
+    ran, solve = [], whole.match_experts
+
+    def spy(*args, method="exact", **kw):
+        ran.append(method)
+        return solve(*args, method=method, **kw)
+
+    monkeypatch.setattr(whole, "match_experts", spy)
+    _planted_dirs("mixtral", "model", torch.float64, tmp_path)
+    out = tmp_path / "OUT"
+    code, stdout, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o", out,
+                                     "--scope", "model", "--experts", "paired", "--json")
+    assert code == 0, err
+    info = json.loads(stdout)
+    assert info["match"]["experts"] == "paired" and ran and set(ran) == {"paired"}  # what really ran
+    assert info["distance"]["before"]["total"] > 0.1 and info["distance"]["after"]["total"] <= 1e-8
+    o, b = _from(out, "mixtral", torch.float64), _from(tmp_path / "B", "mixtral", torch.float64)
+    x = _ids()
+    assert rel(output(float64_numerics(o), x), output(float64_numerics(b), x)) <= 1e-10
+
+
+def test_cli_experts_refused_where_meaningless(tmp_path, capsys, monkeypatch):
+    """--experts with --scope attention, an unknown method, a checkpoint without experts, --no-align or
+    --module: one line, exit 2, nothing written."""
+    from hf_tiny import make_model
+
+    _planted_dirs("mixtral", "attention", torch.float64, tmp_path)
+    make_model("llama").save_pretrained(tmp_path / "L")
+    make_model("llama", seed=1).save_pretrained(tmp_path / "M")
+    A, B, L, M, out = tmp_path / "A", tmp_path / "B", tmp_path / "L", tmp_path / "M", tmp_path / "OUT"
+    cases = [
+        (("align", A, B, "-o", out, "--experts", "paired"), "--experts applies to --scope model"),
+        (("align", A, B, "-o", out, "--scope", "attention", "--experts", "exact"), "drop it with --scope attention"),
+        (("align", A, B, "-o", out, "--scope", "model", "--experts", "greedy"), "unknown --experts 'greedy'"),
+        (("align", L, M, "-o", out, "--scope", "model", "--experts", "paired"), "'llama' has no expert layers"),
+        (("align", L, M, "-o", out, "--scope", "model", "--experts", "paired", "--stream"),
+         "'llama' has no expert layers"),
+        (("align", A, B, "-o", out, "--module", "x:y", "--experts", "paired"), "drop it with --module"),
+        (("merge", A, B, "-o", out, "--experts", "paired"), "--experts applies to --scope model"),
+        (("merge", L, M, "-o", out, "--scope", "model", "--experts", "paired"), "'llama' has no expert layers"),
+        (("merge", A, B, "-o", out, "--scope", "model", "--experts", "paired", "--no-align"), "--no-align"),
+    ]
+    for argv, msg in cases:
+        code, stdout, err = run_symalign(monkeypatch, capsys, *argv)
+        assert code == 2, (argv, err)
+        assert msg in " ".join(err.split()), (argv, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert not out.exists(), argv
+
+
+def test_cli_merge_experts_paired(tmp_path, capsys, monkeypatch):
+    """``symalign merge --scope model --experts paired`` of a planted Mixtral pair: B is aligned onto A, so the
+    merge is A's function (folded form); the JSON says paired."""
+    _planted_dirs("mixtral", "model", torch.float64, tmp_path)
+    out = tmp_path / "OUT"
+    code, stdout, err = run_symalign(monkeypatch, capsys, "merge", tmp_path / "A", tmp_path / "B", "-o", out,
+                                     "--scope", "model", "--experts", "paired", "--json")
+    assert code == 0, err
+    res = json.loads(stdout)
+    assert res["experts"] == "paired" and res["aligned"][0]["experts"] == "paired"
+    o, a = _from(out, "mixtral", torch.float64), _from(tmp_path / "A", "mixtral", torch.float64)
+    x = _ids()
+    assert rel(output(float64_numerics(o), x), output(float64_numerics(a), x)) <= 1e-8
 
 
 def _spec_on(state, i, spaces):

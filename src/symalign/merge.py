@@ -59,15 +59,15 @@ def weighted_average(states: Sequence[Mapping[str, Tensor]], weights: Sequence[f
 stage_like = stage_checkpoint  # the name this had before symalign.checkpoint.output
 
 
-def universe_states(ckpts: list[Any], weights: list[float], rounds: int = 3, stage2: str = "full"
-                    ) -> tuple[list[dict], bool, list[float]]:
+def universe_states(ckpts: list[Any], weights: list[float], rounds: int = 3, stage2: str = "full",
+                    experts: str = "exact") -> tuple[list[dict], bool, list[float]]:
     r"""Seed 002's universe matching on Hugging Face checkpoints (whole-model symmetries).
 
     Every checkpoint is rewritten exactly in its own format
     (:func:`symalign.families.prepare`); with ``U^(0) = theta_1``, round ``r``
     matches every ``theta_k`` to ``U^(r)`` (:func:`symalign.match.whole.match_whole`,
     warm-started from its previous transform), ``theta_k' = T_k . theta_k`` and
-    ``U^(r+1) = sum_k w_k theta_k'``. Returns the aligned states of the last round,
+    ``U^(r+1) = sum_k w_k theta_k'``; ``experts``: the mixture-of-experts method of ``match_whole``. Returns the aligned states of the last round,
     whether the head was untied, and the spread ``sum_k ||theta_k' - U||^2`` per round.
     """
     from symalign.match.distance import distance
@@ -85,7 +85,8 @@ def universe_states(ckpts: list[Any], weights: list[float], rounds: int = 3, sta
     for _ in range(rounds):
         aligned = []
         for k, p in enumerate(prepared):
-            res = match_whole(p.spec, ref, p.state, spec_b=prepared[0].spec, init=transforms[k], stage2=stage2)
+            res = match_whole(p.spec, ref, p.state, spec_b=prepared[0].spec, init=transforms[k], stage2=stage2,
+                              experts=experts)
             transforms[k] = res.transform
             aligned.append(apply(p.spec, res.transform, p.state))
         ref = weighted_average(aligned, weights)

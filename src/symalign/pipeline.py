@@ -42,11 +42,41 @@ from symalign.checkpoint.config import check_same_architecture
 from symalign.checkpoint.hf import HFCheckpoint, load_checkpoint
 from symalign.checkpoint.output import check_output_dir, stage_checkpoint, verify_and_commit
 from symalign.errors import ConfigError
+from symalign.match.experts import expert_units
 from symalign.provenance import provenance
 from symalign.spec import apply
 
 SCOPES = ("attention", "model")
 STAGE2 = ("none", "orthogonal", "full")
+EXPERTS = ("exact", "paired")  # --experts: symalign.match.experts.match_experts methods offered by the CLI
+
+
+def check_experts(experts: str | None, scope: str, a_dir: Path) -> None:
+    """Refuse ``--experts`` (given: not ``None``) where it means nothing: an unknown method, a scope other
+    than ``model``, or a checkpoint (A's config) whose family has no mixture-of-experts layers."""
+    if experts is None:
+        return
+    if experts not in EXPERTS:
+        raise ConfigError(f"unknown --experts {experts!r}; use one of {', '.join(EXPERTS)}")
+    if scope != "model":
+        raise ConfigError(f"--experts applies to --scope model (it chooses how mixture-of-experts layers are "
+                          f"matched); drop it with --scope {scope}")
+    from symalign.checkpoint.config import load_config
+    from symalign.families import get_family
+    from symalign.families.moe import MoEFamily
+
+    try:
+        config = load_config(a_dir)
+    except Exception:  # unreadable config: the read phase reports it
+        return
+    if not isinstance(get_family(config), MoEFamily):
+        refuse_experts(repr(getattr(config, "model_type", None)))
+
+
+def refuse_experts(what: str) -> None:
+    """The one-line refusal of ``--experts`` on a model without mixture-of-experts layers."""
+    raise ConfigError(f"--experts applies to mixture-of-experts checkpoints (Mixtral, Qwen2-MoE, OLMoE); "
+                      f"{what} has no expert layers -- drop --experts")
 
 
 @dataclass
@@ -56,7 +86,9 @@ class AlignJob:
     ``max_sweeps``: sweeps of the whole-model solver (``--scope model``); ``write_reference``: also
     write A's folded form there (``--scope model``, in memory); ``stream``: ``None`` decides by size;
     ``say``: receives progress lines; ``progress``: rich progress bars (streamed);
-    ``return_transform``: keep the group element in :attr:`AlignResult.transform`.
+    ``return_transform``: keep the group element in :attr:`AlignResult.transform`; ``experts``: how
+    mixture-of-experts layers are matched (``--scope model``; ``None``: ``"exact"``, see :data:`EXPERTS`
+    and :func:`symalign.match.experts.match_experts`), refused elsewhere (:func:`check_experts`).
     """
 
     a_dir: Path
@@ -72,6 +104,7 @@ class AlignJob:
     progress: bool = True
     say: Callable[[str], None] | None = None
     return_transform: bool = False
+    experts: str | None = None
 
     def check(self) -> None:
         """Refuse a bad option with one line naming it."""
@@ -84,6 +117,7 @@ class AlignJob:
         if self.write_reference is not None and self.scope != "model":
             raise ConfigError("--write-reference applies to --scope model (attention alignment keeps A's format: "
                               "interpolate with A itself)")
+        check_experts(self.experts, self.scope, self.a_dir)
 
     def tell(self, line: str) -> None:
         if self.say is not None:
@@ -232,6 +266,8 @@ class InMemoryModel(InMemoryEngine):
         self.pa = prepare(a.config, a.state, a.adapter.spec(a.config, a.state.keys()))
         self.pb = prepare(b.config, b.state, b.adapter.spec(b.config, b.state.keys()))
         self.spec = self.pb.spec
+        if self.job.experts is not None and not expert_units(self.spec):
+            refuse_experts(f"this {a.config.model_type!r} checkpoint")
 
     def match(self) -> None:
         from symalign.match.distance import distance, relative_distance
@@ -243,7 +279,7 @@ class InMemoryModel(InMemoryEngine):
         # A's spec first: a mismatch is reported as "<A's group> in A, <B's group> in B"
         d0 = max(distance(pa.spec, pa.state, pb.state), 1e-300)
         self.result = match_whole(pa.spec, pa.state, pb.state, spec_b=pb.spec, stage1=self.job.stage1,
-                                  stage2=self.job.stage2, max_iter=n,
+                                  stage2=self.job.stage2, max_iter=n, experts=self.job.experts or "exact",
                                   progress=lambda k, d: self.job.tell(f"sweep {k}/{n}: squared distance "
                                                                       f"{d / d0:.4f} of unaligned"))
         self.job.tell(f"matched in {self.result.iterations} sweeps" + ("" if self.result.converged

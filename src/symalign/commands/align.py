@@ -25,18 +25,19 @@ def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention",
               stage1: bool = True, force: bool = False, max_sweeps: int = 20,
               write_reference: Path | None = None, say: Callable[[str], None] | None = None,
               stream: bool | None = None, progress: bool = True, max_iter: int | None = None,
-              return_transform: bool = False) -> AlignResult:
+              return_transform: bool = False, experts: str | None = None) -> AlignResult:
     """Align B to A and write OUT (:func:`symalign.pipeline.align`); returns the result.
 
     ``max_sweeps`` (``max_iter``: the same, older name) and ``write_reference`` apply to
     ``scope="model"``; ``say`` receives progress lines. ``stream``: process the checkpoints
     layer by layer (:mod:`symalign.stream`); ``None`` decides by size
-    (:func:`symalign.stream.auto.should_stream`).
+    (:func:`symalign.stream.auto.should_stream`). ``experts``: ``"exact"`` or ``"paired"``, how
+    mixture-of-experts layers are matched (``scope="model"`` only; ``None``: exact).
     """
     return align(AlignJob(Path(a_dir), Path(b_dir), Path(out_dir), scope=scope, stage1=stage1, stage2=stage2,
                           max_sweeps=max_iter if max_iter is not None else max_sweeps, force=force,
                           write_reference=write_reference, stream=stream, progress=progress, say=say,
-                          return_transform=return_transform))
+                          return_transform=return_transform, experts=experts))
 
 
 def register(app: typer.Typer) -> None:
@@ -54,6 +55,13 @@ def register(app: typer.Typer) -> None:
         write_reference: Optional[Path] = typer.Option(None, "--write-reference", metavar="DIR",
                                                        help="--scope model: also write A's folded form to DIR "
                                                             "(interpolate DIR with OUT)."),
+        experts: Optional[str] = typer.Option(None, "--experts", metavar="exact|paired", help="--scope model on a "
+                                              "mixture-of-experts checkpoint (Mixtral, Qwen2-MoE, OLMoE): how experts "
+                                              "and their units are matched. exact (default): the joint optimum, but "
+                                              "it forms all E^2 expert-pair products where the Gram screen does not "
+                                              "apply (Mixtral: hours per layer at full size); paired: approximate, E "
+                                              "products (recovers a planted pair; may differ from exact on unrelated "
+                                              "models, docs/whole-model.md 4b)."),
         stage2: str = typer.Option("full", help="Inside-head alignment: none | orthogonal | full."),
         no_stage1: bool = typer.Option(False, "--no-stage1", help="Keep B's head order (skip the head assignment)."),
         force: bool = typer.Option(False, "--force", help="Replace OUT if it is a previous symalign output "
@@ -74,11 +82,18 @@ def register(app: typer.Typer) -> None:
         if module:
             from symalign.commands.align_module import run_align_module
 
+            if experts is not None:
+                from symalign.errors import ConfigError
+
+                raise ConfigError("--experts applies to Hugging Face mixture-of-experts checkpoints; drop it with "
+                                  "--module")
+
             info = run_align_module(module, a_dir, b_dir, out, scope, stage2, not no_stage1, force,
                                     max_sweeps=max_sweeps)
         else:
             info = run_align(a_dir, b_dir, out, scope=scope, stage2=stage2, stage1=not no_stage1, force=force,
-                             max_sweeps=max_sweeps, write_reference=write_reference, say=say, stream=stream)
+                             max_sweeps=max_sweeps, write_reference=write_reference, say=say, stream=stream,
+                             experts=experts)
         if as_json:
             typer.echo(json.dumps(info.to_dict(), default=_jsonable))
             return

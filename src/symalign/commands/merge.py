@@ -40,10 +40,13 @@ def _parse_weights(text: str | None) -> list[float] | None:
 def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, scope: str | None = None,
               stage2: str = "full", align: bool = True, force: bool = False, eval_data: str | None = None,
               eval_opts: Any = None, universe: bool = False, rounds: int = 3,
-              stream: bool | None = None, progress: bool = True, max_sweeps: int = 20) -> dict[str, Any]:
+              stream: bool | None = None, progress: bool = True, max_sweeps: int = 20,
+              experts: str | None = None) -> dict[str, Any]:
     """Merge ``dirs`` into ``out`` (see the module docstring); returns the diagnostics.
 
     ``max_sweeps``: sweeps (passes) of the whole-model alignment at most (``--scope model``).
+    ``experts``: how mixture-of-experts layers are matched (``"exact"`` or ``"paired"``; ``--scope model``
+    on a mixture-of-experts family only, :func:`symalign.pipeline.check_experts`; ``None``: exact).
 
     ``stream``: align and average tensor by tensor (:mod:`symalign.stream.merge`; never a whole
     model in memory); ``None`` decides by size (the checkpoints together exceed a quarter of the
@@ -55,6 +58,7 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     from symalign.evaluate import build_eval, check_same_vocabulary, evaluate_model
     from symalign.hf_lmc import load_hf_model
     from symalign.merge import normalise_weights, weighted_average
+    from symalign.pipeline import check_experts
 
     if len(dirs) < 2:
         raise ConfigError(f"merge needs at least two checkpoints, got {len(dirs)}")
@@ -65,6 +69,9 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     scope = scope or ("model" if universe else "attention")
     if scope not in SCOPES:
         raise ConfigError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
+    if experts is not None and not align:
+        raise ConfigError("--experts chooses how the models are aligned; drop it with --no-align")
+    check_experts(experts, scope, dirs[0])
     w = normalise_weights(weights, len(dirs))
     if _streams(dirs, stream, universe):
         from symalign.stream.merge import run_stream_merge
@@ -94,7 +101,7 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     if universe:
         from symalign.merge import universe_states
 
-        universe_aligned, untied, spread = universe_states(ckpts, w, rounds, stage2)
+        universe_aligned, untied, spread = universe_states(ckpts, w, rounds, stage2, experts=experts or "exact")
     del ckpts
 
     scratch = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.align-", dir=out_path.parent))
@@ -118,8 +125,10 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
             states.append(a_state)
         for k, d in enumerate(dirs[1:] if not universe else [], 1):
             if align:
-                info = run_align(dirs[0], d, scratch / str(k), scope=scope, stage2=stage2, max_sweeps=max_sweeps)
-                aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict()})
+                info = run_align(dirs[0], d, scratch / str(k), scope=scope, stage2=stage2, max_sweeps=max_sweeps,
+                                 experts=experts)
+                aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict(),
+                                     "experts": info.match.get("experts")})
                 states.append(load_checkpoint(scratch / str(k)).state)
                 shutil.rmtree(scratch / str(k), ignore_errors=True)
             else:
@@ -147,12 +156,20 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
         "universe": {"rounds": rounds, "spread": spread} if universe else None,
         "aligned": aligned_info, "dtype": str(dtype).replace("torch.", ""), "architecture": a_config.model_type,
         "tensors": len(merged), "new_tensors": sorted(set(merged) - ref_keys),
+        "experts": _experts_ran(align, scope, a_adapter, experts),
     }
     if evalset is not None:
         res["eval"] = {"data": eval_data, "objective": evalset.objective, "info": evalset.info,
                        "models": {str(d): evaluate_model(load_hf_model(d), evalset).to_dict() for d in dirs},
                        "merged": evaluate_model(load_hf_model(out_path), evalset).to_dict()}
     return res
+
+
+def _experts_ran(align: bool, scope: str, adapter: Any, experts: str | None) -> str | None:
+    """The method that matched the mixture-of-experts layers (``None``: none were matched)."""
+    from symalign.families.moe import MoEFamily
+
+    return (experts or "exact") if align and scope == "model" and isinstance(adapter, MoEFamily) else None
 
 
 def _streams(dirs: list[Path], stream: bool | None, universe: bool) -> bool:
@@ -204,6 +221,10 @@ def register(app: typer.Typer) -> None:
                                               "tensor, never a whole model in memory (--scope attention; --scope "
                                               "model: Llama-like families). Default: "
                                               "streamed when the checkpoints exceed a quarter of the memory."),
+        experts: Optional[str] = typer.Option(None, "--experts", metavar="exact|paired", help="--scope model on a "
+                                              "mixture-of-experts family: how experts and their units are matched "
+                                              "(as `symalign align --experts`; default exact, paired: approximate "
+                                              "and much cheaper on Mixtral-like shapes)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
     ) -> None:
         """Align checkpoints to the first and write their weighted average as a loadable checkpoint."""
@@ -214,7 +235,7 @@ def register(app: typer.Typer) -> None:
                            image_processor=image_processor)
         res = run_merge(list(models), out, _parse_weights(weights), scope=scope, stage2=stage2, align=not no_align,
                         force=force, eval_data=eval_data, eval_opts=opts, universe=universe, rounds=rounds,
-                        stream=stream, max_sweeps=max_sweeps)
+                        stream=stream, max_sweeps=max_sweeps, experts=experts)
         if as_json:
             typer.echo(json.dumps(res, default=float))
             return

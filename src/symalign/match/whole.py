@@ -31,7 +31,8 @@ labels, by block-coordinate descent (git re-basin's loop, for any spec):
    its rows) are thereby really coordinate-descended. A mixture-of-experts layer's expert
    permutation and the per-expert unit permutations coupled to it are one block, solved
    jointly and exactly by :func:`symalign.match.experts.match_experts` (the assignment
-   over experts of each pair's best unit-matching score plus router-row similarity).
+   over experts of each pair's best unit-matching score plus router-row similarity;
+   ``experts="paired"``: its cheaper approximate pairing instead).
    In the first sweep (``start="anchored"``, the default) the unit spaces are instead
    visited outward from what is already comparable (:func:`anchored_step`): each is
    solved on the tensors on which every other space is already solved -- for an MLP,
@@ -71,7 +72,7 @@ from torch import Tensor
 from symalign.errors import MatchError
 from symalign.match.api import match_attention
 from symalign.match.distance import distance
-from symalign.match.experts import expert_units, match_experts
+from symalign.match.experts import METHODS, expert_units, match_experts
 from symalign.match.inputs import check_pair, check_spec_fits
 from symalign.groups import FixingOrthogonal, PositiveMonomial
 from symalign.match.residual import axis_rows, cross
@@ -180,7 +181,8 @@ class WholeMatch:
     ``distances[0]`` is the unaligned distance, ``distances[k]`` the distance after
     sweep ``k`` (squared Frobenius, summed over the labelled tensors); ``converged``:
     the last sweep met the stopping rule (else ``max_sweeps`` ran out); ``changes[k]``:
-    how many unit spaces (step 1) took a new element in sweep ``k + 1``.
+    how many unit spaces (step 1) took a new element in sweep ``k + 1``; ``experts``: the method that
+    solved the mixture-of-experts blocks (``"exact"``, ``"all-pairs"``, ``"paired"``; ``None`` without any).
     """
 
     transform: Transform
@@ -192,6 +194,7 @@ class WholeMatch:
     time_s: float = 0.0
     notes: list[str] = field(default_factory=list)
     changes: list[int] = field(default_factory=list, kw_only=True)
+    experts: str | None = field(default=None, kw_only=True)
 
     @property
     def iterations(self) -> int:
@@ -211,6 +214,7 @@ class WholeMatch:
                 "converged": self.converged, "distances": list(self.distances), "changes": list(self.changes),
                 "relative_distance_after": math.sqrt(self.distances[-1] / d0) if d0 else 0.0,
                 "spaces": self.spec.describe(), "time_s": self.time_s, "notes": list(self.notes),
+                "experts": self.experts,
                 "attention": self.attention.to_dict() if self.attention is not None else None}
 
 
@@ -255,7 +259,7 @@ def anchored_pairs(spec: SymmetrySpec, name: str, solved) -> list:
 
 
 def anchored_step(spec: SymmetrySpec, units: list[str], transform: Transform, state_a, state_b,
-                  solved) -> tuple[int, bool]:
+                  solved, experts: str = "exact") -> tuple[int, bool]:
     r"""The first sweep of step 1, outward from what is already comparable.
 
     Starting from the identity, a unit space whose tensors are also acted on by unsolved
@@ -273,7 +277,8 @@ def anchored_step(spec: SymmetrySpec, units: list[str], transform: Transform, st
     place and returns the number of spaces solved and whether any was solved on part of its
     tensors only. A Transformer's FF spaces act only on tensors whose other axes belong to the
     (initialised) residual stream, so there every space is solved on all its tensors given all
-    the others: the ordinary step (in an order that does not matter, as they share no tensor)."""
+    the others: the ordinary step (in an order that does not matter, as they share no tensor).
+    ``experts``: the method of :func:`~symalign.match.experts.match_experts` for expert blocks."""
     todo, done, partial = list(units), set(solved), False
     moe = expert_units(spec)
     while todo:
@@ -282,7 +287,7 @@ def anchored_step(spec: SymmetrySpec, units: list[str], transform: Transform, st
         if name in moe:  # experts and the units inside each: one joint block, as in unit_step
             group = [name, *moe[name]]
             cur = apply_subset(spec, _without(transform, group), state_b, group)
-            transform.update(match_experts(spec, name, moe[name], state_a, cur))
+            transform.update(match_experts(spec, name, moe[name], state_a, cur, method=experts))
             todo.remove(name)
             done.update(group)
             continue
@@ -296,9 +301,10 @@ def anchored_step(spec: SymmetrySpec, units: list[str], transform: Transform, st
 
 
 def unit_step(spec: SymmetrySpec, units: list[str], transform: Transform, state_a, state_b,
-              order: list[str], tol: float) -> int:
+              order: list[str], tol: float, experts: str = "exact") -> int:
     """Step 1 in ``order``: each unit space given every other current element; updates ``transform`` in
-    place and returns how many spaces moved (lowered their block distance by more than ``tol``)."""
+    place and returns how many spaces moved (lowered their block distance by more than ``tol``).
+    ``experts``: the method of :func:`~symalign.match.experts.match_experts` for expert blocks."""
     changed = 0
     moe = expert_units(spec)
     for name in order:
@@ -306,7 +312,7 @@ def unit_step(spec: SymmetrySpec, units: list[str], transform: Transform, state_
             group = [name, *moe[name]]
             cur = apply_subset(spec, _without(transform, group), state_b, group)
             old = {k: transform[k] for k in group if k in transform}
-            new = match_experts(spec, name, moe[name], state_a, cur)
+            new = match_experts(spec, name, moe[name], state_a, cur, method=experts)
             d_old = _group_distance(spec, group, old, state_a, cur)
             transform.update(new)
             changed += int(_group_distance(spec, group, new, state_a, cur) < d_old - tol)
@@ -372,7 +378,8 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
                 max_iter: int = 20, rtol: float = 1e-6, stage1: bool = True, stage2: str = "full",
                 init: Transform | None = None, spec_b: SymmetrySpec | None = None,
                 max_sweeps: int | None = None, order: str = "random", seed: int = 0,
-                start: str = "anchored", gauge: str = "raw", progress: Callable[[int, float], None] | None = None) -> WholeMatch:
+                start: str = "anchored", gauge: str = "raw", experts: str = "exact",
+                progress: Callable[[int, float], None] | None = None) -> WholeMatch:
     """Align every declared space of B to A by block-coordinate descent (see the module docstring).
 
     Args:
@@ -393,6 +400,11 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
             the balanced models mapped back by ``d_A^{-1}``, so the result does not depend on the scale
             gauge either model happens to be stored in. ``distances`` are those of the balanced pair.
             Without ReLU spaces the two are the same.
+        experts: how each mixture-of-experts block (experts and the units inside each) is solved
+            (:func:`symalign.match.experts.match_experts`): ``"exact"`` (branch and bound: the joint
+            optimum), ``"all-pairs"`` (the reference: ``E^2`` unit assignments) or ``"paired"``
+            (approximate: experts paired by a product-free lower bound, then ``E`` products and
+            assignments). Recorded in :attr:`WholeMatch.experts` (``None`` without expert blocks).
         init: a starting transform (skips the residual initialisation and the anchored first sweep).
         spec_b: B's spec; must describe the same groups.
         progress: called after every sweep with ``(sweep, distance)`` (e.g. a progress line on stderr).
@@ -406,13 +418,15 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
         raise MatchError(f"unknown sweep order {order!r}; use one of {', '.join(ORDERS)}")
     if gauge not in GAUGES:
         raise MatchError(f"unknown gauge {gauge!r}; use one of {', '.join(GAUGES)}")
+    if experts not in METHODS:
+        raise MatchError(f"unknown expert matching method {experts!r}; use one of {', '.join(METHODS)}")
     if gauge == "balanced":
         validate_states(spec, state_a, state_b)
         da, db = balanced_gauge(spec, state_a), balanced_gauge(spec, state_b)
         if da:
             res = match_whole(spec, apply(spec, da, state_a), apply(spec, db, state_b), max_iter=max_iter,
                               rtol=rtol, stage1=stage1, stage2=stage2, spec_b=spec_b, max_sweeps=max_sweeps,
-                              order=order, seed=seed, start=start, progress=progress,
+                              order=order, seed=seed, start=start, experts=experts, progress=progress,
                               init=None if init is None else compose(spec, da, compose(spec, init, invert(spec, db))))
             res.transform = compose(spec, invert(spec, da), compose(spec, res.transform, db))
             res.notes.append("balanced gauge: the distances are those between the balanced A and B")
@@ -456,10 +470,10 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
         # 1. unit spaces (FF hidden units, experts), each given every other current element
         seq = units if order == "fixed" else [units[i] for i in torch.randperm(len(units), generator=gen).tolist()]
         if sweep == 0 and anchored:
-            moved, partial = anchored_step(spec, units, transform, state_a, state_b, set(transform))
+            moved, partial = anchored_step(spec, units, transform, state_a, state_b, set(transform), experts)
             changes.append(moved)
         else:
-            changes.append(unit_step(spec, units, transform, state_a, state_b, seq, tol))
+            changes.append(unit_step(spec, units, transform, state_a, state_b, seq, tol, experts))
         # 2. attention
         if part.attention:
             cur = apply_subset(spec, _without(transform, part.attention), state_b, part.attention)
@@ -481,7 +495,7 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
             converged = True
             break
     return WholeMatch(transform, spec, distances, converged, "weight", att, time.perf_counter() - t0, notes,
-                      changes=changes)
+                      changes=changes, experts=experts if part.experts else None)
 
 
 def check_configs(cfg_a, cfg_b, allow_heterogeneous: bool = False) -> None:
