@@ -66,3 +66,16 @@ def test_modernbert_without_float64_upcast_is_refused_in_both_modes(monkeypatch,
                         lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {})))
     with pytest.raises(AmbiguousSpectrumError, match=r"16 lie between .* anywhere from 64 to 80"):
         probe_hf("modernbert", ad=ad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", __import__("symalign.families", fromlist=["supported"]).supported())
+def test_probe_by_model_type_matches_the_declaration(model_type):
+    """`symalign probe --hf MODEL_TYPE` for every family: the tiny config it builds probes cleanly and the
+    measured nullity equals the declared dimension (plus the named exact gauges). Before the tiny configs
+    followed the head width, GPT-J (rotary_dim 64 > head_dim) and Falcon (head_dim a property) crashed, and
+    Qwen3 / Gemma 2 / Gemma 3 were refused as ambiguous."""
+    from symalign.probe.hf import probe_hf
+
+    rows = probe_hf(model_type)
+    assert rows and all(r.to_dict()["match"] for r in rows), [r.to_dict()["nullity"] for r in rows]

@@ -65,7 +65,16 @@ from symalign.probe.precision import Float64Mode
 TINY = dict(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, num_decoder_layers=2,
             intermediate_size=32, vocab_size=64, max_position_embeddings=64, image_size=8, patch_size=4,
             embedding_size=16, d_ff=32)
-"""Overrides of a ``model_type``'s default config (each applied only when the config has the attribute)."""
+"""Overrides of a ``model_type``'s default config (each applied only when the config has the attribute). The
+head is ``hidden_size / num_attention_heads = 4`` wide, and ``head_dim``, Gemma's ``query_pre_attn_scalar``
+(default 256: near-uniform attention on a 4-wide head, an ill-conditioned spectrum) and GPT-J's
+``rotary_dim`` (default 64; set to half the head) follow it."""
+
+TINY_RMS_EPS = 1e-2
+"""RMSNorm ``eps`` of the tiny configs: scaling one head's ``W_Q`` under a QK-norm (Qwen3, Gemma 3, OLMo 2) is
+undone by the norm except for its ``eps``, a near-symmetry whose singular values scale with ``eps``; at the
+default ``1e-6`` they fall inside the probe's ambiguity band and the probe refuses to count them. A larger
+``eps`` shows with a clean gap that they are not symmetries (docs/symmetry.md)."""
 
 MAX_PARAMETERS = 200_000
 """Refuse to probe a layer with more parameters than this (the matrix-free path would take hours on a CPU)."""
@@ -148,8 +157,15 @@ def hf_config(source: Any) -> Any:
     for name, value in TINY.items():
         if hasattr(config, name):
             setattr(config, name, value)
-    if getattr(config, "head_dim", None) is not None:
-        config.head_dim = TINY["hidden_size"] // TINY["num_attention_heads"]
+    d = TINY["hidden_size"] // TINY["num_attention_heads"]
+    for name, value in (("head_dim", d), ("query_pre_attn_scalar", d), ("rms_norm_eps", TINY_RMS_EPS)):
+        if getattr(config, name, None) is not None:
+            try:
+                setattr(config, name, value)
+            except AttributeError:  # a derived property (Falcon's head_dim = hidden_size / heads)
+                pass
+    if isinstance(getattr(config, "rotary_dim", None), int) and config.rotary_dim > d:  # GPT-J's 64: partial RoPE
+        config.rotary_dim = d // 2
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     for name in list(vars(config)):  # special tokens of the full vocabulary would not fit the tiny one
         value = getattr(config, name)
