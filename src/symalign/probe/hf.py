@@ -64,7 +64,7 @@ from symalign.probe.precision import Float64Mode
 
 TINY = dict(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, num_decoder_layers=2,
             intermediate_size=32, vocab_size=64, max_position_embeddings=64, image_size=8, patch_size=4,
-            embedding_size=16, d_ff=32)
+            embedding_size=16, d_ff=32, ffn_hidden_size=32)
 """Overrides of a ``model_type``'s default config (each applied only when the config has the attribute). The
 head is ``hidden_size / num_attention_heads = 4`` wide, and ``head_dim``, Gemma's ``query_pre_attn_scalar``
 (default 256: near-uniform attention on a 4-wide head, an ill-conditioned spectrum) and GPT-J's
