@@ -23,7 +23,7 @@ import json
 import pytest
 import torch
 
-from hf_families import make
+from hf_families import make, plant_checkpoints
 from hf_tiny import output, rel
 from _cli_util import run_symalign
 
@@ -101,16 +101,11 @@ def test_alibi_planted_recovery_cli(layout, dtype, scope, tmp_path, capsys, monk
     from symalign import hf_io
 
     a = make("falcon", dtype=torch.float64, alibi=True, **LAYOUTS[layout])
-    a.to(dtype).save_pretrained(tmp_path / "A")
-    ck = hf_io.load_checkpoint(tmp_path / "A")
-    spec, target = ck.adapter.spec(ck.config, ck.state.keys()), ck.state
+    p = plant_checkpoints(a, scope, dtype, tmp_path)
+    spec, target = p.spec, p.target
     if scope == "model":
-        prep = prepare(ck.config, ck.state, spec, type(a).__name__)
-        spec, target = prep.spec, prep.state
-        assert "residual" in spec.spaces and not prep.untied
+        assert "residual" in spec.spaces and not p.untied
     assert not any(spec.role(s) == "heads" for s in spec.spaces)
-    b_state = {k: v.to(dtype) for k, v in apply(spec, sample(spec, 7), target).items()}
-    hf_io.write_checkpoint(tmp_path / "B", b_state, tmp_path / "A")
     code, stdout, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",
                                      tmp_path / "OUT", "--scope", scope, "--json")
     assert code == 0, err

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from _cli_util import run_symalign
-from hf_families import float64_numerics, make
+from hf_families import float64_numerics, make, plant_checkpoints
 from hf_tiny import output, rel
 
 from symalign.arch import layout_spec
@@ -195,21 +195,9 @@ def _rel_state(a, b):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("scope", ["attention", "model"])
 def test_planted_recovery_cli(scope, dtype, tmp_path, capsys, monkeypatch):
-    from safetensors.torch import save_file
-
     a = make("phi", dtype=torch.float64, seed=0, **QKLN)
-    a.to(dtype).save_pretrained(tmp_path / "A")
-    disk = _load(tmp_path / "A")
-    fam = get_adapter(a.config)
-    spec, target = fam.spec(a.config, disk.keys()), disk
-    if scope == "model":
-        prep = prepare(a.config, disk, spec, type(a).__name__)
-        spec, target = prep.spec, prep.state
-    t = sample(spec, 7)
-    b = make("phi", dtype=dtype, seed=0, **QKLN)
-    b.save_pretrained(tmp_path / "B")
-    save_file({k: v.to(dtype).contiguous() for k, v in apply(spec, t, target).items()},
-              str(tmp_path / "B" / "model.safetensors"), metadata={"format": "pt"})
+    p = plant_checkpoints(a, scope, dtype, tmp_path)
+    spec, target, t = p.spec, p.target, p.element
     out = tmp_path / "OUT"
     code, stdout, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o", out,
                                      "--scope", scope, "--json")

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from _cli_util import run_symalign
-from hf_families import make
+from hf_families import make, plant_checkpoints
 from hf_tiny import output, rel
 
 from symalign.arch.base import UnsupportedArchitectureError
@@ -101,21 +101,8 @@ def test_declared_groups_are_exact_and_the_partial_layout_is_not():
 
 
 def _planted(scope, dtype, tmp_path):
-    a = _model()
-    a.to(dtype).save_pretrained(tmp_path / "A")
-    disk = _load(tmp_path / "A")
-    fam = get_adapter(a.config)
-    spec, target = fam.spec(a.config, disk.keys()), disk
-    if scope == "model":
-        prep = prepare(a.config, disk, spec, type(a).__name__)
-        spec, target = prep.spec, prep.state
-    t = sample(spec, 7)
-    _model(dtype).save_pretrained(tmp_path / "B")
-    from safetensors.torch import save_file
-
-    save_file({k: v.contiguous() for k, v in apply(spec, t, target).items()},
-              str(tmp_path / "B" / "model.safetensors"), metadata={"format": "pt"})
-    return target, t
+    p = plant_checkpoints(_model(), scope, dtype, tmp_path)
+    return p.target, p.element
 
 
 def _function(tmp_path, dtype):
