@@ -53,7 +53,8 @@ from symalign.arch.rope import rotary_dims
 from symalign.errors import ConfigError
 from symalign.groups import GeneralLinear, MatrixGroup, OffsetPerHead, Orthogonal, Permutation, PlaneIdentity, \
     PlaneScales, PlaneSigns, RotaryPlanes
-from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_group, fold_layernorm, to_f64
+from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_group, fold_layernorm, on_device_of, \
+    to_f64
 from symalign.groups import CenteredOrthogonal
 from symalign.nn.sites import ActivationSite, linear_heads_site
 from symalign.spec import SymmetrySpec
@@ -438,7 +439,7 @@ class Family(Adapter):
                 w = s[norm + ".weight"]
                 g = w + 1.0 if dec.norm == "rms1p" else w
                 for r in readers:
-                    s[r + ".weight"] = s[r + ".weight"] * g
+                    s[r + ".weight"] = s[r + ".weight"] * on_device_of(g, s[r + ".weight"])
                 s[norm + ".weight"] = torch.zeros_like(w) if dec.norm == "rms1p" else torch.ones_like(w)
             for r in readers:
                 spec.act_on(r + ".weight", RESIDUAL, 1, "contra")

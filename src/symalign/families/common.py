@@ -81,6 +81,14 @@ def _as_linear(w: Tensor, name: str) -> Tensor:
     raise MatchError(f"cannot fold a norm into {name!r} of shape {tuple(w.shape)} (expected a Linear or 1x1 conv)")
 
 
+def on_device_of(x: Tensor, w: Tensor) -> Tensor:
+    """``x`` on ``w``'s device when ``w`` is a meta placeholder (else ``x``): a fold of a real gain or bias
+    into a reader given only as a placeholder (its shape) yields a placeholder, not an error. This lets the
+    streamed engines prepare one real tensor of a layer at a time (:class:`symalign.stream.model.Preparer`):
+    every result that depends on a placeholder is a placeholder, every other result is exact."""
+    return x.to(w.device) if w.is_meta and not x.is_meta else x
+
+
 def fold_layernorm(s: dict[str, Tensor], norm: str, readers: list[str]) -> bool:
     """Fold ``norm.weight``/``norm.bias`` into the readers (``nn.Linear``-layout ``W``, ``(out, in)``); in place.
 
@@ -90,16 +98,16 @@ def fold_layernorm(s: dict[str, Tensor], norm: str, readers: list[str]) -> bool:
     g = s[norm + ".weight"]
     b = s.get(norm + ".bias")
     keep_bias = b is not None and any(r + ".bias" not in s for r in readers)
-    if keep_bias and bool((g == 0).any()):
+    if keep_bias and not g.is_meta and bool((g == 0).any()):
         raise MatchError(f"--scope model: {norm} has a zero gain and a reader without bias; its bias cannot be "
                          "kept exactly behind a unit gain")
     for r in readers:
         w = s[r + ".weight"]
         if b is not None and not keep_bias:
-            s[r + ".bias"] = s[r + ".bias"] + _as_linear(w, r) @ b
+            s[r + ".bias"] = on_device_of(s[r + ".bias"], w) + _as_linear(w, r) @ on_device_of(b, w)
         shape = [1] * w.dim()
         shape[1] = -1
-        s[r + ".weight"] = w * g.view(shape)
+        s[r + ".weight"] = w * on_device_of(g, w).view(shape)
     s[norm + ".weight"] = torch.ones_like(g)
     if b is not None:
         s[norm + ".bias"] = b / g if keep_bias else torch.zeros_like(b)

@@ -58,7 +58,7 @@ from torch import Tensor
 from symalign.errors import CheckpointError
 from symalign.arch.base import AttentionLayout
 from symalign.families.base import Decoder, Family
-from symalign.families.common import RESIDUAL, Prepared
+from symalign.families.common import RESIDUAL, Prepared, on_device_of
 from symalign.groups import BlockPermutations, GeneralLinear, MatrixGroup, Orthogonal, Permutation, \
     SignedPermutations
 from symalign.spec import SymmetrySpec
@@ -185,7 +185,7 @@ class MoEFamily(Family):
             for t, axis in readers:
                 shape = [1] * s[t].dim()
                 shape[axis] = -1
-                s[t] = s[t] * g.view(shape)
+                s[t] = s[t] * on_device_of(g, s[t]).view(shape)
                 spec.act_on(t, RESIDUAL, axis, "contra")
             s[norm + ".weight"] = torch.ones_like(g)
 

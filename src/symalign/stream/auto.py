@@ -27,7 +27,7 @@ def weights_bytes(path: Path) -> int:
 def streamable(a_dir: Path, scope: str) -> str | None:
     """``None`` if the streamed engine covers this checkpoint and scope, else why not."""
     from symalign.checkpoint.config import load_config
-    from symalign.families import LLAMA_LIKE, get_adapter
+    from symalign.families import get_adapter
 
     config = load_config(a_dir)
     why = getattr(get_adapter(config), "no_stream", None)
@@ -35,9 +35,10 @@ def streamable(a_dir: Path, scope: str) -> str | None:
         return why
     if scope == "attention":
         return None
-    mt = config.model_type
-    return None if mt in LLAMA_LIKE else (f"--scope model --stream supports {', '.join(LLAMA_LIKE)}; "
-                                          f"{mt!r} is aligned in memory (use --no-stream)")
+    from symalign.checkpoint.lazy import open_checkpoint
+    from symalign.stream.model import refusal
+
+    return refusal(open_checkpoint(a_dir))  # the family's rewrite on the tensor headers: nothing is read
 
 
 def should_stream(a_dir: Path, b_dir: Path, scope: str, stream: bool | None) -> bool:

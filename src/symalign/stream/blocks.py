@@ -7,15 +7,21 @@ quantities with temporaries of at most :data:`BLOCK_ELEMENTS` float64 values (32
 besides their result:
 
 * :func:`sq` / :func:`sq_diff`: ``||x||^2``, ``||x - y||^2`` (float64 sums of row blocks);
-* :func:`rotate`: ``x`` with the residual rotation ``O`` on ``axis``
+* :func:`rotate`: ``x`` with the residual element ``O`` on ``axis``
   (``x'[.., i, ..] = sum_j O[i, j] x[.., j, ..]``, :func:`symalign.groups.apply_on_axis`'s
   convention), the product in float64, stored in ``x``'s dtype;
 * :func:`rotated_rows`: the float64 rows ``X_{O.B}`` (``rows`` axis first) of the rotated
   tensor, without forming the rotated tensor;
 * :func:`cost_into`: ``C += X_A X_B^T`` (``d_ff x d_ff``), A's rows a block at a time;
 * :func:`cross_gram_into`: ``M += X_A X_B^T`` (``D x D``) over column blocks;
+* :func:`inner`: ``<T_O, M>``, the residual element's matrix against a cross-Gram;
 * :func:`assign_max_inplace`: the linear assignment maximising ``sum_i C[i, perm[i]]``,
   solved on ``-C`` formed in place (``scipy``'s ``maximize=True`` would copy ``C``).
+
+The residual element ``O`` is a ``D x D`` matrix (``O(D)``, ``O_1(D)``) or, for a permuted
+stream (``S_D``), the index vector ``perm`` of :class:`~symalign.groups.Permutation`
+(``(T x)_i = x_{perm[i]}``: a gather, no product; ``T^{-T} = T``, so co- and contravariant
+axes coincide as for ``O``).
 
 Each element of a result is the same sum of the same float64 products as the
 whole-tensor formula; only the order in which BLAS adds them may differ, so results
@@ -55,11 +61,34 @@ def sq_diff(x: Tensor, y: Tensor) -> float:
     return float(sum((rx[i:i + s] - ry[i:i + s]).to(torch.float64).pow(2).sum() for i in range(0, rx.shape[0], s)))
 
 
+def is_permutation(o: Tensor) -> bool:
+    """Whether the residual element ``o`` is a permutation's index vector (else a ``D x D`` matrix)."""
+    return o.dim() == 1
+
+
+def inner(o: Tensor, m: Tensor) -> float:
+    """``<T_O, M> = sum_ij T_O[i, j] M[i, j]``: ``sum_i M[i, perm[i]]`` for a permutation."""
+    if is_permutation(o):
+        return float(m.gather(1, o.view(-1, 1)).sum())
+    return float((o.to(m.dtype) * m).sum())
+
+
+def matrix(o: Tensor) -> Tensor:
+    """The dense float64 ``D x D`` matrix of the residual element ``o`` (``T[i, perm[i]] = 1``)."""
+    if not is_permutation(o):
+        return o.to(torch.float64)
+    t = torch.zeros(o.numel(), o.numel(), dtype=torch.float64)
+    t[torch.arange(o.numel()), o] = 1.0
+    return t
+
+
 def rotate(x: Tensor, axis: int, o: Tensor) -> Tensor:
     """``O`` on ``axis`` of ``x`` (float64 products, result in ``x``'s dtype), in blocks of the other axis
-    of a matrix; other ranks go through :func:`symalign.groups.apply_on_axis`."""
+    of a matrix; other ranks go through :func:`symalign.groups.apply_on_axis`; a permutation gathers."""
     from symalign.groups import apply_on_axis
 
+    if is_permutation(o):
+        return x.index_select(axis % x.dim(), o)
     if x.dim() != 2 or o.dim() != 2:
         return apply_on_axis(x, axis, o)
     o64 = o.to(torch.float64)
@@ -78,6 +107,8 @@ def rotate(x: Tensor, axis: int, o: Tensor) -> Tensor:
 def rotated_rows(x: Tensor, res_axis: int, rows_axis: int, o: Tensor) -> Tensor:
     """Float64 ``(n_rows, D)``: row ``r`` is the ``rows_axis`` slice ``r`` of ``O`` on ``res_axis`` of ``x``
     (a matrix whose two axes are ``res_axis`` and ``rows_axis``)."""
+    if is_permutation(o):
+        return as_rows(x.index_select(res_axis % x.dim(), o), rows_axis).to(torch.float64)
     if x.dim() != 2 or o.dim() != 2 or res_axis % 2 == rows_axis % 2:
         from symalign.groups import apply_on_axis
 

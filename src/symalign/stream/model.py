@@ -45,8 +45,8 @@ from torch import Tensor
 
 from symalign.align_result import AlignResult, CheckReport, PhaseClock, new_result
 from symalign.errors import ConfigError, MatchError
-from symalign.groups import Orthogonal, Permutation, PositiveMonomial, apply_on_axis
-from symalign.spec import SymmetrySpec, apply
+from symalign.groups import Orthogonal, Permutation
+from symalign.spec import SymmetrySpec, apply, segment_view
 from symalign.stream import blocks
 from symalign.stream.attention import exact_tolerance, layer_of, n_layers, open_pair, stored_tolerance, work_dtype
 from symalign.stream.layercheck import LayerChecker, layer_prefix
@@ -65,7 +65,10 @@ class Preparer:
 
     The fold is defined once, for whole state dicts; here every tensor not given is a
     meta-device placeholder (no memory, no work), so folding a layer or a row chunk
-    of the head costs only that part. Row chunks are exact: the folds scale columns.
+    of the head costs only that part. A result that depends on a placeholder is a
+    placeholder (:func:`symalign.families.common.on_device_of`): e.g. a LayerNorm
+    family's reader bias ``c + W b`` is real only in the call that is given ``W``.
+    Row chunks are exact where the fold is row-local (:meth:`row_local`).
     """
 
     def __init__(self, ck: LazyCheckpoint, att_spec: SymmetrySpec):
@@ -73,6 +76,7 @@ class Preparer:
 
         self._prepare = prepare
         self.config = ck.config
+        self.adapter = ck.adapter
         self.att = att_spec
         self.meta = {n: torch.empty(t.shape, dtype=torch.float64, device="meta") for n, t in ck.tensors.items()}
         p = prepare(ck.config, self.meta, att_spec)
@@ -81,6 +85,53 @@ class Preparer:
     def __call__(self, real: Mapping[str, Tensor]) -> dict[str, Tensor]:
         p = self._prepare(self.config, {**self.meta, **real}, self.att)
         return {k: p.state[k] for k in real}
+
+    def with_one(self, small: Mapping[str, Tensor], name: str | None = None, x: Tensor | None = None,
+                 start: int = 0) -> dict[str, Tensor]:
+        """The prepared ``small`` tensors and, given ``name``, ``x`` (rows ``start:start + len(x)`` of tensor
+        ``name``; the others stay placeholders). ``name``'s own small tensors (its bias: same module) are given
+        as the same rows, so that a fold ``c + W b`` of that chunk is exact; the result holds those rows."""
+        real = dict(small)
+        if name is not None and x is not None:
+            real[name] = x
+            full = self.meta[name].shape[0] if self.meta[name].dim() else 0
+            if x.dim() and x.shape[0] != full:
+                for k in own_tensors(name, small):
+                    real[k] = small[k][start:start + x.shape[0]]
+        return self(real)
+
+    def row_local(self, name: str) -> bool:
+        """Whether the fold of ``name`` is exact on any block of its rows: the residual acts on no axis but
+        the columns (a ``Conv1D`` reader stores its stream axis as rows) and the family rewrites rows one by one
+        (:meth:`symalign.families.base.Family.rows_independent`)."""
+        acts = self.spec.tensors.get(name, [])
+        rows_ok = all(a.axis % len(self.meta[name].shape) != 0 for a in acts if self.spec.role(a.space) == "residual")
+        return rows_ok and getattr(self.adapter, "rows_independent", lambda c: True)(self.config)
+
+
+def own_tensors(name: str, names) -> list[str]:
+    """The other tensors of ``name``'s module (``x.bias`` for ``x.weight``)."""
+    mod = name.rsplit(".", 1)[0]
+    return [k for k in names if k != name and k.rsplit(".", 1)[0] == mod]
+
+
+def prepare_parts(prep: Preparer, small: Mapping[str, Tensor], big, read) -> tuple[dict[str, Tensor],
+                                                                                      dict[str, Tensor]]:
+    """``(prepared big, prepared small)``: each tensor of ``big`` read (``read(name)``) and folded on its own
+    with the ``small`` ones (one big tensor in memory at a time); each small result is taken from a call in
+    which it is real (a reader's bias from the call given its weight)."""
+    done = {k: v for k, v in prep.with_one(small).items() if not v.is_meta}
+    out: dict[str, Tensor] = {}
+    for n in big:
+        r = prep.with_one(small, n, read(n))
+        out[n] = r.pop(n)
+        done.update({k: v for k, v in r.items() if k not in done and not v.is_meta})
+        del r
+    lost = [k for k in small if k not in done]
+    if lost:
+        raise ConfigError(f"internal error: the rewrite of {lost[0]!r} depends on more than one big tensor; "
+                          "use --no-stream")
+    return out, done
 
 
 class FoldedCheckpoint:
@@ -93,20 +144,28 @@ class FoldedCheckpoint:
     checkpoint (the folds scale columns). Every vector (norm gains, biases) and the first row of every
     matrix (the folds' other operands) is read once and kept: ``O(L D)`` values, about ``1/D`` of one
     layer per layer. A rewrite that would add a tensor
-    (an untied head) is refused: the output keeps this checkpoint's layout.
+    (an untied head) is refused (:func:`refusal`): the output keeps this checkpoint's layout.
+    A tensor whose fold is not row-local (:meth:`Preparer.row_local`) is folded whole, once.
     """
 
     def __init__(self, ck: LazyCheckpoint):
         self.ck, self.path, self.tensors = ck, ck.path, ck.tensors
+        why = refusal(ck)
+        if why is not None:
+            raise ConfigError(why)
         self.prep = Preparer(ck, ck.adapter.spec(ck.config, ck.keys))
-        if self.prep.untied:
-            raise ConfigError(f"{ck.path}: the folded form unties the head from the embedding, which streamed "
-                              "--scope model does not write; use --no-stream")
         floats = [n for n, t in ck.tensors.items() if t.dtype.is_floating_point and t.numel]
         small = ck.read([n for n in floats if len(ck.tensors[n].shape) <= 1])  # gains, biases: O(L D) values
-        self._fixed = {**small, **{n: ck.read_rows(n, 0, 1) for n in floats if n not in small}}
-        self._small = {k: v for k, v in self.prep(self._fixed).items() if k in small}
-
+        self._big = [n for n in floats if n not in small]
+        self._fixed = small
+        # each small tensor from a call in which it is real: a bias folded with its own weight (read once)
+        self._small = {k: v for k, v in self.prep.with_one(small).items() if not v.is_meta}
+        for n in self._big:
+            owned = [k for k in own_tensors(n, small) if k not in self._small]
+            if owned:
+                r = self.prep.with_one(small, n, ck.read([n])[n])
+                self._small.update({k: r[k] for k in owned})
+        self._whole: tuple[str, Tensor] | None = None  # the last tensor folded whole (not row-local)
     @property
     def nbytes(self) -> int:
         return self.ck.nbytes
@@ -123,10 +182,16 @@ class FoldedCheckpoint:
         """Rows ``start:stop`` of the folded tensor ``name`` (in ``dtype`` if given)."""
         if name in self._small:
             t = self._small[name][start:stop]
-        elif name not in self._fixed:  # not a float tensor: untouched by the rewrite
+        elif name not in self._fixed and name not in self._big:  # not a float tensor: untouched by the rewrite
             t = self.ck.read_rows(name, start, stop)
+        elif self.tensors[name].shape and (start, stop) != (0, self.tensors[name].shape[0]) \
+                and not self.prep.row_local(name):
+            if self._whole is None or self._whole[0] != name:
+                self._whole = None
+                self._whole = (name, self.prep.with_one(self._fixed, name, self.ck.read([name])[name])[name])
+            t = self._whole[1][start:stop]
         else:
-            t = self.prep({**self._fixed, name: self.ck.read_rows(name, start, stop)})[name]
+            t = self.prep.with_one(self._fixed, name, self.ck.read_rows(name, start, stop), start)[name]
         return t.to(dtype) if dtype is not None else t
 
     def read_rows_into(self, name: str, start: int, stop: int, buf: Tensor) -> Tensor:
@@ -169,19 +234,20 @@ def _rows(x: Tensor, axis: int) -> Tensor:
 class StreamedWhole:
     """State of the streamed whole-model match (see the module docstring)."""
 
-    def __init__(self, a: LazyCheckpoint, b: LazyCheckpoint):
+    def __init__(self, a: LazyCheckpoint, b: LazyCheckpoint, experts: str = "exact"):
+        for ck in (b, a):
+            why = refusal(ck)
+            if why is not None:
+                raise ConfigError(why)
         att = b.adapter.spec(b.config, b.keys)
         self.a, self.b = a, b
+        self.experts = experts
         self.prep_a, self.prep_b = Preparer(a, att), Preparer(b, att)
         spec = self.prep_b.spec
         if spec.describe() != self.prep_a.spec.describe():
             raise MatchError("the models have different symmetry groups -- different depth or widths?")
         self.spec = spec
-        orth = [s for s, g in spec.spaces.items() if isinstance(g, Orthogonal)]
-        if len(orth) != 1:
-            raise ConfigError("streamed --scope model needs exactly one orthogonal residual space "
-                              f"(found {len(orth)}); use --no-stream")
-        self.res = orth[0]
+        self.res = residual_space(spec)
         self.L = n_layers(att)
         self.att_names = [list(att.restrict(layer_of(att, i)).tensors) for i in range(self.L)]
         self.prefixes = [layer_prefix(names[0], i) for i, names in enumerate(self.att_names)]
@@ -198,8 +264,7 @@ class StreamedWhole:
         self.layer_params = max(sum(b.tensors[n].numel for n in names) for names in self.layer_names)
         self.dtype = work_dtype(self.layer_params)
         self.group = spec.spaces[self.res]
-        D = self.group.n
-        self.O = torch.eye(D, dtype=torch.float64)
+        self.O = self.group.identity()  # the residual element: a D x D matrix, or a permutation's indices
         self.layer_t: list[dict[str, Tensor]] = [{} for _ in range(self.L)]
         self.attention: list[Any] = [None] * self.L
         self.distances: list[float] = []
@@ -212,11 +277,10 @@ class StreamedWhole:
     def layer(self, ck: LazyCheckpoint, prep: Preparer, i: int, raw: Mapping[str, Tensor] | None = None):
         """Layer ``i`` of ``ck`` (``raw``: already read), prepared, in the working dtype.
 
-        Read, converted and folded one big tensor at a time, with the layer's small tensors
-        (the norm gains the folds read) and the first row of each other big tensor (the other
-        readers of a gain; one row costs nothing): :func:`symalign.families.prepare` works in float64, and
-        the folds scale each tensor on its own, so this equals folding the whole layer at once
-        without a float64 copy of the layer (1.4 GB at 7B)."""
+        Read, converted and folded one big tensor at a time with the layer's small tensors
+        (the norm gains and biases the folds read; :func:`prepare_parts`): :func:`symalign.families.prepare`
+        works in float64, and the folds rewrite each tensor from itself and the small ones, so this
+        equals folding the whole layer at once without a float64 copy of the layer (1.4 GB at 7B)."""
         names = self.layer_names[i]
 
         def get(ns):
@@ -224,29 +288,35 @@ class StreamedWhole:
 
         big = [n for n in names if ck.tensors[n].numel > SMALL_ELEMENTS]
         small = {n: v.to(self.dtype) for n, v in get([n for n in names if n not in big]).items()}
-        # every other reader of a norm is given as its first row (a meta placeholder cannot meet a real gain)
-        one = {n: (raw[n][:1] if raw is not None else ck.read_rows(n, 0, 1)).to(self.dtype) for n in big}
-        out: dict[str, Tensor] = {}
-        for n in big:
-            x = get([n])[n].to(self.dtype)
-            out[n] = prep({**small, **one, n: x})[n]
-            del x
-        out.update({k: v for k, v in prep({**small, **one}).items() if k in small})
+        out, done = prepare_parts(prep, small, big, lambda n: get([n])[n].to(self.dtype))
+        out.update(done)
         return {n: out[n] for n in names}
 
     def global_chunks(self, ck: LazyCheckpoint, prep: Preparer):
-        """``(name, start, prepared rows)`` over every global tensor (small ones whole, ``start`` 0)."""
+        """``(name, start, prepared rows)`` over every global tensor (small ones whole, ``start`` 0; a small
+        one folded with a big one -- a head's bias -- after that tensor's last chunk)."""
         small = ck.read([n for n in self.globals if n not in self.big], self.dtype)
-        one = {n: ck.read_rows(n, 0, 1, self.dtype) for n in self.big}
-        for n, v in prep({**small, **one}).items():
-            if n not in self.big:
-                yield n, 0, v
+        done = {k: v for k, v in prep.with_one(small).items() if not v.is_meta}
+        for n, v in done.items():
+            yield n, 0, v
         for n in self.big:
             rows = ck.tensors[n].shape[0]
             step = max(1, CHUNK_ELEMENTS // max(1, ck.tensors[n].numel // rows))
+            owned = [k for k in own_tensors(n, small) if k not in done]
+            parts: dict[str, list[Tensor]] = {k: [] for k in owned}
             for s in range(0, rows, step):
                 part = ck.read_rows(n, s, min(rows, s + step), self.dtype)
-                yield n, s, prep({**small, **one, n: part})[n]
+                r = prep.with_one(small, n, part, s)
+                for k in owned:
+                    parts[k].append(r[k])
+                yield n, s, r[n]
+            for k in owned:
+                done[k] = torch.cat(parts[k])
+                yield k, 0, done[k]
+        lost = [k for k in small if k not in done]
+        if lost:
+            raise ConfigError(f"internal error: the rewrite of {lost[0]!r} depends on more than one big tensor; "
+                              "use --no-stream")
 
     def layer_spec(self, i: int, with_res: bool = True) -> SymmetrySpec:
         names = [n for n in self.layer_names[i] if n in self.spec.tensors]
@@ -278,12 +348,39 @@ class StreamedWhole:
         return out
 
     # -- the passes ------------------------------------------------------------
+    def free(self, i: int) -> list[str]:
+        """Layer ``i``'s tensors only the residual acts on (norm gains of a permuted stream, a LayerNorm bias
+        kept behind a bias-free reader): like the embedding, their cross term is the same in every pass."""
+        return [t for t in self.layer_names[i] if t in self.spec.tensors
+                and all(x.space == self.res for x in self.spec.tensors[t])]
+
+    def free_layer_tensors(self, ck: LazyCheckpoint, prep: Preparer, i: int) -> dict[str, Tensor]:
+        """The prepared :meth:`free` tensors of layer ``i`` (one big tensor in memory at a time)."""
+        names, free = self.layer_names[i], self.free(i)
+        if not free:
+            return {}
+        big = [n for n in names if ck.tensors[n].numel > SMALL_ELEMENTS]
+        small = {n: v.to(self.dtype) for n, v in ck.read([n for n in names if n not in big]).items()}
+        out, done = prepare_parts(prep, small, [n for n in big if n in free],
+                                  lambda n: ck.read([n])[n].to(self.dtype))
+        out.update(done)
+        return {t: out[t] for t in free}
+
     def pass0(self) -> tuple[Tensor, float, float]:
-        """``M_free``, ``sum ||A_t||^2 + ||B_t||^2`` over the free globals, and their unaligned distance."""
-        m = torch.zeros_like(self.O)
+        """``M_free``, ``sum ||A_t||^2 + ||B_t||^2`` over the free tensors (globals, :meth:`free`), and their
+        unaligned distance (:func:`symalign.match.whole.match_whole` computes this cross term once too)."""
+        D = self.group.n
+        m = torch.zeros(D, D, dtype=torch.float64)
         norms = d0 = 0.0
-        for (n, _, ca), (_, _, cb) in zip(self.global_chunks(self.a, self.prep_a),
-                                          self.global_chunks(self.b, self.prep_b)):
+
+        def pairs():
+            yield from zip(self.global_chunks(self.a, self.prep_a), self.global_chunks(self.b, self.prep_b))
+            for i in range(self.L):
+                fa, fb = self.free_layer_tensors(self.a, self.prep_a, i), self.free_layer_tensors(self.b, self.prep_b, i)
+                for t in fa:
+                    yield (t, 0, fa[t]), (t, 0, fb[t])
+
+        for (n, _, ca), (_, _, cb) in pairs():
             a = _res_action(self.spec, n, self.res)
             if a is None:
                 continue
@@ -294,18 +391,35 @@ class StreamedWhole:
             self.norm_a += blocks.sq(xa)
         return m, norms, d0
 
+    def units(self, i: int):
+        """``(fast, other, attention)`` spaces of layer ``i`` as :func:`symalign.match.whole.partition` splits
+        them: plain FF permutations (solved here, tensor by tensor), the other unit spaces (ReLU units, expert
+        blocks: :func:`~symalign.match.whole.anchored_step` / :func:`~symalign.match.whole.unit_step`), and
+        the attention spaces (:func:`symalign.match.match_attention`)."""
+        from symalign.match.whole import partition, unit_spaces
+
+        sub = self.layer_spec(i)
+        part = partition(sub)
+        units, _ = unit_spaces(sub, part)
+        fast = [u for u in units if type(sub.spaces[u]) is Permutation and u not in part.experts]
+        return fast, [u for u in units if u not in fast], part.attention
+
     def sweep(self, first: bool, bar=None) -> tuple[Tensor, float, float]:
         """One pass: FF and attention per layer given ``O``; returns ``M`` (layers), norms+direct, ``d0``.
 
-        Memory: A's and B's prepared layer, and one tensor's float64 temporaries at a time
+        Each space is solved as :func:`~symalign.match.whole.match_whole`'s sweep solves it (all other
+        elements applied; the first pass is its anchored first sweep). Memory: A's and B's prepared layer,
+        and one tensor's float64 temporaries at a time for plain FF permutations
         (:mod:`~symalign.stream.blocks`): B's layer is rotated by ``O`` tensor by tensor as the
         FF costs and the attention matcher need it, never as a whole; each tensor leaves memory
-        once its share of ``M`` is added."""
+        once its share of ``M`` is added. Other unit spaces (ReLU units, expert blocks) get
+        ``match_whole``'s own step on the layer (their tensors with ``O`` applied)."""
         from symalign.arch.fused import split_segments
         from symalign.match import match_attention
-        from symalign.match.ff import match_monomial
+        from symalign.match.whole import anchored_step, unit_step
 
-        m = torch.zeros_like(self.O)
+        D = self.group.n
+        m = torch.zeros(D, D, dtype=torch.float64)
         acc = d0 = 0.0
         for i in range(self.L):
             release()
@@ -314,34 +428,37 @@ class StreamedWhole:
             la = self.layer(self.a, self.prep_a, i)
             lb = self.layer(self.b, self.prep_b, i)
             sub = self.layer_spec(i)
+            free = set(self.free(i))  # in M_free and the norms since pass 0
+            bound = [t for t in sub.tensors if t not in free]
             if first:
-                d0 += sum(blocks.sq_diff(la[t], lb[t]) for t in sub.tensors)
-                self.norm_a += sum(blocks.sq(la[t]) for t in sub.tensors)
+                d0 += sum(blocks.sq_diff(la[t], lb[t]) for t in bound)
+                self.norm_a += sum(blocks.sq(la[t]) for t in bound)
             t_i: dict[str, Tensor] = {}
-            att_spaces = [s for s in layer_of(self.spec, i)]
-            for s in self.layer_spaces(i):
-                if s in att_spaces:
-                    continue
-                g = self.spec.spaces[s]
+            fast, other, att_spaces = self.units(i)
+            for s in fast:
                 pairs = sub.tensors_of(s)
-                if isinstance(g, PositiveMonomial):
-                    cur = {t: self.rotate_one(sub, t, lb[t], self.O) for t, _ in pairs}
-                    t_i[s] = match_monomial(pairs, la, cur, g.n)
-                    del cur
-                elif isinstance(g, Permutation):
-                    tg = time.perf_counter()
-                    c = None
-                    for t, x in pairs:  # C = sum_t X_A^t (X_{O.B}^t)^T, one tensor at a time
-                        r = _res_action(sub, t, self.res)
-                        xb = (blocks.rotated_rows(lb[t], r.axis, x.axis, self.O) if r is not None
-                              else _rows(lb[t], x.axis))
-                        c = blocks.cost_into(c, blocks.as_rows(la[t], x.axis), xb)
-                        del xb
-                    self.t_grams += time.perf_counter() - tg
-                    t_i[s] = blocks.assign_max_inplace(c)
-                    del c
+                tg = time.perf_counter()
+                c = None
+                for t, x in pairs:  # C = sum_t X_A^t (X_{O.B}^t)^T, one tensor (segment) at a time
+                    r = _res_action(sub, t, self.res)
+                    ta, tb = la[t], lb[t]
+                    if x.segment is not None:  # fused gate|up: each half's rows
+                        ta, tb = segment_view(ta, x.axis, x.segment), segment_view(tb, x.axis, x.segment)
+                    xb = (blocks.rotated_rows(tb, r.axis, x.axis, self.O) if r is not None
+                          else _rows(tb, x.axis))
+                    c = blocks.cost_into(c, blocks.as_rows(ta, x.axis), xb)
+                    del xb, ta, tb
+                self.t_grams += time.perf_counter() - tg
+                t_i[s] = blocks.assign_max_inplace(c)
+                del c
+                release()
+            if other:
+                tr = {self.res: self.O, **{k: v for k, v in self.layer_t[i].items() if k not in att_spaces}}
+                if first:
+                    anchored_step(sub, other, tr, la, lb, set(tr), self.experts)
                 else:
-                    raise ConfigError(f"space {s!r} ({g.describe()}) is not supported by streamed --scope model")
+                    unit_step(sub, other, tr, la, lb, other, self.tol, self.experts)
+                t_i.update({k: v for k, v in tr.items() if k != self.res and k not in t_i})
                 release()
             att_sub = sub.restrict(att_spaces)
             cur = {t: self.rotate_one(sub, t, lb[t], self.O) for t in att_sub.tensors}
@@ -354,7 +471,7 @@ class StreamedWhole:
             self.attention[i] = att.to_dict()["layers"]
             self.layer_t[i] = t_i
             lsub = self.layer_spec(i, with_res=False)
-            for t in list(sub.tensors):  # B'_t = (P, g) . B_t, one tensor at a time
+            for t in bound:  # B'_t = (P, g) . B_t, one tensor at a time
                 xa, xb = la.pop(t), _apply_one(lsub, t_i, t, lb.pop(t))
                 a = _res_action(sub, t, self.res)
                 if a is None:
@@ -369,14 +486,13 @@ class StreamedWhole:
         return m, acc, d0
 
     def match(self, stage1: bool, stage2: str, max_iter: int, rtol: float, progress: bool) -> bool:
-        from symalign.match.residual import procrustes
-
         self.stage1, self.stage2 = stage1, stage2
         m_free, free_norms, d_glob = self.pass0()
         self.bytes_read += self.a.bytes_read + self.b.bytes_read
-        self.O = procrustes(m_free, self.group)  # initialisation from the free tensors, as match_whole
+        self.O = self.group.nearest(m_free)  # initialisation from the free tensors, as match_whole
         converged = False
         d_first = None
+        self.tol = 0.0
         total = self.a.nbytes + self.b.nbytes
         for k in range(max_iter):
             self.a.bytes_read = self.b.bytes_read = 0
@@ -386,9 +502,10 @@ class StreamedWhole:
             if k == 0:
                 d_first = d_glob + d0
                 self.distances.append(d_first)
+                self.tol = 1e-12 * d_first  # match_whole's threshold for counting a unit space as moved
             m = m + m_free
-            self.O = procrustes(m, self.group)
-            d = acc + free_norms - 2.0 * float((self.O * m).sum())
+            self.O = self.group.nearest(m)  # Procrustes (O(D), O_1(D)) or an assignment (S_D): the group's own
+            d = acc + free_norms - 2.0 * blocks.inner(self.O, m)
             d = max(d, 0.0)
             if not math.isfinite(d):
                 raise MatchError("whole-model matching produced a non-finite distance; check the inputs")
@@ -399,22 +516,77 @@ class StreamedWhole:
         return converged
 
 
+def residual_space(spec: SymmetrySpec) -> str:
+    """The one residual-stream space of a prepared spec (role ``residual``), if its group is one the
+    streamed passes solve: ``O(D)``, a subgroup fixing a subspace (``O_1(D)``), or ``S_D``."""
+    res = [s for s in spec.spaces if spec.role(s) == "residual"]
+    if len(res) != 1:
+        raise ConfigError(f"streamed --scope model needs one residual-stream space (found {len(res)}); "
+                          "use --no-stream")
+    g = spec.spaces[res[0]]
+    if not (isinstance(g, Orthogonal) or type(g) is Permutation):
+        raise ConfigError(f"streamed --scope model does not solve a {g.describe()} residual stream; use --no-stream")
+    return res[0]
+
+
+def refusal(ck: LazyCheckpoint) -> str | None:
+    """Why streamed ``--scope model`` cannot be exact on ``ck`` (one line naming the fix), or ``None``.
+
+    Decided from the tensor headers and the config (the family's rewrite run on placeholders):
+    a mixture of experts (its experts are stored one tensor per expert but matched in transformers'
+    fused layout), a rewrite that unties the head from the embedding (a LayerNorm stream with a tied
+    head: OUT would need a tensor B's layout lacks), and a checkpoint without one residual space
+    (no language-model head) are refused."""
+    from symalign.families.moe import MoEFamily
+
+    mt = ck.config.model_type
+    if isinstance(ck.adapter, MoEFamily):
+        return (f"streamed --scope model does not cover mixture-of-experts checkpoints ({mt!r}: experts stored "
+                "per expert, matched in the fused layout); use --no-stream")
+    prep = Preparer(ck, ck.adapter.spec(ck.config, ck.keys))
+    if prep.untied:
+        return (f"{ck.path}: --scope model unties this {mt!r} head from the embedding (tied head, LayerNorm "
+                "stream: the final norm folds into the head only), which streamed --scope model does not write; "
+                "use --no-stream")
+    try:
+        residual_space(prep.spec)
+    except ConfigError as e:
+        return f"{ck.path}: {e}" + (f" ({prep.notes[0]})" if prep.notes else "")
+    return None
+
+
+def stream_inputs(checker: LayerChecker, w: StreamedWhole) -> dict[str, Tensor]:
+    """The one-layer model's tensors outside its layer that the residual acts on (embedding, learned
+    positions; head and final norm, which the check does not read), with the residual element applied, by
+    module name (every name sharing a tied tensor gets the same value). The aligned run then feeds the layer
+    ``O x`` where B's run feeds it ``x``: the check is ``layer'(O x) = O layer(x)``, which is what the residual
+    group means -- for ``O_1(D)`` too, since ``O`` commutes with the centring of a LayerNorm and keeps norms."""
+    out: dict[str, Tensor] = {}
+    by_ptr: dict[int, list[str]] = {}
+    for k, v in checker.names.items():
+        by_ptr.setdefault(v.data_ptr(), []).append(k)
+    for disk, local in checker.disk.items():
+        act = _res_action(w.spec, disk, w.res) if disk in w.globals else None
+        if act is None or local not in checker.base:
+            continue
+        x = blocks.rotate(checker.base[local], act.axis, w.O)
+        for k in by_ptr.get(checker.names[local].data_ptr(), [local]):
+            out[k] = x
+    return out
+
+
 def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
                      force: bool = False, progress: bool = True, max_iter: int = 20,
                      rtol: float = 1e-6, clock: PhaseClock | None = None) -> AlignResult:
     """Streamed whole-model alignment (see the module docstring); writes OUT. ``clock``: sums the
     time of each phase (the matching passes count as ``match``; :func:`symalign.pipeline.align`)."""
     from symalign.checkpoint.output import check_output_dir, commit
-    from symalign.families import LLAMA_LIKE
 
     clock = clock or PhaseClock()
     bound_heap()
     out_path = check_output_dir(out_dir, [a_dir, b_dir], force)
     with clock("read"):
         a, b = open_pair(a_dir, b_dir)
-    if b.config.model_type not in LLAMA_LIKE:
-        raise ConfigError(f"streamed --scope model supports {', '.join(LLAMA_LIKE)}; use --no-stream for "
-                          f"{b.config.model_type!r}")
     with clock("prepare"):
         w = StreamedWhole(a, b)
     with clock("match"):
@@ -428,9 +600,8 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
     floor = b.adapter.precision_floor  # HF RMSNorm computes in float32: a rotated stream changes its rounding
     exact_tol = exact_tolerance(w.dtype, checker.dtype, floor)
     tol = stored_tolerance(b.dtype, checker.dtype, floor)
-    emb = checker.model.get_input_embeddings().weight
-    emb_name = next(k for k, v in checker.model.named_parameters() if v is emb)
-    rotated_emb = {emb_name: checker.base[emb_name] @ w.O.T.to(checker.dtype)}
+    rotated_emb = stream_inputs(checker, w)
+    rot = blocks.matrix(w.O)
     checks = []
     b.bytes_read = 0
     writer = ShardWriter(out_path, b)
@@ -445,8 +616,8 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
                     out = w.aligned_layer(b, w.prep_b, i, raw)
                     stored = {n: out[n].to(b.tensors[n].dtype) for n in out}
                 with clock("verify"):
-                    exact = checker.check(raw, out, i, exact_tol, rotated_emb, rotate=w.O, stored=False)
-                    kept = checker.check(raw, stored, i, tol, rotated_emb, rotate=w.O)
+                    exact = checker.check(raw, out, i, exact_tol, rotated_emb, rotate=rot, stored=False)
+                    kept = checker.check(raw, stored, i, tol, rotated_emb, rotate=rot)
                     checks += [exact, kept]
                     for c in (exact, kept):
                         c.require(f"refusing to write {out_path}: aligned layer {i} differs from O times B's layer",
@@ -460,7 +631,7 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
                 for n, start, chunk in w.global_chunks(b, w.prep_b):
                     act = _res_action(w.spec, n, w.res)
                     if act is not None:
-                        chunk = apply_on_axis(chunk, act.axis, w.O)
+                        chunk = blocks.rotate(chunk, act.axis, w.O)
                     if n in w.big:
                         writer.put_rows(n, start, chunk)
                     else:
