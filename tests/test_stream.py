@@ -210,7 +210,12 @@ def test_bad_input_one_line_exit_2_nothing_written(kind, tmp_path, capsys, monke
 
 
 def test_stream_refuses_unsupported_model_scope(tmp_path, capsys, monkeypatch):
-    _pair(tmp_path, family="gpt2")
+    """A bare GPT-2 (no head reads the stream) has no residual space: refused in one line, nothing written."""
+    from hf_tiny import config
+
+    for seed, name in ((0, "A"), (1, "B")):
+        torch.manual_seed(seed)
+        T.GPT2Model(config("gpt2")).save_pretrained(tmp_path / name)
     code, _, err = _align(monkeypatch, capsys, tmp_path / "A", tmp_path / "B", "-o", tmp_path / "OUT", "--stream",
                           "--scope", "model")
     assert code == 2 and "--no-stream" in err and len(err.strip().splitlines()) == 1

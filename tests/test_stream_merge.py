@@ -148,7 +148,8 @@ def test_streamed_model_scope_merge_missing_shard_writes_nothing(tmp_path, capsy
 
 
 def test_streamed_model_scope_merge_refuses_other_families(tmp_path, capsys, monkeypatch):
-    """--stream --scope model covers the Llama family; GPT-2 is refused with one line before anything is written."""
+    """--stream --scope model cannot write GPT-2's tied head untied (its rewrite unties it): refused with one line
+    before anything is written."""
     _, _, da, db = _pair(tmp_path, family="gpt2")
     code, out, err = _merge(monkeypatch, capsys, da, db, "--stream", "--scope", "model", "-o", tmp_path / "OUT")
     lines = [x for x in err.strip().splitlines() if x.strip()]

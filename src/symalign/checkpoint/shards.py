@@ -20,6 +20,7 @@ supported the shards are named temporary files inside that folder from the start
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 from pathlib import Path
@@ -29,7 +30,7 @@ import torch
 from torch import Tensor
 
 from symalign.atomic import fix_modes, make_temp_dir
-from symalign.checkpoint.layout import INDEX_NAME, TensorInfo, tensor_bytes
+from symalign.checkpoint.layout import INDEX_NAME, ST_NAMES, TensorInfo, tensor_bytes
 from symalign.checkpoint.lazy import LazyCheckpoint
 from symalign.checkpoint.output import copy_non_weights
 from symalign.errors import CheckpointError, SymalignError
@@ -64,13 +65,24 @@ def _link(fd: int, dest: Path) -> None:
 class ShardWriter:
     """Write OUT shard by shard in B's layout (see the module docstring)."""
 
-    def __init__(self, out: str | os.PathLike, like: LazyCheckpoint):
+    def __init__(self, out: str | os.PathLike, like: LazyCheckpoint,
+                 extra: Mapping[str, tuple[torch.dtype, tuple[int, ...]]] | None = None):
+        """``extra``: tensors B lacks (name -> dtype, shape; e.g. a head the rewrite unties), appended to B's
+        last shard file (by name, as :func:`symalign.checkpoint.output.write_tensors` places a new tensor):
+        that file gets a new header (B's entries, then these at the end of its data section) and the index,
+        if any, names them."""
         self.out = Path(out).resolve()
         self.like = like
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self._fds: dict[Path, int] = {}
         self._named: Path | None = None  # the temporary folder, when anonymous files are unavailable
-        self._pending = set(like.tensors)
+        self._infos: dict[str, TensorInfo] = dict(like.tensors)
+        self._heads: dict[Path, tuple[bytes | None, int, int]] = {
+            sh.path: (None, sh.header_len, sh.size) for sh in like.shards}  # header (None: B's), its length, size
+        self.extra = dict(extra or {})
+        if self.extra:
+            self._append(sorted(like.shards, key=lambda sh: sh.path.name)[-1])
+        self._pending = set(self._infos)
         self.bytes_written = 0
         try:
             for sh in like.shards:
@@ -80,25 +92,42 @@ class ShardWriter:
                         self._named = make_temp_dir(self.out.parent, f".{self.out.name}.tmp-")
                     fd = os.open(self._named / sh.path.name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
                 self._fds[sh.path] = fd
-                os.ftruncate(fd, sh.size)
-                with open(sh.path, "rb") as f:
-                    head = f.read(8 + sh.header_len)
+                head, header_len, size = self._heads[sh.path]
+                os.ftruncate(fd, size)
+                if head is None:
+                    with open(sh.path, "rb") as f:
+                        head = f.read(8 + header_len)
                 os.pwrite(fd, head, 0)
         except BaseException:
             self.abort()
             raise
 
+    def _append(self, sh) -> None:
+        """The header of shard ``sh`` with :attr:`extra` appended to its data section (module docstring)."""
+        data = sh.size - 8 - sh.header_len
+        entries: dict[str, Any] = {"__metadata__": sh.metadata} if sh.metadata is not None else {}
+        entries.update(sh.entries)
+        for name, (dtype, shape) in self.extra.items():
+            if name in self._infos:
+                raise SymalignError(f"internal error: the output already has a tensor {name!r}")
+            n = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+            entries[name] = {"dtype": ST_NAMES[dtype], "shape": list(shape), "data_offsets": [data, data + n]}
+            self._infos[name] = TensorInfo(name, sh.path, dtype, tuple(shape), data, data + n)
+            data += n
+        text = json.dumps(entries, separators=(",", ":")).encode()
+        text += b" " * (-len(text) % 8)  # safetensors pads the header to 8 bytes
+        self._heads[sh.path] = (len(text).to_bytes(8, "little") + text, len(text), 8 + len(text) + data)
+
     def _info(self, name: str) -> TensorInfo:
-        if name not in self.like.tensors:
+        if name not in self._infos:
             raise SymalignError(f"internal error: the output has no tensor {name!r}")
-        return self.like.tensors[name]
+        return self._infos[name]
 
     def _write(self, info: TensorInfo, data: memoryview | bytes) -> None:
         if len(data) != info.nbytes:
             raise SymalignError(f"internal error: tensor {info.name!r} has {len(data)} bytes, expected {info.nbytes}")
-        sh = next(s for s in self.like.shards if s.path == info.file)
         fd = self._fds[info.file]
-        off, view = 8 + sh.header_len + info.start, memoryview(data)
+        off, view = 8 + self._heads[info.file][1] + info.start, memoryview(data)
         while len(view):
             n = os.pwrite(fd, view, off)
             view, off = view[n:], off + n
@@ -121,8 +150,7 @@ class ShardWriter:
                                 f"{info.shape}")
         row = info.nbytes // max(1, info.shape[0])
         data = tensor_bytes(t.to(info.dtype))
-        sh = next(s for s in self.like.shards if s.path == info.file)
-        off, view = 8 + sh.header_len + info.start + start * row, data
+        off, view = 8 + self._heads[info.file][1] + info.start + start * row, data
         while len(view):
             n = os.pwrite(self._fds[info.file], view, off)
             view, off = view[n:], off + n
@@ -160,7 +188,16 @@ class ShardWriter:
                 if not (tmp / src.name).exists():
                     _link(fd, tmp / src.name)
             self.close()
-            if (self.like.path / INDEX_NAME).is_file():
+            if (self.like.path / INDEX_NAME).is_file() and self.extra:
+                index = json.loads((self.like.path / INDEX_NAME).read_text())
+                for name in self.extra:
+                    info = self._infos[name]
+                    index.setdefault("weight_map", {})[name] = info.file.name
+                    meta = index.setdefault("metadata", {})
+                    meta["total_size"] = int(meta.get("total_size", 0)) + info.nbytes
+                index["weight_map"] = dict(sorted(index["weight_map"].items()))
+                (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2))
+            elif (self.like.path / INDEX_NAME).is_file():
                 shutil.copy2(self.like.path / INDEX_NAME, tmp / INDEX_NAME)
             copy_non_weights(self.like.path, tmp, config_edits, marker)
             fix_modes(tmp)

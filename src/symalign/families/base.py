@@ -53,8 +53,7 @@ from symalign.arch.rope import rotary_dims
 from symalign.errors import ConfigError
 from symalign.groups import GeneralLinear, MatrixGroup, OffsetPerHead, Orthogonal, Permutation, PlaneIdentity, \
     PlaneScales, PlaneSigns, RotaryPlanes
-from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_group, fold_layernorm, on_device_of, \
-    to_f64
+from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_group, fold_layernorm, meet, to_f64
 from symalign.groups import CenteredOrthogonal
 from symalign.nn.sites import ActivationSite, linear_heads_site
 from symalign.spec import SymmetrySpec
@@ -158,6 +157,12 @@ class Family(Adapter):
     def named(self, dec: Decoder, prefix: str, keys: set[str]) -> Decoder:
         """``dec`` under the names ``keys`` use (a family saved under older names overrides; e.g. ViT)."""
         return dec
+
+    def rows_independent(self, config: Any) -> bool:
+        """Whether :meth:`prepare` rewrites each row of a stored tensor from that row alone (and the norm
+        tensors), so that a block of rows folds on its own (the streamed merge folds row chunks); a family
+        that mixes rows (Phi's Q/K head centring) says ``False``."""
+        return True
 
     def heads(self, config: Any) -> tuple[int, int, int, int]:
         """``(hidden, n_heads, head_dim, n_kv_heads)``."""
@@ -439,7 +444,8 @@ class Family(Adapter):
                 w = s[norm + ".weight"]
                 g = w + 1.0 if dec.norm == "rms1p" else w
                 for r in readers:
-                    s[r + ".weight"] = s[r + ".weight"] * on_device_of(g, s[r + ".weight"])
+                    w_r, g_r = meet(s[r + ".weight"], g)
+                    s[r + ".weight"] = w_r * g_r
                 s[norm + ".weight"] = torch.zeros_like(w) if dec.norm == "rms1p" else torch.ones_like(w)
             for r in readers:
                 spec.act_on(r + ".weight", RESIDUAL, 1, "contra")

@@ -82,11 +82,16 @@ def _as_linear(w: Tensor, name: str) -> Tensor:
 
 
 def on_device_of(x: Tensor, w: Tensor) -> Tensor:
-    """``x`` on ``w``'s device when ``w`` is a meta placeholder (else ``x``): a fold of a real gain or bias
-    into a reader given only as a placeholder (its shape) yields a placeholder, not an error. This lets the
+    """``x`` as a meta placeholder when ``w`` is one (else ``x``): a fold of a real gain or bias into a
+    reader given only as a placeholder (its shape) yields a placeholder, not an error. This lets the
     streamed engines prepare one real tensor of a layer at a time (:class:`symalign.stream.model.Preparer`):
     every result that depends on a placeholder is a placeholder, every other result is exact."""
     return x.to(w.device) if w.is_meta and not x.is_meta else x
+
+
+def meet(w: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """``(w, g)`` on one device: both placeholders if either is (:func:`on_device_of`)."""
+    return on_device_of(w, g), on_device_of(g, w)
 
 
 def fold_layernorm(s: dict[str, Tensor], norm: str, readers: list[str]) -> bool:
@@ -104,13 +109,16 @@ def fold_layernorm(s: dict[str, Tensor], norm: str, readers: list[str]) -> bool:
     for r in readers:
         w = s[r + ".weight"]
         if b is not None and not keep_bias:
-            s[r + ".bias"] = on_device_of(s[r + ".bias"], w) + _as_linear(w, r) @ on_device_of(b, w)
+            c, wb = meet(s[r + ".bias"], w)
+            wb, bb = meet(wb, b)
+            s[r + ".bias"] = on_device_of(c, wb) + _as_linear(wb, r) @ bb
         shape = [1] * w.dim()
         shape[1] = -1
-        s[r + ".weight"] = w * on_device_of(g, w).view(shape)
+        wg, gg = meet(w, g)
+        s[r + ".weight"] = wg * gg.view(shape)
     s[norm + ".weight"] = torch.ones_like(g)
     if b is not None:
-        s[norm + ".bias"] = b / g if keep_bias else torch.zeros_like(b)
+        s[norm + ".bias"] = (lambda bb, gg: bb / gg)(*meet(b, g)) if keep_bias else torch.zeros_like(b)
     return keep_bias
 
 

@@ -58,7 +58,7 @@ from torch import Tensor
 from symalign.errors import CheckpointError
 from symalign.arch.base import AttentionLayout
 from symalign.families.base import Decoder, Family
-from symalign.families.common import RESIDUAL, Prepared, on_device_of
+from symalign.families.common import RESIDUAL, Prepared, meet
 from symalign.groups import BlockPermutations, GeneralLinear, MatrixGroup, Orthogonal, Permutation, \
     SignedPermutations
 from symalign.spec import SymmetrySpec
@@ -185,7 +185,8 @@ class MoEFamily(Family):
             for t, axis in readers:
                 shape = [1] * s[t].dim()
                 shape[axis] = -1
-                s[t] = s[t] * on_device_of(g, s[t]).view(shape)
+                w_t, g_t = meet(s[t], g)
+                s[t] = w_t * g_t.view(shape)
                 spec.act_on(t, RESIDUAL, axis, "contra")
             s[norm + ".weight"] = torch.ones_like(g)
 

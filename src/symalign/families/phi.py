@@ -90,6 +90,10 @@ class PhiFamily(Family):
             out["key norm bias (softmax shift)"] = lay.head_dim - r
         return out
 
+    def rows_independent(self, config: Any) -> bool:
+        """``qk_layernorm``: the Q/K head centring mixes the rows of each head."""
+        return not _qk_layernorm(config)
+
     def prepare(self, config: Any, state: Mapping[str, Tensor], att: SymmetrySpec,
                 arch: str | None = None) -> Prepared:
         """The base rewrite; with ``qk_layernorm``, also every Q/K head's rows and bias centred along ``1``

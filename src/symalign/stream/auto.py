@@ -24,8 +24,9 @@ def weights_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.glob("*.safetensors"))
 
 
-def streamable(a_dir: Path, scope: str) -> str | None:
-    """``None`` if the streamed engine covers this checkpoint and scope, else why not."""
+def streamable(a_dir: Path, scope: str, untie_ok: bool = True) -> str | None:
+    """``None`` if the streamed engine covers this checkpoint and scope, else why not (``untie_ok``: a
+    ``--scope model`` rewrite may add an untied head: ``align`` writes it, the streamed merge does not)."""
     from symalign.checkpoint.config import load_config
     from symalign.families import get_adapter
 
@@ -38,7 +39,7 @@ def streamable(a_dir: Path, scope: str) -> str | None:
     from symalign.checkpoint.lazy import open_checkpoint
     from symalign.stream.model import refusal
 
-    return refusal(open_checkpoint(a_dir))  # the family's rewrite on the tensor headers: nothing is read
+    return refusal(open_checkpoint(a_dir), untie_ok)  # the family's rewrite on the tensor headers only
 
 
 def should_stream(a_dir: Path, b_dir: Path, scope: str, stream: bool | None) -> bool:

@@ -157,7 +157,10 @@ def check_loads_lazily(path: Path) -> dict[str, Any]:
     ck = open_checkpoint(path)
     with torch.device("meta"):
         model = ck.adapter.model_class(ck.config)(ck.config)
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    from symalign.stream.layercheck import disk_names
+
+    state = model.state_dict()
+    shapes = {d: tuple(state[k].shape) for d, k in disk_names(model, state).items()}  # names as saved
     _, tied = expected_shapes(ck.adapter, ck.config)
     for name, info in ck.tensors.items():
         if shapes.get(name) != info.shape:
@@ -185,7 +188,7 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
     if scope not in ("attention", "model"):
         raise ConfigError(f"merge --stream aligns with --scope attention or model, not {scope!r}")
     if folded:
-        why = streamable(Path(dirs[0]), "model")
+        why = streamable(Path(dirs[0]), "model", untie_ok=False)
         if why is not None:
             raise ConfigError(why)
     bound_heap()

@@ -1,7 +1,8 @@
-r"""``symalign align --scope model``, streamed (Llama family): alternating passes over the layers.
+r"""``symalign align --scope model``, streamed (every dense decoder family): alternating passes over the layers.
 
-The whole-model problem (docs/whole-model.md) is: find the residual rotation ``O``
-(one ``D x D`` element for the whole stream), per layer ``i`` the FF permutation
+The whole-model problem (docs/whole-model.md) is: find the residual element ``O``
+(one element for the whole stream, of the group the family's rewrite declares: ``O(D)``,
+``O_1(D)`` for a LayerNorm stream, ``S_D`` for a permuted one), per layer ``i`` the FF permutation
 ``P_i`` and the attention element ``g_i``, minimising
 ``sum_t ||A_t - (O, P, g) . B_t||^2`` over every labelled tensor of the exactly
 rewritten checkpoints (norm gains folded, :func:`symalign.families.prepare`).
@@ -15,10 +16,13 @@ The residual couples the layers; given ``O`` the layers are independent. So each
    ``M += sum_t X_A^t (X_{B'}^t)^T`` (rows: the tensor's residual axis) and of the
    norms ``||A_t||^2``, ``||B'_t||^2``.
 
-After the pass ``O = polar(M + M_free)`` (Procrustes), where ``M_free`` is the
+After the pass ``O = polar(M + M_free)`` (the group's own nearest element: Procrustes,
+on the centred subspace for ``O_1(D)``, an assignment for ``S_D``), where ``M_free`` is the
 cross-Gram of the tensors only the residual acts on (embedding, head: computed
-once, in row chunks, in pass 0, which also gives the initial ``O``). Because ``O``
-is orthogonal, the distance after the pass needs no further read:
+once, in row chunks, in pass 0, which also gives the initial ``O``; also a permuted
+stream's norm gains). Unit spaces other than plain FF permutations (ReLU units) are
+solved by :func:`~symalign.match.whole.match_whole`'s own steps on the layer. Because ``O``
+is orthogonal (a permutation matrix too), the distance after the pass needs no further read:
 
 ``d = sum_t (||A_t||^2 + ||B'_t||^2) - 2 <O, M + M_free>`` (plus the tensors no
 residual acts on, summed directly).
@@ -81,10 +85,16 @@ class Preparer:
         self.meta = {n: torch.empty(t.shape, dtype=torch.float64, device="meta") for n, t in ck.tensors.items()}
         p = prepare(ck.config, self.meta, att_spec)
         self.spec, self.notes, self.untied = p.spec, p.notes, p.untied
+        # tensors the rewrite adds (a head untied from the embedding): name -> shape
+        self.extra = {k: tuple(v.shape) for k, v in p.state.items() if k not in self.meta}
 
     def __call__(self, real: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The prepared ``real`` tensors, and each added tensor (:attr:`extra`) computed from them alone
+        (the untied head: from rows of the embedding, the same rows)."""
         p = self._prepare(self.config, {**self.meta, **real}, self.att)
-        return {k: p.state[k] for k in real}
+        out = {k: p.state[k] for k in real}
+        out.update({k: p.state[k] for k in self.extra if not p.state[k].is_meta})
+        return out
 
     def with_one(self, small: Mapping[str, Tensor], name: str | None = None, x: Tensor | None = None,
                  start: int = 0) -> dict[str, Tensor]:
@@ -106,7 +116,7 @@ class Preparer:
         (:meth:`symalign.families.base.Family.rows_independent`)."""
         acts = self.spec.tensors.get(name, [])
         rows_ok = all(a.axis % len(self.meta[name].shape) != 0 for a in acts if self.spec.role(a.space) == "residual")
-        return rows_ok and getattr(self.adapter, "rows_independent", lambda c: True)(self.config)
+        return rows_ok and self.adapter.rows_independent(self.config)
 
 
 def own_tensors(name: str, names) -> list[str]:
@@ -115,11 +125,12 @@ def own_tensors(name: str, names) -> list[str]:
     return [k for k in names if k != name and k.rsplit(".", 1)[0] == mod]
 
 
-def prepare_parts(prep: Preparer, small: Mapping[str, Tensor], big, read) -> tuple[dict[str, Tensor],
-                                                                                      dict[str, Tensor]]:
+def prepare_parts(prep: Preparer, small: Mapping[str, Tensor], big, read, need=None) -> tuple[dict[str, Tensor],
+                                                                                                 dict[str, Tensor]]:
     """``(prepared big, prepared small)``: each tensor of ``big`` read (``read(name)``) and folded on its own
     with the ``small`` ones (one big tensor in memory at a time); each small result is taken from a call in
-    which it is real (a reader's bias from the call given its weight)."""
+    which it is real (a reader's bias from the call given its weight). ``need``: the small tensors wanted
+    (default all)."""
     done = {k: v for k, v in prep.with_one(small).items() if not v.is_meta}
     out: dict[str, Tensor] = {}
     for n in big:
@@ -127,7 +138,7 @@ def prepare_parts(prep: Preparer, small: Mapping[str, Tensor], big, read) -> tup
         out[n] = r.pop(n)
         done.update({k: v for k, v in r.items() if k not in done and not v.is_meta})
         del r
-    lost = [k for k in small if k not in done]
+    lost = [k for k in (small if need is None else need) if k in small and k not in done]
     if lost:
         raise ConfigError(f"internal error: the rewrite of {lost[0]!r} depends on more than one big tensor; "
                           "use --no-stream")
@@ -150,7 +161,7 @@ class FoldedCheckpoint:
 
     def __init__(self, ck: LazyCheckpoint):
         self.ck, self.path, self.tensors = ck, ck.path, ck.tensors
-        why = refusal(ck)
+        why = refusal(ck, untie_ok=False)
         if why is not None:
             raise ConfigError(why)
         self.prep = Preparer(ck, ck.adapter.spec(ck.config, ck.keys))
@@ -236,7 +247,7 @@ class StreamedWhole:
 
     def __init__(self, a: LazyCheckpoint, b: LazyCheckpoint, experts: str = "exact"):
         for ck in (b, a):
-            why = refusal(ck)
+            why = refusal(ck, untie_ok=True)
             if why is not None:
                 raise ConfigError(why)
         att = b.adapter.spec(b.config, b.keys)
@@ -310,6 +321,9 @@ class StreamedWhole:
                 for k in owned:
                     parts[k].append(r[k])
                 yield n, s, r[n]
+                for k in prep.extra:  # the untied head: the same rows of the folded embedding
+                    if k in r:
+                        yield k, s, r[k]
             for k in owned:
                 done[k] = torch.cat(parts[k])
                 yield k, 0, done[k]
@@ -362,7 +376,7 @@ class StreamedWhole:
         big = [n for n in names if ck.tensors[n].numel > SMALL_ELEMENTS]
         small = {n: v.to(self.dtype) for n, v in ck.read([n for n in names if n not in big]).items()}
         out, done = prepare_parts(prep, small, [n for n in big if n in free],
-                                  lambda n: ck.read([n])[n].to(self.dtype))
+                                  lambda n: ck.read([n])[n].to(self.dtype), need=free)
         out.update(done)
         return {t: out[t] for t in free}
 
@@ -529,14 +543,15 @@ def residual_space(spec: SymmetrySpec) -> str:
     return res[0]
 
 
-def refusal(ck: LazyCheckpoint) -> str | None:
+def refusal(ck: LazyCheckpoint, untie_ok: bool = True) -> str | None:
     """Why streamed ``--scope model`` cannot be exact on ``ck`` (one line naming the fix), or ``None``.
 
     Decided from the tensor headers and the config (the family's rewrite run on placeholders):
     a mixture of experts (its experts are stored one tensor per expert but matched in transformers'
-    fused layout), a rewrite that unties the head from the embedding (a LayerNorm stream with a tied
-    head: OUT would need a tensor B's layout lacks), and a checkpoint without one residual space
-    (no language-model head) are refused."""
+    fused layout) and a checkpoint without one residual space (no language-model head) are refused;
+    so is a rewrite that unties the head from the embedding (a LayerNorm stream with a tied head)
+    unless ``untie_ok`` (``align`` writes the head into B's last shard; the streamed merge keeps the
+    first checkpoint's layout)."""
     from symalign.families.moe import MoEFamily
 
     mt = ck.config.model_type
@@ -544,15 +559,28 @@ def refusal(ck: LazyCheckpoint) -> str | None:
         return (f"streamed --scope model does not cover mixture-of-experts checkpoints ({mt!r}: experts stored "
                 "per expert, matched in the fused layout); use --no-stream")
     prep = Preparer(ck, ck.adapter.spec(ck.config, ck.keys))
-    if prep.untied:
+    if prep.untied and not untie_ok:
         return (f"{ck.path}: --scope model unties this {mt!r} head from the embedding (tied head, LayerNorm "
-                "stream: the final norm folds into the head only), which streamed --scope model does not write; "
+                "stream: the final norm folds into the head only), which the streamed merge does not write; "
                 "use --no-stream")
+    if not [s for s in prep.spec.spaces if prep.spec.role(s) == "residual"]:
+        why = prep.notes[0] if prep.notes else "no residual space"
+        return f"{ck.path}: {why}; streamed --scope model aligns a residual stream, use --no-stream"
     try:
         residual_space(prep.spec)
     except ConfigError as e:
-        return f"{ck.path}: {e}" + (f" ({prep.notes[0]})" if prep.notes else "")
+        return f"{ck.path}: {e}"
     return None
+
+
+def added_tensors(w: StreamedWhole) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """The tensors B's rewrite adds (the untied head) with the dtype of the tensor they copy (the embedding:
+    B's global of that shape), as the in-memory rewrite stores them."""
+    out = {}
+    for name, shape in w.prep_b.extra.items():
+        src = [n for n in w.globals if w.b.tensors[n].shape == shape and w.b.tensors[n].dtype.is_floating_point]
+        out[name] = (w.b.tensors[src[0]].dtype if src else w.b.dtype, shape)
+    return out
 
 
 def stream_inputs(checker: LayerChecker, w: StreamedWhole) -> dict[str, Tensor]:
@@ -604,7 +632,7 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
     rot = blocks.matrix(w.O)
     checks = []
     b.bytes_read = 0
-    writer = ShardWriter(out_path, b)
+    writer = ShardWriter(out_path, b, extra=added_tensors(w))
     try:
         with progress_bar(b.nbytes, "align (model, streamed) writing", progress) as bar:
             for i in range(w.L):
@@ -632,7 +660,7 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
                     act = _res_action(w.spec, n, w.res)
                     if act is not None:
                         chunk = blocks.rotate(chunk, act.axis, w.O)
-                    if n in w.big:
+                    if chunk.dim():
                         writer.put_rows(n, start, chunk)
                     else:
                         writer.put(n, chunk)

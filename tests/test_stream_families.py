@@ -1,0 +1,223 @@
+"""Streamed ``--scope model`` (``align`` and ``merge``) for every dense decoder family: the same result as in
+memory, B's function through transformers' own forward, and one-line refusals where streaming cannot be exact.
+
+The residual group is the one the family's rewrite declares (docs/streaming.md): ``O(D)`` for pre-RMSNorm
+families with an untied head (Llama, Qwen3, Phi-3, Gemma), ``O_1(D)`` for LayerNorm families (GPT-2, GPT-NeoX,
+GPT-J, Phi, Falcon), ``S_D`` with post-norms (OLMo 2, Gemma 2/3) or a tied head on an RMSNorm stream.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from _cli_util import run_symalign
+from hf_families import float64_numerics, make as make_family
+from hf_tiny import T, make_model
+from test_stream import _nothing_written, _state
+
+# (family, config overrides, residual group the rewrite declares)
+DENSE = [
+    ("llama", {"tie_word_embeddings": True}, "S_32"),
+    ("qwen3", {"tie_word_embeddings": False}, "O(32)"),
+    ("phi3", {"tie_word_embeddings": False}, "O(32)"),
+    ("gemma", {"tie_word_embeddings": False}, "O(32)"),
+    ("gemma", {"tie_word_embeddings": True}, "S_32"),
+    ("olmo2", {"tie_word_embeddings": False}, "S_32"),
+    ("gemma2", {"tie_word_embeddings": True}, "S_32"),
+    ("gemma3_text", {"tie_word_embeddings": True}, "S_32"),
+    ("gpt_neox", {"tie_word_embeddings": False}, "O_1(32)"),
+    ("gptj", {"tie_word_embeddings": False}, "O_1(32)"),
+    ("phi", {"tie_word_embeddings": False}, "O_1(32)"),
+    ("phi", {"tie_word_embeddings": False, "qk_layernorm": True}, "O_1(32)"),
+    ("falcon", {"tie_word_embeddings": False}, "O_1(32)"),
+    ("gpt2", {"tie_word_embeddings": False}, "O_1(16)"),
+    ("gpt2", {"tie_word_embeddings": False, "activation_function": "relu"}, "O_1(16)"),  # ReLU units: scales
+    # a LayerNorm stream with a tied head: the rewrite unties it (a head tensor appended to B's last shard)
+    ("gpt2", {"tie_word_embeddings": True}, "O_1(16)"),
+    ("falcon", {"tie_word_embeddings": True}, "O_1(32)"),
+    ("gpt_neox", {"tie_word_embeddings": True}, "O_1(32)"),
+]
+IDS = [f"{f}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for f, kw, _ in DENSE]
+
+
+def _make(family: str, dtype, seed: int, **kw):
+    if family == "gpt2":
+        return make_model("gpt2", dtype=dtype, seed=seed, **kw)
+    return make_family(family, dtype=dtype, seed=seed, **kw)
+
+
+def _pair(tmp: Path, family: str, dtype=torch.float64, shard: str | None = "20KB", **kw):
+    for seed, name in ((0, "A"), (1, "B")):
+        m = _make(family, dtype, seed, **kw)
+        if shard:
+            m.save_pretrained(tmp / name, max_shard_size=shard)
+        else:
+            m.save_pretrained(tmp / name)
+    return tmp / "A", tmp / "B"
+
+
+def _worst(x: dict, y: dict) -> float:
+    """``max |x - y|`` over the tensors, relative to the largest entry of ``y``."""
+    assert set(x) == set(y)
+    scale = max(float(v.double().abs().max()) for v in y.values() if v.numel())
+    return max(float((x[k].double() - y[k].double()).abs().max()) for k in y if y[k].numel()) / scale
+
+
+def _logits(model, vocab: int = 64) -> torch.Tensor:
+    ids = torch.randint(3, vocab, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return model(input_ids=ids).logits.double()
+
+
+def _loaded(path: Path, dtype):
+    m = T.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+    return float64_numerics(m) if dtype == torch.float64 else m
+
+
+def _function_change(b_dir: Path, out: Path, dtype) -> float:
+    """``||f_OUT - f_B|| / ||f_B||``, both loaded by ``from_pretrained`` and run by transformers' forward
+    (float64: RMSNorms and softmax evaluated in float64, :func:`float64_numerics`)."""
+    y0, y1 = _logits(_loaded(b_dir, dtype)), _logits(_loaded(out, dtype))
+    return float((y1 - y0).norm() / y0.norm())
+
+
+@pytest.mark.parametrize("family,kw,group", DENSE, ids=IDS)
+def test_streamed_model_scope_equals_in_memory_float64(family, kw, group, tmp_path):
+    """float64 checkpoints, sharded: the streamed passes are match_whole's sweeps (the same distance after each,
+    to float64 rounding), the written tensors equal the in-memory ones to 1e-10 of the largest weight, every
+    layer passes the per-layer check (``layer'(O x) = O layer(x)``), and OUT computes B's function."""
+    from symalign.commands.align import run_align
+
+    da, db = _pair(tmp_path, family, **kw)
+    s = run_align(da, db, tmp_path / "S", scope="model", stream=True, max_iter=3)
+    m = run_align(da, db, tmp_path / "M", scope="model", stream=False, max_iter=3)
+    assert (s.path, m.path) == ("streamed", "in-memory")
+    assert s.group["spaces"]["residual"] == m.group["spaces"]["residual"] == group, (s.group, m.group)
+    ds, dm = s.match["distances"], m.match["distances"]
+    assert len(ds) == len(dm) and all(abs(x - y) <= 1e-11 * dm[0] for x, y in zip(ds, dm)), (ds, dm)
+    assert ds[-1] < ds[0]
+    assert abs(s.distance["after"]["total"] - m.distance["after"]["total"]) <= 1e-9 * m.distance["after"]["total"]
+    check = s.check.to_dict()
+    assert check["passed"] and check["exact"]["rel"] < 1e-12
+    assert _worst(_state(tmp_path / "S"), _state(tmp_path / "M")) <= 1e-10  # the same tensors, an untied head too
+    assert s.untied_head == m.untied_head == (kw["tie_word_embeddings"] and group.startswith("O_1"))
+    if s.untied_head:
+        assert json.loads((tmp_path / "S" / "config.json").read_text())["tie_word_embeddings"] is False
+        index = json.loads((tmp_path / "S" / "model.safetensors.index.json").read_text())
+        assert set(index["weight_map"]) == set(_state(tmp_path / "S"))
+    assert _function_change(db, tmp_path / "S", torch.float64) <= 1e-10
+
+
+@pytest.mark.parametrize("family,kw", [("llama", {"tie_word_embeddings": True}), ("gpt_neox", {}),
+                                       ("gemma2", {}), ("falcon", {}), ("qwen3", {"tie_word_embeddings": False})])
+def test_streamed_model_scope_float32_single_file(family, kw, tmp_path):
+    """float32, one file: OUT stays float32, equals the in-memory output to a few float32 ulps of the largest
+    weight (the streamed passes fold in float64 where the in-memory rewrite stores the folded float32 state),
+    and computes B's function through transformers to 1e-5."""
+    from symalign.commands.align import run_align
+
+    da, db = _pair(tmp_path, family, dtype=torch.float32, shard=None, **kw)
+    s = run_align(da, db, tmp_path / "S", scope="model", stream=True, max_iter=2)
+    run_align(da, db, tmp_path / "M", scope="model", stream=False, max_iter=2)
+    assert s.path == "streamed" and s.check.to_dict()["passed"]
+    out = _state(tmp_path / "S")
+    assert all(v.dtype == torch.float32 for v in out.values() if v.is_floating_point())
+    assert _worst(out, _state(tmp_path / "M")) <= 1e-5
+    assert _function_change(db, tmp_path / "S", torch.float32) <= 1e-5
+
+
+@pytest.mark.parametrize("family,kw", [("gpt2", {}), ("gptj", {}), ("falcon", {}), ("phi", {"qk_layernorm": True}),
+                                       ("llama", {"tie_word_embeddings": True}),
+                                       ("gpt2", {"tie_word_embeddings": True})])  # the untied head in row chunks
+def test_big_tensor_path_equals_in_memory(family, kw, monkeypatch, tmp_path):
+    """At scale every weight is folded on its own (the gains and biases held) and the embedding and head in row
+    chunks: forced here on tiny models. A LayerNorm reader's bias ``c + W b`` comes from the call given ``W``
+    (GPT-2's ``Conv1D`` stores ``W^T``; GPT-J's head has a bias, folded chunk by chunk), Phi's Q/K centring
+    works on whole tensors: the result is the in-memory one."""
+    import symalign.stream.model as sm
+    from symalign.commands.align import run_align
+
+    monkeypatch.setattr(sm, "SMALL_ELEMENTS", 200)  # every 2-d weight counts as big; gains and biases do not
+    monkeypatch.setattr(sm, "CHUNK_ELEMENTS", 100)  # the embedding and head in chunks of a few rows
+    da, db = _pair(tmp_path, family, shard=None, **{"tie_word_embeddings": False, **kw})
+    s = run_align(da, db, tmp_path / "S", scope="model", stream=True, max_iter=2)
+    m = run_align(da, db, tmp_path / "M", scope="model", stream=False, max_iter=2)
+    assert all(abs(x - y) <= 1e-11 * m.match["distances"][0] for x, y in zip(s.match["distances"],
+                                                                              m.match["distances"]))
+    assert _worst(_state(tmp_path / "S"), _state(tmp_path / "M")) <= 1e-10
+
+
+def _merge(monkeypatch, capsys, *args):
+    return run_symalign(monkeypatch, capsys, "merge", *map(str, args))
+
+
+@pytest.mark.parametrize("family,kw", [("gpt_neox", {}), ("gemma2", {}), ("qwen3", {"tie_word_embeddings": False}),
+                                       ("phi", {"qk_layernorm": True})])
+def test_streamed_model_scope_merge_equals_in_memory(family, kw, tmp_path, capsys, monkeypatch):
+    """merge --stream --scope model = the in-memory merge --scope model (A averaged in its folded form, B aligned
+    by the streamed passes), float64; the merge loads with from_pretrained."""
+    import symalign.stream.merge as smerge
+    from symalign.hf_lmc import load_hf_model
+
+    chunks = smerge.row_chunks
+    monkeypatch.setattr(smerge, "row_chunks", lambda shape: chunks(shape, 100))  # the folded A in row chunks
+    da, db = _pair(tmp_path, family, **kw)
+    args = [da, db, "--scope", "model", "--weights", "0.4,0.6", "--max-sweeps", "2", "--json"]
+    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "MEM", "--no-stream")
+    assert code == 0, err
+    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "STR", "--stream")
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["scope"] == "model" and info["aligned"][0]["check"]["passed"]
+    assert _worst(_state(tmp_path / "STR"), _state(tmp_path / "MEM")) <= 1e-10
+    load_hf_model(tmp_path / "STR")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "falcon"])
+def test_merge_refuses_an_untied_head_in_one_line(family, tmp_path, capsys, monkeypatch):
+    """merge --stream --scope model keeps the first checkpoint's layout, so a LayerNorm stream with a tied head
+    (whose rewrite unties the head) is refused: exit 2, one line naming the reason and --no-stream, no OUT."""
+    da, db = _pair(tmp_path, family, dtype=torch.float32, tie_word_embeddings=True)
+    code, out, err = _merge(monkeypatch, capsys, da, db, "-o", tmp_path / "OUT", "--stream", "--scope", "model")
+    why = "unties"
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and why in lines[0] and "--no-stream" in lines[0], err
+    assert _nothing_written(tmp_path)
+
+
+def test_mixture_of_experts_refused(tmp_path, capsys, monkeypatch):
+    from test_family_moe import make as make_moe
+
+    for name, seed in (("A", 0), ("B", 1)):
+        make_moe("mixtral", seed=seed, tie_word_embeddings=False).save_pretrained(tmp_path / name)
+    code, out, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",
+                                  tmp_path / "OUT", "--stream", "--scope", "model")
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and "mixture-of-experts" in lines[0] and "--no-stream" in lines[0], err
+    assert _nothing_written(tmp_path)
+
+
+def test_layer_check_refuses_a_residual_that_moves_ones(tmp_path, monkeypatch):
+    """O_1(D) means rotations fixing 1: the per-layer check (through transformers' LayerNorm, which centres)
+    refuses to write OUT when the residual element is a rotation of O(D) that moves 1, although it is exact on
+    the folded weights' Frobenius geometry."""
+    import symalign.stream.model as sm
+    from symalign.errors import SymalignError
+    from symalign.groups import Orthogonal
+
+    da, db = _pair(tmp_path, "gpt_neox", shard=None)
+    real = sm.StreamedWhole.match
+
+    def moved(self, *a, **k):
+        out = real(self, *a, **k)
+        self.O = self.O @ Orthogonal(self.group.n).sample(3)  # no longer fixes 1
+        return out
+
+    monkeypatch.setattr(sm.StreamedWhole, "match", moved)
+    with pytest.raises(SymalignError, match="differs from O times B's layer"):
+        sm.run_stream_model(da, db, tmp_path / "OUT", max_iter=1, progress=False)
+    assert _nothing_written(tmp_path)
