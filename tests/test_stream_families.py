@@ -1,7 +1,7 @@
-"""Streamed ``--scope model`` (``align`` and ``merge``) for every dense decoder family: the same result as in
+"""Streamed ``--scope model`` (``align`` and ``merge``) for every decoder family: the same result as in
 memory, B's function through transformers' own forward, and one-line refusals where streaming cannot be exact.
 
-The residual group is the one the family's rewrite declares (docs/streaming.md): ``O(D)`` for pre-RMSNorm
+The residual group is the one the family's rewrite declares (docs/scaling.md): ``O(D)`` for pre-RMSNorm
 families with an untied head (Llama, Qwen3, Phi-3, Gemma), ``O_1(D)`` for LayerNorm families (GPT-2, GPT-NeoX,
 GPT-J, Phi, Falcon), ``S_D`` with post-norms (OLMo 2, Gemma 2/3) or a tied head on an RMSNorm stream.
 """
@@ -74,7 +74,9 @@ def _logits(model, vocab: int = 64) -> torch.Tensor:
 
 
 def _loaded(path: Path, dtype):
-    m = T.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+    moe = json.loads((path / "config.json").read_text())["model_type"] in ("mixtral", "qwen2_moe", "olmoe")
+    kw = {"experts_implementation": "eager"} if moe else {}
+    m = T.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager", **kw).eval()
     return float64_numerics(m) if dtype == torch.float64 else m
 
 
@@ -189,13 +191,62 @@ def test_merge_refuses_an_untied_head_in_one_line(family, tmp_path, capsys, monk
     assert _nothing_written(tmp_path)
 
 
-def test_mixture_of_experts_refused(tmp_path, capsys, monkeypatch):
+def _moe_pair(tmp: Path, family: str, **kw):
     from test_family_moe import make as make_moe
 
-    for name, seed in (("A", 0), ("B", 1)):
-        make_moe("mixtral", seed=seed, tie_word_embeddings=False).save_pretrained(tmp_path / name)
-    code, out, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",
-                                  tmp_path / "OUT", "--stream", "--scope", "model")
+    for seed, name in ((0, "A"), (1, "B")):
+        make_moe(family, seed=seed, **kw).save_pretrained(tmp / name, max_shard_size="20KB")
+    return tmp / "A", tmp / "B"
+
+
+MOE = [("mixtral", {"tie_word_embeddings": False}, "O(16)"), ("mixtral", {"tie_word_embeddings": True}, "S_16"),
+       ("qwen2_moe", {"tie_word_embeddings": False}, "O(16)"),
+       ("qwen2_moe", {"tie_word_embeddings": False, "mlp_only_layers": [1]}, "O(16)"),  # a dense layer too
+       ("olmoe", {"tie_word_embeddings": False}, "O(16)"), ("olmoe", {"tie_word_embeddings": True}, "S_16")]
+
+
+@pytest.mark.parametrize("family,kw,group", MOE, ids=[f"{f}-{'-'.join(map(str, kw.values()))}" for f, kw, _ in MOE])
+def test_mixture_of_experts_streamed_equals_in_memory(family, kw, group, tmp_path):
+    """Mixtral, Qwen2-MoE, OLMoE (float64, sharded, one tensor per expert on disk): each layer is read and
+    prepared whole in transformers' fused layout, the expert blocks solved by match_whole's own step
+    (symalign.match.experts), the layer checked in the fused layout and written back one tensor per expert:
+    the same distances and tensors as in memory, and B's function through from_pretrained."""
+    from symalign.commands.align import run_align
+
+    da, db = _moe_pair(tmp_path, family, **kw)
+    s = run_align(da, db, tmp_path / "S", scope="model", stream=True, max_iter=2)
+    m = run_align(da, db, tmp_path / "M", scope="model", stream=False, max_iter=2)
+    assert s.path == "streamed" and s.group["spaces"]["residual"] == m.group["spaces"]["residual"] == group
+    ds, dm = s.match["distances"], m.match["distances"]
+    assert len(ds) == len(dm) and all(abs(x - y) <= 1e-11 * dm[0] for x, y in zip(ds, dm)), (ds, dm)
+    assert s.check.to_dict()["passed"] and s.check.to_dict()["exact"]["rel"] < 1e-12
+    out = _state(tmp_path / "S")
+    assert set(out) == set(_state(db)) and _worst(out, _state(tmp_path / "M")) <= 1e-10
+    assert _function_change(db, tmp_path / "S", torch.float64) <= 1e-10
+
+
+def test_mixture_of_experts_experts_option_reaches_the_streamed_passes(tmp_path, capsys, monkeypatch):
+    """``--experts paired`` with ``--stream``: every expert block is solved by the paired method."""
+    import symalign.match.whole as whole
+
+    da, db = _moe_pair(tmp_path, "mixtral", tie_word_embeddings=False)
+    seen: list[str] = []
+    real = whole.match_experts
+
+    def spy(*args, method="exact", **kw):
+        seen.append(method)
+        return real(*args, method=method, **kw)
+
+    monkeypatch.setattr(whole, "match_experts", spy)
+    code, out, err = run_symalign(monkeypatch, capsys, "align", da, db, "-o", tmp_path / "OUT", "--stream",
+                                  "--scope", "model", "--experts", "paired", "--max-iter", "2", "--json")
+    assert code == 0, err
+    assert json.loads(out)["path"] == "streamed" and seen and set(seen) == {"paired"}
+
+
+def test_mixture_of_experts_merge_refused(tmp_path, capsys, monkeypatch):
+    da, db = _moe_pair(tmp_path, "mixtral", tie_word_embeddings=False)
+    code, out, err = _merge(monkeypatch, capsys, da, db, "-o", tmp_path / "OUT", "--stream", "--scope", "model")
     lines = [x for x in err.strip().splitlines() if x.strip()]
     assert code == 2 and len(lines) == 1 and "mixture-of-experts" in lines[0] and "--no-stream" in lines[0], err
     assert _nothing_written(tmp_path)

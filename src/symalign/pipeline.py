@@ -145,7 +145,8 @@ def align(job: AlignJob) -> AlignResult:
         from symalign.stream.model import run_stream_model
 
         res = run_stream_model(job.a_dir, job.b_dir, out_path, stage2=job.stage2, stage1=job.stage1,
-                               force=job.force, progress=job.progress, max_iter=job.max_sweeps, clock=clock)
+                               force=job.force, progress=job.progress, max_iter=job.max_sweeps, clock=clock,
+                               experts=job.experts or "exact")
     else:
         engine = InMemoryAttention if job.scope == "attention" else InMemoryModel
         res = engine(job, out_path, clock).run()

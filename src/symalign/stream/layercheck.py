@@ -63,6 +63,17 @@ def disk_names(model: torch.nn.Module, state: Mapping[str, Tensor]) -> dict[str,
     return out if len(out) == len(state) else same
 
 
+def sparse_layer(config: Any, i: int) -> bool | None:
+    """Whether layer ``i`` has a mixture-of-experts block in a config that mixes dense and sparse layers
+    (transformers' Qwen2-MoE rule: not in ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0``);
+    ``None`` for a config without that choice."""
+    if not hasattr(config, "mlp_only_layers"):
+        return None
+    step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+    return i not in list(config.mlp_only_layers or []) and int(getattr(config, "num_experts", 0) or 0) > 0 \
+        and (i + 1) % step == 0
+
+
 class LayerChecker:
     """Runs single layers of B's family (see the module docstring).
 
@@ -70,9 +81,15 @@ class LayerChecker:
     is unchanged, so its tensors are not loaded and need no memory).
     """
 
-    def __init__(self, config: Any, adapter: Any, layer0: str, shrink_ff: bool, layer_params: int, seed: int = 0):
+    def __init__(self, config: Any, adapter: Any, layer0: str, shrink_ff: bool, layer_params: int, seed: int = 0,
+                 sparse: bool | None = None):
+        """``sparse``: the kind of FF block the one layer has when the config mixes them (Qwen2-MoE's
+        ``mlp_only_layers`` / ``decoder_sparse_step``; :func:`sparse_layer`), so that it holds the tensors
+        of the layers of that kind (``None``: as the config says for layer 0)."""
         cfg = copy.deepcopy(config)
         cfg.num_hidden_layers = 1
+        if sparse is not None and hasattr(cfg, "mlp_only_layers"):
+            cfg.mlp_only_layers, cfg.decoder_sparse_step = ([] if sparse else [0]), 1
         for attr in ("layer_types",):  # per-layer tables must have one entry
             v = getattr(cfg, attr, None)
             if isinstance(v, list) and v:

@@ -188,7 +188,7 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
     if scope not in ("attention", "model"):
         raise ConfigError(f"merge --stream aligns with --scope attention or model, not {scope!r}")
     if folded:
-        why = streamable(Path(dirs[0]), "model", untie_ok=False)
+        why = streamable(Path(dirs[0]), "model", merge=True)
         if why is not None:
             raise ConfigError(why)
     bound_heap()

@@ -1,4 +1,4 @@
-r"""``symalign align --scope model``, streamed (every dense decoder family): alternating passes over the layers.
+r"""``symalign align --scope model``, streamed (every decoder family): alternating passes over the layers.
 
 The whole-model problem (docs/whole-model.md) is: find the residual element ``O``
 (one element for the whole stream, of the group the family's rewrite declares: ``O(D)``,
@@ -20,8 +20,10 @@ After the pass ``O = polar(M + M_free)`` (the group's own nearest element: Procr
 on the centred subspace for ``O_1(D)``, an assignment for ``S_D``), where ``M_free`` is the
 cross-Gram of the tensors only the residual acts on (embedding, head: computed
 once, in row chunks, in pass 0, which also gives the initial ``O``; also a permuted
-stream's norm gains). Unit spaces other than plain FF permutations (ReLU units) are
-solved by :func:`~symalign.match.whole.match_whole`'s own steps on the layer. Because ``O``
+stream's norm gains). Unit spaces other than plain FF permutations (ReLU units, the
+expert blocks of a mixture of experts) are solved by :func:`~symalign.match.whole.match_whole`'s
+own steps on the layer; a mixture of experts' layer is read and prepared whole in transformers'
+fused layout and written back one tensor per expert. Because ``O``
 is orthogonal (a permutation matrix too), the distance after the pass needs no further read:
 
 ``d = sum_t (||A_t||^2 + ||B'_t||^2) - 2 <O, M + M_free>`` (plus the tensors no
@@ -53,7 +55,7 @@ from symalign.groups import Orthogonal, Permutation
 from symalign.spec import SymmetrySpec, apply, segment_view
 from symalign.stream import blocks
 from symalign.stream.attention import exact_tolerance, layer_of, n_layers, open_pair, stored_tolerance, work_dtype
-from symalign.stream.layercheck import LayerChecker, layer_prefix
+from symalign.stream.layercheck import LayerChecker, layer_prefix, sparse_layer
 from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
 from symalign.tolerance import dtype_name
@@ -85,15 +87,25 @@ class Preparer:
         self.meta = {n: torch.empty(t.shape, dtype=torch.float64, device="meta") for n, t in ck.tensors.items()}
         p = prepare(ck.config, self.meta, att_spec)
         self.spec, self.notes, self.untied = p.spec, p.notes, p.untied
+        self.names = list(p.state)  # the prepared state's names (a mixture of experts: its fused layout)
         # tensors the rewrite adds (a head untied from the embedding): name -> shape
-        self.extra = {k: tuple(v.shape) for k, v in p.state.items() if k not in self.meta}
+        self.extra = {k: tuple(v.shape) for k, v in p.state.items() if k not in self.meta} if not self.fused else {}
+
+    @property
+    def fused(self) -> bool:
+        """Whether the rewrite works in another layout than the checkpoint's (a mixture of experts: one stacked
+        tensor per layer for the experts stored one by one, :meth:`symalign.families.moe.MoEFamily.fused`); its
+        layers are then prepared whole."""
+        from symalign.families.moe import MoEFamily
+
+        return isinstance(self.adapter, MoEFamily)
 
     def __call__(self, real: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        """The prepared ``real`` tensors, and each added tensor (:attr:`extra`) computed from them alone
-        (the untied head: from rows of the embedding, the same rows)."""
+        """The prepared ``real`` tensors, and each other tensor computed from them alone (the untied head:
+        from rows of the embedding, the same rows; a mixture of experts: the stacked experts of a layer)."""
         p = self._prepare(self.config, {**self.meta, **real}, self.att)
-        out = {k: p.state[k] for k in real}
-        out.update({k: p.state[k] for k in self.extra if not p.state[k].is_meta})
+        out = {k: p.state[k] for k in real if k in p.state}
+        out.update({k: v for k, v in p.state.items() if k not in out and k not in self.meta and not v.is_meta})
         return out
 
     def with_one(self, small: Mapping[str, Tensor], name: str | None = None, x: Tensor | None = None,
@@ -161,7 +173,7 @@ class FoldedCheckpoint:
 
     def __init__(self, ck: LazyCheckpoint):
         self.ck, self.path, self.tensors = ck, ck.path, ck.tensors
-        why = refusal(ck, untie_ok=False)
+        why = refusal(ck, merge=True)
         if why is not None:
             raise ConfigError(why)
         self.prep = Preparer(ck, ck.adapter.spec(ck.config, ck.keys))
@@ -247,7 +259,7 @@ class StreamedWhole:
 
     def __init__(self, a: LazyCheckpoint, b: LazyCheckpoint, experts: str = "exact"):
         for ck in (b, a):
-            why = refusal(ck, untie_ok=True)
+            why = refusal(ck)
             if why is not None:
                 raise ConfigError(why)
         att = b.adapter.spec(b.config, b.keys)
@@ -262,7 +274,8 @@ class StreamedWhole:
         self.L = n_layers(att)
         self.att_names = [list(att.restrict(layer_of(att, i)).tensors) for i in range(self.L)]
         self.prefixes = [layer_prefix(names[0], i) for i, names in enumerate(self.att_names)]
-        self.layer_names = [[n for n in b.keys if n.startswith(p)] for p in self.prefixes]
+        self.layer_names = [[n for n in b.keys if n.startswith(p)] for p in self.prefixes]  # as stored
+        self.pnames = [[n for n in self.prep_b.names if n.startswith(p)] for p in self.prefixes]  # as prepared
         in_layer = {n for names in self.layer_names for n in names}
         self.globals = [n for n in b.keys if n not in in_layer]
         self.big = [n for n in self.globals if b.tensors[n].numel > (1 << 20)]
@@ -297,6 +310,9 @@ class StreamedWhole:
         def get(ns):
             return {n: raw[n] for n in ns} if raw is not None else ck.read(ns)
 
+        if prep.fused:  # the experts are stacked by the rewrite: the layer in one call
+            r = prep({n: v.to(self.dtype) for n, v in get(names).items()})
+            return {n: r[n] for n in self.pnames[i]}
         big = [n for n in names if ck.tensors[n].numel > SMALL_ELEMENTS]
         small = {n: v.to(self.dtype) for n, v in get([n for n in names if n not in big]).items()}
         out, done = prepare_parts(prep, small, big, lambda n: get([n])[n].to(self.dtype))
@@ -333,14 +349,14 @@ class StreamedWhole:
                               "use --no-stream")
 
     def layer_spec(self, i: int, with_res: bool = True) -> SymmetrySpec:
-        names = [n for n in self.layer_names[i] if n in self.spec.tensors]
+        names = [n for n in self.pnames[i] if n in self.spec.tensors]
         sub = SymmetrySpec(self.spec.spaces, {t: self.spec.tensors[t] for t in names}, self.spec.couplings)
         keep = [s for s in self.layer_spaces(i)] + ([self.res] if with_res else [])
         return sub.restrict(keep)
 
     def layer_spaces(self, i: int) -> list[str]:
         return [s for s in self.spec.spaces if s != self.res and any(
-            t in self.spec.tensors and any(x.space == s for x in self.spec.tensors[t]) for t in self.layer_names[i])]
+            t in self.spec.tensors and any(x.space == s for x in self.spec.tensors[t]) for t in self.pnames[i])]
 
     def rotate(self, sub: SymmetrySpec, state: Mapping[str, Tensor], o: Tensor) -> dict[str, Tensor]:
         """The residual element on every tensor of ``state`` it acts on (``O^{-T} = O``: one product)."""
@@ -365,7 +381,7 @@ class StreamedWhole:
     def free(self, i: int) -> list[str]:
         """Layer ``i``'s tensors only the residual acts on (norm gains of a permuted stream, a LayerNorm bias
         kept behind a bias-free reader): like the embedding, their cross term is the same in every pass."""
-        return [t for t in self.layer_names[i] if t in self.spec.tensors
+        return [t for t in self.pnames[i] if t in self.spec.tensors
                 and all(x.space == self.res for x in self.spec.tensors[t])]
 
     def free_layer_tensors(self, ck: LazyCheckpoint, prep: Preparer, i: int) -> dict[str, Tensor]:
@@ -373,6 +389,9 @@ class StreamedWhole:
         names, free = self.layer_names[i], self.free(i)
         if not free:
             return {}
+        if prep.fused:
+            lay = self.layer(ck, prep, i)
+            return {t: lay[t] for t in free}
         big = [n for n in names if ck.tensors[n].numel > SMALL_ELEMENTS]
         small = {n: v.to(self.dtype) for n, v in ck.read([n for n in names if n not in big]).items()}
         out, done = prepare_parts(prep, small, [n for n in big if n in free],
@@ -390,7 +409,8 @@ class StreamedWhole:
         def pairs():
             yield from zip(self.global_chunks(self.a, self.prep_a), self.global_chunks(self.b, self.prep_b))
             for i in range(self.L):
-                fa, fb = self.free_layer_tensors(self.a, self.prep_a, i), self.free_layer_tensors(self.b, self.prep_b, i)
+                fa = self.free_layer_tensors(self.a, self.prep_a, i)
+                fb = self.free_layer_tensors(self.b, self.prep_b, i)
                 for t in fa:
                     yield (t, 0, fa[t]), (t, 0, fb[t])
 
@@ -415,7 +435,8 @@ class StreamedWhole:
         sub = self.layer_spec(i)
         part = partition(sub)
         units, _ = unit_spaces(sub, part)
-        fast = [u for u in units if type(sub.spaces[u]) is Permutation and u not in part.experts]
+        fast = [u for u in units if type(sub.spaces[u]) is Permutation and u not in part.experts
+                and all(x.space in (u, self.res) for t, _ in sub.tensors_of(u) for x in sub.tensors[t])]
         return fast, [u for u in units if u not in fast], part.attention
 
     def sweep(self, first: bool, bar=None) -> tuple[Tensor, float, float]:
@@ -543,23 +564,22 @@ def residual_space(spec: SymmetrySpec) -> str:
     return res[0]
 
 
-def refusal(ck: LazyCheckpoint, untie_ok: bool = True) -> str | None:
+def refusal(ck: LazyCheckpoint, merge: bool = False) -> str | None:
     """Why streamed ``--scope model`` cannot be exact on ``ck`` (one line naming the fix), or ``None``.
 
     Decided from the tensor headers and the config (the family's rewrite run on placeholders):
-    a mixture of experts (its experts are stored one tensor per expert but matched in transformers'
-    fused layout) and a checkpoint without one residual space (no language-model head) are refused;
-    so is a rewrite that unties the head from the embedding (a LayerNorm stream with a tied head)
-    unless ``untie_ok`` (``align`` writes the head into B's last shard; the streamed merge keeps the
-    first checkpoint's layout)."""
+    a checkpoint without one residual space (no language-model head) is refused; for the streamed
+    merge (``merge``), which reads the first checkpoint folded row chunk by row chunk in its own layout,
+    also a rewrite that unties the head (a LayerNorm stream with a tied head: ``align`` writes the head
+    into B's last shard) and a mixture of experts (whose experts fold stacked, a layer at a time)."""
     from symalign.families.moe import MoEFamily
 
     mt = ck.config.model_type
-    if isinstance(ck.adapter, MoEFamily):
-        return (f"streamed --scope model does not cover mixture-of-experts checkpoints ({mt!r}: experts stored "
-                "per expert, matched in the fused layout); use --no-stream")
+    if isinstance(ck.adapter, MoEFamily) and merge:
+        return (f"the streamed merge does not cover mixture-of-experts checkpoints ({mt!r}: the experts are folded "
+                "stacked, one layer at a time, not row by row as the merge reads them); use --no-stream")
     prep = Preparer(ck, ck.adapter.spec(ck.config, ck.keys))
-    if prep.untied and not untie_ok:
+    if prep.untied and merge:
         return (f"{ck.path}: --scope model unties this {mt!r} head from the embedding (tied head, LayerNorm "
                 "stream: the final norm folds into the head only), which the streamed merge does not write; "
                 "use --no-stream")
@@ -605,9 +625,11 @@ def stream_inputs(checker: LayerChecker, w: StreamedWhole) -> dict[str, Tensor]:
 
 def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
                      force: bool = False, progress: bool = True, max_iter: int = 20,
-                     rtol: float = 1e-6, clock: PhaseClock | None = None) -> AlignResult:
+                     rtol: float = 1e-6, clock: PhaseClock | None = None, experts: str = "exact") -> AlignResult:
     """Streamed whole-model alignment (see the module docstring); writes OUT. ``clock``: sums the
-    time of each phase (the matching passes count as ``match``; :func:`symalign.pipeline.align`)."""
+    time of each phase (the matching passes count as ``match``; :func:`symalign.pipeline.align`);
+    ``experts``: how mixture-of-experts blocks are solved (:func:`symalign.match.experts.match_experts`)."""
+    from symalign.checkpoint.config import saved_names
     from symalign.checkpoint.output import check_output_dir, commit
 
     clock = clock or PhaseClock()
@@ -616,19 +638,30 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
     with clock("read"):
         a, b = open_pair(a_dir, b_dir)
     with clock("prepare"):
-        w = StreamedWhole(a, b)
+        w = StreamedWhole(a, b, experts)
     with clock("match"):
         converged = w.match(stage1, stage2, max_iter, rtol, progress)
     passes = len(w.distances) - 1
     bytes_matching = w.bytes_read
 
     # final pass: apply, check per layer, write
-    with clock("prepare"):
-        checker = LayerChecker(b.config, b.adapter, w.prefixes[0], shrink_ff=False, layer_params=w.layer_params)
+    checkers: dict[bool | None, tuple[LayerChecker, dict[str, Tensor]]] = {}
+
+    def checker_for(i: int) -> tuple[LayerChecker, dict[str, Tensor]]:
+        """The one-layer model for layer ``i``'s kind (dense or sparse FF, :func:`sparse_layer`) and its rotated
+        inputs; built once per kind."""
+        kind = sparse_layer(b.config, i)
+        if kind not in checkers:
+            with clock("prepare"):
+                c = LayerChecker(b.config, b.adapter, w.prefixes[0], shrink_ff=False, layer_params=w.layer_params,
+                                 sparse=kind)
+                checkers[kind] = (c, stream_inputs(c, w))
+        return checkers[kind]
+
+    checker, _ = checker_for(0)
     floor = b.adapter.precision_floor  # HF RMSNorm computes in float32: a rotated stream changes its rounding
     exact_tol = exact_tolerance(w.dtype, checker.dtype, floor)
     tol = stored_tolerance(b.dtype, checker.dtype, floor)
-    rotated_emb = stream_inputs(checker, w)
     rot = blocks.matrix(w.O)
     checks = []
     b.bytes_read = 0
@@ -642,7 +675,10 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
                     raw = b.read(w.layer_names[i])
                 with clock("match"):
                     out = w.aligned_layer(b, w.prep_b, i, raw)
-                    stored = {n: out[n].to(b.tensors[n].dtype) for n in out}
+                    stored = {n: out[n].to(b.tensors[n].dtype if n in b.tensors else b.dtype) for n in out}
+                    if w.prep_b.fused:  # the check runs the model's own (fused) layout
+                        raw = b.adapter.fused(raw)
+                checker, rotated_emb = checker_for(i)
                 with clock("verify"):
                     exact = checker.check(raw, out, i, exact_tol, rotated_emb, rotate=rot, stored=False)
                     kept = checker.check(raw, stored, i, tol, rotated_emb, rotate=rot)
@@ -651,6 +687,8 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
                         c.require(f"refusing to write {out_path}: aligned layer {i} differs from O times B's layer",
                                   "whole-model alignment")
                 with clock("write"):
+                    if w.prep_b.fused:  # back to the names save_pretrained writes (one tensor per expert)
+                        stored = saved_names(b.config, stored)
                     for n, v in stored.items():
                         writer.put(n, v)
                 del out, stored, raw
