@@ -244,12 +244,24 @@ def test_mixture_of_experts_experts_option_reaches_the_streamed_passes(tmp_path,
     assert json.loads(out)["path"] == "streamed" and seen and set(seen) == {"paired"}
 
 
-def test_mixture_of_experts_merge_refused(tmp_path, capsys, monkeypatch):
-    da, db = _moe_pair(tmp_path, "mixtral", tie_word_embeddings=False)
-    code, out, err = _merge(monkeypatch, capsys, da, db, "-o", tmp_path / "OUT", "--stream", "--scope", "model")
-    lines = [x for x in err.strip().splitlines() if x.strip()]
-    assert code == 2 and len(lines) == 1 and "mixture-of-experts" in lines[0] and "--no-stream" in lines[0], err
-    assert _nothing_written(tmp_path)
+@pytest.mark.parametrize("family,kw", [("mixtral", {"tie_word_embeddings": False}),
+                                       ("qwen2_moe", {"tie_word_embeddings": False, "mlp_only_layers": [1]}),
+                                       ("olmoe", {"tie_word_embeddings": True})])
+def test_mixture_of_experts_merge_equals_in_memory(family, kw, tmp_path, capsys, monkeypatch):
+    """merge --stream --scope model of a mixture of experts = the in-memory merge: the first checkpoint is folded a
+    layer at a time (its experts fold stacked) and read back one tensor per expert; the merge loads."""
+    from symalign.hf_lmc import load_hf_model
+
+    da, db = _moe_pair(tmp_path, family, **kw)
+    args = [da, db, "--scope", "model", "--weights", "0.4,0.6", "--max-sweeps", "2", "--json"]
+    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "MEM", "--no-stream")
+    assert code == 0, err
+    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "STR", "--stream")
+    assert code == 0, err
+    assert json.loads(out)["aligned"][0]["check"]["passed"]
+    assert set(_state(tmp_path / "STR")) == set(_state(da))
+    assert _worst(_state(tmp_path / "STR"), _state(tmp_path / "MEM")) <= 1e-10
+    load_hf_model(tmp_path / "STR")
 
 
 def test_layer_check_refuses_a_residual_that_moves_ones(tmp_path, monkeypatch):

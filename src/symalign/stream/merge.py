@@ -155,12 +155,12 @@ def check_loads_lazily(path: Path) -> dict[str, Any]:
     from symalign.hf_io import expected_shapes
 
     ck = open_checkpoint(path)
+    from transformers.core_model_loading import revert_weight_conversion
+
     with torch.device("meta"):
         model = ck.adapter.model_class(ck.config)(ck.config)
-    from symalign.stream.layercheck import disk_names
-
-    state = model.state_dict()
-    shapes = {d: tuple(state[k].shape) for d, k in disk_names(model, state).items()}  # names as saved
+    # the names and shapes save_pretrained writes (renamed modules; experts one tensor each), by transformers
+    shapes = {k: tuple(v.shape) for k, v in revert_weight_conversion(model, dict(model.state_dict())).items()}
     _, tied = expected_shapes(ck.adapter, ck.config)
     for name, info in ck.tensors.items():
         if shapes.get(name) != info.shape:

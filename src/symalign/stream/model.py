@@ -164,11 +164,12 @@ class FoldedCheckpoint:
 
     Each read folds only the rows read, in the stored dtype -- as the in-memory merge folds the first
     checkpoint (``prepare`` on its stored state) -- so the rows are exactly those of the folded
-    checkpoint (the folds scale columns). Every vector (norm gains, biases) and the first row of every
-    matrix (the folds' other operands) is read once and kept: ``O(L D)`` values, about ``1/D`` of one
-    layer per layer. A rewrite that would add a tensor
-    (an untied head) is refused (:func:`refusal`): the output keeps this checkpoint's layout.
-    A tensor whose fold is not row-local (:meth:`Preparer.row_local`) is folded whole, once.
+    checkpoint (the folds scale columns). Every vector (norm gains, biases) is read once and kept
+    (``O(L D)`` values, about ``1/D`` of one layer per layer); a bias folded with its weight (``c + W b``)
+    is computed once, from the whole weight. A rewrite that would add a tensor (an untied head) is refused
+    (:func:`refusal`): the output keeps this checkpoint's layout. A tensor whose fold is not row-local
+    (:meth:`Preparer.row_local`) is folded whole, once; a mixture of experts' layer (its experts fold
+    stacked) is folded whole, once, and read back under the stored names.
     """
 
     def __init__(self, ck: LazyCheckpoint):
@@ -189,6 +190,25 @@ class FoldedCheckpoint:
                 r = self.prep.with_one(small, n, ck.read([n])[n])
                 self._small.update({k: r[k] for k in owned})
         self._whole: tuple[str, Tensor] | None = None  # the last tensor folded whole (not row-local)
+        self._layer: tuple[str, dict[str, Tensor]] | None = None  # the last layer folded whole (experts)
+
+    def _folded_layer(self, name: str) -> Tensor | None:
+        """Tensor ``name`` of its layer folded whole and stored back one tensor per expert (``None``: not a
+        mixture of experts' layer tensor)."""
+        import re
+
+        from symalign.checkpoint.config import saved_names
+
+        hit = re.match(r"^(.*?\.\d+\.)", name)
+        if not self.prep.fused or hit is None:
+            return None
+        key = hit.group(1)
+        if self._layer is None or self._layer[0] != key:
+            self._layer = None
+            r = self.prep(self.ck.read([n for n in self.tensors if n.startswith(key)]))
+            self._layer = (key, saved_names(self.ck.config, {k: v for k, v in r.items() if k.startswith(key)}))
+        return self._layer[1][name]
+
     @property
     def nbytes(self) -> int:
         return self.ck.nbytes
@@ -207,6 +227,8 @@ class FoldedCheckpoint:
             t = self._small[name][start:stop]
         elif name not in self._fixed and name not in self._big:  # not a float tensor: untouched by the rewrite
             t = self.ck.read_rows(name, start, stop)
+        elif (whole := self._folded_layer(name)) is not None:
+            t = whole[start:stop]
         elif self.tensors[name].shape and (start, stop) != (0, self.tensors[name].shape[0]) \
                 and not self.prep.row_local(name):
             if self._whole is None or self._whole[0] != name:
@@ -569,15 +591,9 @@ def refusal(ck: LazyCheckpoint, merge: bool = False) -> str | None:
 
     Decided from the tensor headers and the config (the family's rewrite run on placeholders):
     a checkpoint without one residual space (no language-model head) is refused; for the streamed
-    merge (``merge``), which reads the first checkpoint folded row chunk by row chunk in its own layout,
-    also a rewrite that unties the head (a LayerNorm stream with a tied head: ``align`` writes the head
-    into B's last shard) and a mixture of experts (whose experts fold stacked, a layer at a time)."""
-    from symalign.families.moe import MoEFamily
-
+    merge (``merge``), which averages in the first checkpoint's layout, also a rewrite that unties the
+    head (a LayerNorm stream with a tied head: ``align`` writes the head into B's last shard)."""
     mt = ck.config.model_type
-    if isinstance(ck.adapter, MoEFamily) and merge:
-        return (f"the streamed merge does not cover mixture-of-experts checkpoints ({mt!r}: the experts are folded "
-                "stacked, one layer at a time, not row by row as the merge reads them); use --no-stream")
     prep = Preparer(ck, ck.adapter.spec(ck.config, ck.keys))
     if prep.untied and merge:
         return (f"{ck.path}: --scope model unties this {mt!r} head from the embedding (tied head, LayerNorm "
