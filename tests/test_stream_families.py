@@ -180,15 +180,25 @@ def test_streamed_model_scope_merge_equals_in_memory(family, kw, tmp_path, capsy
 
 
 @pytest.mark.parametrize("family", ["gpt2", "falcon"])
-def test_merge_refuses_an_untied_head_in_one_line(family, tmp_path, capsys, monkeypatch):
-    """merge --stream --scope model keeps the first checkpoint's layout, so a LayerNorm stream with a tied head
-    (whose rewrite unties the head) is refused: exit 2, one line naming the reason and --no-stream, no OUT."""
-    da, db = _pair(tmp_path, family, dtype=torch.float32, tie_word_embeddings=True)
-    code, out, err = _merge(monkeypatch, capsys, da, db, "-o", tmp_path / "OUT", "--stream", "--scope", "model")
-    why = "unties"
-    lines = [x for x in err.strip().splitlines() if x.strip()]
-    assert code == 2 and len(lines) == 1 and why in lines[0] and "--no-stream" in lines[0], err
-    assert _nothing_written(tmp_path)
+def test_merge_with_an_untied_head_equals_in_memory(family, tmp_path, capsys, monkeypatch):
+    """A LayerNorm stream with a tied head: the rewrite unties it, in both checkpoints. The streamed merge reads
+    the first checkpoint's head as the folded rows of its embedding, appends it to the last shard (row chunks
+    here), sets tie_word_embeddings false: the in-memory merge, loadable by from_pretrained."""
+    import symalign.stream.merge as smerge
+    from symalign.hf_lmc import load_hf_model
+
+    chunks = smerge.row_chunks
+    monkeypatch.setattr(smerge, "row_chunks", lambda shape: chunks(shape, 100))
+    da, db = _pair(tmp_path, family, tie_word_embeddings=True)
+    args = [da, db, "--scope", "model", "--max-sweeps", "2", "--json"]
+    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "MEM", "--no-stream")
+    assert code == 0, err
+    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "STR", "--stream")
+    assert code == 0, err
+    st = _state(tmp_path / "STR")
+    assert len(st) == len(_state(da)) + 1 and _worst(st, _state(tmp_path / "MEM")) <= 1e-10
+    assert json.loads((tmp_path / "STR" / "config.json").read_text())["tie_word_embeddings"] is False
+    load_hf_model(tmp_path / "STR")
 
 
 def _moe_pair(tmp: Path, family: str, **kw):
@@ -283,4 +293,15 @@ def test_layer_check_refuses_a_residual_that_moves_ones(tmp_path, monkeypatch):
     monkeypatch.setattr(sm.StreamedWhole, "match", moved)
     with pytest.raises(SymalignError, match="differs from O times B's layer"):
         sm.run_stream_model(da, db, tmp_path / "OUT", max_iter=1, progress=False)
+    assert _nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("family", ["vit", "modernbert"])
+def test_encoders_refused_in_one_line(family, tmp_path, capsys, monkeypatch):
+    for seed, name in ((0, "A"), (1, "B")):
+        make_model(family, dtype=torch.float32, seed=seed).save_pretrained(tmp_path / name)
+    code, out, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",
+                                  tmp_path / "OUT", "--stream", "--scope", "model")
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and "encoder" in lines[0] and "--no-stream" in lines[0], err
     assert _nothing_written(tmp_path)

@@ -148,9 +148,14 @@ def test_streamed_model_scope_merge_missing_shard_writes_nothing(tmp_path, capsy
 
 
 def test_streamed_model_scope_merge_refuses_other_families(tmp_path, capsys, monkeypatch):
-    """--stream --scope model cannot write GPT-2's tied head untied (its rewrite unties it): refused with one line
+    """A bare GPT-2 (no head reads the stream, no residual space): --stream --scope model is refused with one line
     before anything is written."""
-    _, _, da, db = _pair(tmp_path, family="gpt2")
+    from hf_tiny import T, config
+
+    da, db = tmp_path / "A", tmp_path / "B"
+    for seed, d in ((0, da), (1, db)):
+        torch.manual_seed(seed)
+        T.GPT2Model(config("gpt2")).save_pretrained(d)
     code, out, err = _merge(monkeypatch, capsys, da, db, "--stream", "--scope", "model", "-o", tmp_path / "OUT")
     lines = [x for x in err.strip().splitlines() if x.strip()]
     assert code == 2 and len(lines) == 1 and "--no-stream" in lines[0], err

@@ -24,9 +24,8 @@ def weights_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.glob("*.safetensors"))
 
 
-def streamable(a_dir: Path, scope: str, merge: bool = False) -> str | None:
-    """``None`` if the streamed engine covers this checkpoint and scope, else why not (``merge``: for the
-    streamed merge, :func:`symalign.stream.model.refusal`)."""
+def streamable(a_dir: Path, scope: str) -> str | None:
+    """``None`` if the streamed engine covers this checkpoint and scope, else why not."""
     from symalign.checkpoint.config import load_config
     from symalign.families import get_adapter
 
@@ -39,7 +38,7 @@ def streamable(a_dir: Path, scope: str, merge: bool = False) -> str | None:
     from symalign.checkpoint.lazy import open_checkpoint
     from symalign.stream.model import refusal
 
-    return refusal(open_checkpoint(a_dir), merge)  # the family's rewrite on the tensor headers only
+    return refusal(open_checkpoint(a_dir))  # the family's rewrite on the tensor headers only
 
 
 def should_stream(a_dir: Path, b_dir: Path, scope: str, stream: bool | None) -> bool:

@@ -72,11 +72,13 @@ def row_chunks(shape: tuple[int, ...], limit: int = CHUNK_ELEMENTS) -> list[tupl
 
 
 def average_into(out_path: Path, inputs: Sequence[Any], weights: Sequence[float],
-                 marker: dict[str, Any], progress: bool = True, layout: LazyCheckpoint | None = None
+                 marker: dict[str, Any], progress: bool = True, layout: LazyCheckpoint | None = None,
+                 extra: dict[str, Any] | None = None, config_edits: dict[str, Any] | None = None
                  ) -> tuple[Path, int]:
     """Write ``sum_k w_k inputs[k]`` laid out like ``inputs[0]`` (or ``layout``, the checkpoint ``inputs[0]``
     reads through, e.g. :class:`~symalign.stream.model.FoldedCheckpoint`) into a staged folder; returns it and
-    the bytes written. Float tensors: row blocks of at most :data:`CHUNK_ELEMENTS` values, summed in
+    the bytes written. ``extra``: tensors ``inputs[0]`` has beyond ``layout`` (name -> dtype, shape: an untied
+    head, :class:`~symalign.checkpoint.shards.ShardWriter`); ``config_edits``: merged into OUT's config. Float tensors: row blocks of at most :data:`CHUNK_ELEMENTS` values, summed in
     :func:`~symalign.checkpoint.average.accumulate_dtype` (float32 for bfloat16/float16, float64
     otherwise) and rounded to ``inputs[0]``'s dtype; others copied from ``layout``.
 
@@ -85,7 +87,7 @@ def average_into(out_path: Path, inputs: Sequence[Any], weights: Sequence[float]
     :class:`ShardWriter` goes through that thread. An input with NaN/Inf is found from the
     average (a non-finite input makes it non-finite), then named."""
     like = inputs[0]
-    writer = ShardWriter(out_path, layout or like)
+    writer = ShardWriter(out_path, layout or like, extra=extra)
     total = sum(ck.nbytes for ck in inputs)
     pending: deque[Future] = deque()
     floats = [t for t in like.tensors.values() if t.dtype.is_floating_point and t.numel]
@@ -130,7 +132,7 @@ def average_into(out_path: Path, inputs: Sequence[Any], weights: Sequence[float]
             while pending:
                 pending.popleft().result()
             bar.update(total, "done")
-        tmp = writer.stage(marker=marker)
+        tmp = writer.stage(config_edits, marker=marker)
     except BaseException:
         for f in pending:
             f.cancel()
@@ -188,7 +190,7 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
     if scope not in ("attention", "model"):
         raise ConfigError(f"merge --stream aligns with --scope attention or model, not {scope!r}")
     if folded:
-        why = streamable(Path(dirs[0]), "model", merge=True)
+        why = streamable(Path(dirs[0]), "model")
         if why is not None:
             raise ConfigError(why)
     bound_heap()
@@ -220,7 +222,8 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
         tmp, written = average_into(out_path, inputs, weights, marker={
             "command": "merge", "scope": scope if align else "none", "folded": folded, "streamed": True,
             "weights": list(weights), "inputs": [str(Path(d).resolve()) for d in dirs]}, progress=progress,
-            layout=first)
+            layout=first, extra=reference.extra if folded else None,
+            config_edits={"tie_word_embeddings": False} if folded and reference.extra else None)
         t_avg = time.perf_counter() - ta
         read = sum(ck.bytes_read for ck in inputs)
     finally:

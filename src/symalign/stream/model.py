@@ -59,6 +59,7 @@ from symalign.stream.layercheck import LayerChecker, layer_prefix, sparse_layer
 from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
 from symalign.tolerance import dtype_name
+from symalign.checkpoint.layout import TensorInfo
 from symalign.checkpoint.lazy import LazyCheckpoint
 from symalign.checkpoint.shards import ShardWriter
 
@@ -173,11 +174,18 @@ class FoldedCheckpoint:
     """
 
     def __init__(self, ck: LazyCheckpoint):
-        self.ck, self.path, self.tensors = ck, ck.path, ck.tensors
-        why = refusal(ck, merge=True)
+        self.ck, self.path = ck, ck.path
+        why = refusal(ck)
         if why is not None:
             raise ConfigError(why)
         self.prep = Preparer(ck, ck.adapter.spec(ck.config, ck.keys))
+        # an untied head (a LayerNorm stream with a tied head): read from the same rows of the embedding,
+        # written after B's last shard's tensors (ShardWriter's ``extra``)
+        self.extra = added_tensors(ck, self.prep)
+        self.source = {k: copied_from(ck, self.prep, k) for k in self.extra}
+        last = sorted(ck.shards, key=lambda sh: sh.path.name)[-1]
+        self.tensors = {**ck.tensors, **{k: TensorInfo(k, last.path, dt, shape, last.size, last.size)
+                                         for k, (dt, shape) in self.extra.items()}}
         floats = [n for n, t in ck.tensors.items() if t.dtype.is_floating_point and t.numel]
         small = ck.read([n for n in floats if len(ck.tensors[n].shape) <= 1])  # gains, biases: O(L D) values
         self._big = [n for n in floats if n not in small]
@@ -223,7 +231,10 @@ class FoldedCheckpoint:
 
     def read_rows(self, name: str, start: int, stop: int, dtype: torch.dtype | None = None) -> Tensor:
         """Rows ``start:stop`` of the folded tensor ``name`` (in ``dtype`` if given)."""
-        if name in self._small:
+        if name in self.extra:  # the untied head: the folded rows of the embedding it copies
+            t = self.prep.with_one(self._fixed, self.source[name], self.ck.read_rows(self.source[name], start, stop),
+                                   start)[name]
+        elif name in self._small:
             t = self._small[name][start:stop]
         elif name not in self._fixed and name not in self._big:  # not a float tensor: untouched by the rewrite
             t = self.ck.read_rows(name, start, stop)
@@ -586,19 +597,17 @@ def residual_space(spec: SymmetrySpec) -> str:
     return res[0]
 
 
-def refusal(ck: LazyCheckpoint, merge: bool = False) -> str | None:
-    """Why streamed ``--scope model`` cannot be exact on ``ck`` (one line naming the fix), or ``None``.
+def refusal(ck: LazyCheckpoint) -> str | None:
+    """Why streamed ``--scope model`` cannot be exact on ``ck`` (one line naming the fix), or ``None``:
+    an encoder (its embeddings, positions and norms on the stream are laid out otherwise; not streamed) or a
+    checkpoint without one residual space (no language-model head), decided from the tensor headers and the
+    config (the family's rewrite run on placeholders)."""
+    from symalign.families.encoder import EncoderFamily
 
-    Decided from the tensor headers and the config (the family's rewrite run on placeholders):
-    a checkpoint without one residual space (no language-model head) is refused; for the streamed
-    merge (``merge``), which averages in the first checkpoint's layout, also a rewrite that unties the
-    head (a LayerNorm stream with a tied head: ``align`` writes the head into B's last shard)."""
-    mt = ck.config.model_type
+    if isinstance(ck.adapter, EncoderFamily):
+        return (f"{ck.path}: streamed --scope model covers decoder families; {ck.adapter.family} is an encoder, "
+                "aligned in memory: use --no-stream")
     prep = Preparer(ck, ck.adapter.spec(ck.config, ck.keys))
-    if prep.untied and merge:
-        return (f"{ck.path}: --scope model unties this {mt!r} head from the embedding (tied head, LayerNorm "
-                "stream: the final norm folds into the head only), which the streamed merge does not write; "
-                "use --no-stream")
     if not [s for s in prep.spec.spaces if prep.spec.role(s) == "residual"]:
         why = prep.notes[0] if prep.notes else "no residual space"
         return f"{ck.path}: {why}; streamed --scope model aligns a residual stream, use --no-stream"
@@ -609,14 +618,22 @@ def refusal(ck: LazyCheckpoint, merge: bool = False) -> str | None:
     return None
 
 
-def added_tensors(w: StreamedWhole) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-    """The tensors B's rewrite adds (the untied head) with the dtype of the tensor they copy (the embedding:
-    B's global of that shape), as the in-memory rewrite stores them."""
-    out = {}
-    for name, shape in w.prep_b.extra.items():
-        src = [n for n in w.globals if w.b.tensors[n].shape == shape and w.b.tensors[n].dtype.is_floating_point]
-        out[name] = (w.b.tensors[src[0]].dtype if src else w.b.dtype, shape)
-    return out
+def copied_from(ck: LazyCheckpoint, prep: Preparer, name: str) -> str:
+    """The tensor an added tensor copies: for an untied head, the embedding (of its shape, written into the
+    stream: the residual acts covariantly on its columns)."""
+    shape = prep.extra[name]
+    for n, info in ck.tensors.items():
+        acts = prep.spec.tensors.get(n, [])
+        if info.shape == shape and any(prep.spec.role(a.space) == "residual" and a.axis % len(shape) == 1
+                                       and a.variance == "co" for a in acts):
+            return n
+    raise ConfigError(f"internal error: no tensor of {ck.path} is the source of {name!r}; use --no-stream")
+
+
+def added_tensors(ck: LazyCheckpoint, prep: Preparer) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    """The tensors ``ck``'s rewrite adds (the untied head) with the dtype of the tensor they copy
+    (:func:`copied_from`), as the in-memory rewrite stores them."""
+    return {name: (ck.tensors[copied_from(ck, prep, name)].dtype, shape) for name, shape in prep.extra.items()}
 
 
 def stream_inputs(checker: LayerChecker, w: StreamedWhole) -> dict[str, Tensor]:
@@ -681,7 +698,7 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
     rot = blocks.matrix(w.O)
     checks = []
     b.bytes_read = 0
-    writer = ShardWriter(out_path, b, extra=added_tensors(w))
+    writer = ShardWriter(out_path, b, extra=added_tensors(b, w.prep_b))
     try:
         with progress_bar(b.nbytes, "align (model, streamed) writing", progress) as bar:
             for i in range(w.L):
