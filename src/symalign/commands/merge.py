@@ -77,7 +77,7 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
         from symalign.stream.merge import run_stream_merge
 
         res = run_stream_merge(dirs, out, w, scope=scope, stage2=stage2, align=align, force=force, progress=progress,
-                               max_sweeps=max_sweeps)
+                               max_sweeps=max_sweeps, experts=experts or "exact")
         if eval_data is not None:  # one model resident at a time
             evalset = build_eval(dirs[0], load_hf_model(dirs[0]), eval_data, eval_opts)
             res["eval"] = {"data": eval_data, "objective": evalset.objective, "info": evalset.info, "models": {}}

@@ -177,9 +177,10 @@ def check_loads_lazily(path: Path) -> dict[str, Any]:
 
 def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], scope: str = "attention",
                      stage2: str = "full", align: bool = True, force: bool = False,
-                     progress: bool = True, max_sweeps: int = 20) -> dict[str, Any]:
+                     progress: bool = True, max_sweeps: int = 20, experts: str = "exact") -> dict[str, Any]:
     """Merge ``dirs`` into ``out`` by streaming (module docstring); ``weights`` already normalised;
-    ``max_sweeps``: passes of the streamed model scope at most."""
+    ``max_sweeps``: passes of the streamed model scope at most; ``experts``: how its mixture-of-experts
+    blocks are solved (:func:`symalign.match.experts.match_experts`)."""
     from symalign import hf_io
     from symalign.stream.attention import run_stream_attention
     from symalign.stream.auto import streamable
@@ -209,7 +210,7 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
                 ta = time.perf_counter()
                 if folded:
                     info = run_stream_model(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2,
-                                            progress=progress, max_iter=max_sweeps)
+                                            progress=progress, max_iter=max_sweeps, experts=experts)
                 else:
                     info = run_stream_attention(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2,
                                                 progress=progress)
