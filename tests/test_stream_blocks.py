@@ -39,7 +39,7 @@ def test_rotated_rows_are_the_rows_of_the_rotated_tensor(res_axis, tiny_blocks):
     x = torch.randn(5, 8) if res_axis == 0 else torch.randn(8, 5)
     rows_axis = 1 - res_axis
     want = torch.movedim(apply_on_axis(x.double(), res_axis, o), rows_axis, 0).reshape(8, 5)
-    got = blocks.rotated_rows(x, res_axis, rows_axis, o)
+    got = blocks.rotated_rows(x, res_axis, rows_axis, o).full()
     assert got.dtype == torch.float64 and got.shape == (8, 5)
     assert torch.allclose(got, want, rtol=0, atol=1e-14)
 
@@ -103,3 +103,46 @@ def test_per_tensor_folding_is_the_whole_layer_fold(tmp_path, monkeypatch):
     model.run_stream_model(tmp_path / "A", tmp_path / "B", tmp_path / "ONE", progress=False, max_iter=2)
     a, b = _state(tmp_path / "REF"), _state(tmp_path / "ONE")
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("res_axis", [0, 1])
+def test_cost_of_rotated_rows_in_blocks(res_axis, tiny_blocks):
+    """``C = X_A X_{O.B}^T + Y_A Y_B^T`` with B's rotated rows formed a block at a time equals the whole formula
+    (every entry one float64 dot product: equal to rounding)."""
+    o = _orth(5, 2)
+    rows_axis = 1 - res_axis
+    xb = torch.randn(5, 13) if res_axis == 0 else torch.randn(13, 5)
+    xa = torch.randn(13, 5, dtype=torch.float32)
+    ya, yb = torch.randn(13, 4, dtype=torch.float64), torch.randn(13, 4, dtype=torch.float64)
+    lazy = blocks.rotated_rows(xb, res_axis, rows_axis, o)
+    assert lazy.shape == (13, 5)
+    c = blocks.cost_into(None, xa, lazy)
+    c = blocks.cost_into(c, ya, yb)
+    rot = torch.movedim(apply_on_axis(xb.double(), res_axis, o), rows_axis, 0).reshape(13, 5)
+    want = xa.double() @ rot.T + ya @ yb.T
+    assert torch.allclose(c, want, rtol=0, atol=1e-13)
+    empty = torch.full((13, 13), float("nan"), dtype=torch.float64)  # a fresh C ignores what it held
+    assert torch.allclose(blocks.cost_into(None, ya, yb), ya @ yb.T, rtol=0, atol=1e-13)
+    assert not torch.isnan(empty.addmm_(ya, yb.T, beta=0.0)).any()
+
+
+def test_rotated_rows_of_other_layouts():
+    """A tensor whose residual axis is also its rows axis (or not a matrix) is rotated once, then sliced."""
+    o = _orth(4, 3)
+    x = torch.randn(4, 4, 3, dtype=torch.float64)
+    lazy = blocks.rotated_rows(x, 0, 1, o)
+    want = torch.movedim(apply_on_axis(x, 0, o), 1, 0).reshape(4, -1)
+    assert torch.allclose(lazy.full(), want, rtol=0, atol=1e-14)
+    assert torch.allclose(lazy.rows(1, 3), want[1:3], rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("res_axis", [0, 1])
+def test_rotated_rows_of_a_permutation_gather(res_axis, tiny_blocks):
+    """A permuted stream (``S_D``: the element is an index vector) gives the rows of the permuted tensor."""
+    perm = torch.tensor([2, 0, 4, 1, 3])
+    x = torch.randn(5, 7) if res_axis == 0 else torch.randn(7, 5)
+    lazy = blocks.rotated_rows(x, res_axis, 1 - res_axis, perm)
+    want = torch.movedim(apply_on_axis(x.double(), res_axis, blocks.matrix(perm)), 1 - res_axis, 0).reshape(7, 5)
+    assert torch.equal(lazy.full(), want)
+    xa = torch.randn(7, 5, dtype=torch.float64)
+    assert torch.allclose(blocks.cost_into(None, xa, lazy), xa @ want.T, rtol=0, atol=1e-13)

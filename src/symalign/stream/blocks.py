@@ -7,21 +7,17 @@ quantities with temporaries of at most :data:`BLOCK_ELEMENTS` float64 values (32
 besides their result:
 
 * :func:`sq` / :func:`sq_diff`: ``||x||^2``, ``||x - y||^2`` (float64 sums of row blocks);
-* :func:`rotate`: ``x`` with the residual element ``O`` on ``axis``
+* :func:`rotate`: ``x`` with the residual rotation ``O`` on ``axis``
   (``x'[.., i, ..] = sum_j O[i, j] x[.., j, ..]``, :func:`symalign.groups.apply_on_axis`'s
   convention), the product in float64, stored in ``x``'s dtype;
 * :func:`rotated_rows`: the float64 rows ``X_{O.B}`` (``rows`` axis first) of the rotated
-  tensor, without forming the rotated tensor;
-* :func:`cost_into`: ``C += X_A X_B^T`` (``d_ff x d_ff``), A's rows a block at a time;
-* :func:`cross_gram_into`: ``M += X_A X_B^T`` (``D x D``) over column blocks;
+  tensor, formed a block at a time as they are used (:class:`RotatedRows`), never as a whole;
+* :func:`cost_into`: ``C += X_A X_B^T`` (``d_ff x d_ff``), a block of A's and of B's rows at a time,
+  accumulated in place (``addmm_``);
+* :func:`cross_gram_into`: ``M += X_A X_B^T`` (``D x D``) over column blocks, in place;
 * :func:`inner`: ``<T_O, M>``, the residual element's matrix against a cross-Gram;
 * :func:`assign_max_inplace`: the linear assignment maximising ``sum_i C[i, perm[i]]``,
   solved on ``-C`` formed in place (``scipy``'s ``maximize=True`` would copy ``C``).
-
-The residual element ``O`` is a ``D x D`` matrix (``O(D)``, ``O_1(D)``) or, for a permuted
-stream (``S_D``), the index vector ``perm`` of :class:`~symalign.groups.Permutation`
-(``(T x)_i = x_{perm[i]}``: a gather, no product; ``T^{-T} = T``, so co- and contravariant
-axes coincide as for ``O``).
 
 Each element of a result is the same sum of the same float64 products as the
 whole-tensor formula; only the order in which BLAS adds them may differ, so results
@@ -104,50 +100,80 @@ def rotate(x: Tensor, axis: int, o: Tensor) -> Tensor:
     return out
 
 
-def rotated_rows(x: Tensor, res_axis: int, rows_axis: int, o: Tensor) -> Tensor:
-    """Float64 ``(n_rows, D)``: row ``r`` is the ``rows_axis`` slice ``r`` of ``O`` on ``res_axis`` of ``x``
-    (a matrix whose two axes are ``res_axis`` and ``rows_axis``)."""
-    if is_permutation(o):
-        return as_rows(x.index_select(res_axis % x.dim(), o), rows_axis).to(torch.float64)
-    if x.dim() != 2 or o.dim() != 2 or res_axis % 2 == rows_axis % 2:
-        from symalign.groups import apply_on_axis
+class RotatedRows:
+    """The float64 rows ``X_{O.B}`` (``(n_rows, D)``, ``rows`` axis first) of ``O`` on ``res_axis`` of ``x``,
+    formed a block of rows at a time when asked (:meth:`rows`), never as a whole for a matrix whose two axes are
+    ``res_axis`` and ``rows_axis`` (other layouts are rotated once, by :func:`symalign.groups.apply_on_axis`).
 
-        return as_rows(apply_on_axis(x, res_axis, o), rows_axis).to(torch.float64)
-    xv = x if rows_axis % 2 == 0 else x.T
-    out = torch.empty(xv.shape, dtype=torch.float64)
-    ot = o.to(torch.float64).T
-    s = _step(xv.shape[1])
-    for i in range(0, xv.shape[0], s):
-        torch.matmul(xv[i:i + s].to(torch.float64), ot, out=out[i:i + s])
-    return out
+    Row ``r`` is ``O x_r`` with ``x_r`` the ``rows_axis`` slice ``r``: for ``rows_axis = 0`` the block
+    ``x[r0:r1] O^T``; for ``rows_axis = 1`` the block ``x[:, r0:r1]^T O^T``. A permutation ``o`` (an index
+    vector, :func:`is_permutation`) gathers instead of multiplying."""
 
-
-def cost_into(c: Tensor | None, xa: Tensor, xb64: Tensor) -> Tensor:
-    """``C + X_A X_B^T`` (``C`` ``None``: a new float64 matrix), ``X_A`` (any float dtype, rows first)
-    converted a block of rows at a time; ``C`` is updated in place."""
-    n = xa.shape[0]
-    if c is None:
-        c = torch.empty(n, xb64.shape[0], dtype=torch.float64)
-        fresh = True
-    else:
-        fresh = False
-    s = _step(xa.shape[1])
-    for i in range(0, n, s):
-        p = xa[i:i + s].to(torch.float64) @ xb64.T
-        if fresh:
-            c[i:i + s] = p
+    def __init__(self, x: Tensor, res_axis: int, rows_axis: int, o: Tensor):
+        self._full: Tensor | None = None
+        self._perm = o if is_permutation(o) else None
+        if x.dim() != 2 or res_axis % 2 == rows_axis % 2:
+            self._full = as_rows(rotate(x, res_axis, o), rows_axis).to(torch.float64)
+            self._xv = self._full
         else:
-            c[i:i + s] += p
+            self._xv = x if rows_axis % 2 == 0 else x.T
+            self._ot = None if self._perm is not None else o.to(torch.float64).T
+        self.shape = tuple(self._xv.shape)
+
+    def rows(self, start: int, stop: int) -> Tensor:
+        """Float64 rows ``start:stop`` (a new tensor, or a view of the rotated tensor for other layouts)."""
+        if self._full is not None:
+            return self._full[start:stop]
+        if self._perm is not None:  # row r of T x: the columns gathered (T[i, perm[i]] = 1)
+            return self._xv[start:stop].index_select(1, self._perm).to(torch.float64)
+        return self._xv[start:stop].to(torch.float64) @ self._ot
+
+    def full(self) -> Tensor:
+        """All rows, float64 (``n_rows x D``), formed a block at a time."""
+        out = torch.empty(self.shape, dtype=torch.float64)
+        s = _step(self.shape[1])
+        for i in range(0, self.shape[0], s):
+            out[i:i + s] = self.rows(i, i + s)
+        return out
+
+
+def rotated_rows(x: Tensor, res_axis: int, rows_axis: int, o: Tensor) -> RotatedRows:
+    """:class:`RotatedRows` of ``x`` (lazy: pass it to :func:`cost_into`; ``.full()`` forms every row)."""
+    return RotatedRows(x, res_axis, rows_axis, o)
+
+
+def cost_into(c: Tensor | None, xa: Tensor, xb: Tensor | RotatedRows) -> Tensor:
+    """``C + X_A X_B^T`` (``C`` ``None``: a new float64 ``n_A x n_B`` matrix), updated in place.
+
+    ``X_A`` (any float dtype, rows first) is converted a block of rows at a time; ``X_B`` is a float
+    tensor (rows first) or :class:`RotatedRows`, whose float64 rows are formed a block of
+    ``2 x`` :data:`BLOCK_ELEMENTS` values at a time. Each block product is accumulated straight into
+    its block of ``C`` (``addmm_``), so the temporaries are two blocks, never a full ``X_B`` or a
+    product the size of a block row of ``C``. Every entry is one float64 dot product over ``X``'s
+    columns, as in the whole-matrix formula."""
+    rows_b = xb if isinstance(xb, RotatedRows) else None
+    n, m = xa.shape[0], xb.shape[0]
+    fresh = c is None
+    if c is None:
+        c = torch.empty(n, m, dtype=torch.float64)
+    sa = _step(xa.shape[1])
+    sb = 2 * _step(xb.shape[1])
+    for j in range(0, m, sb):
+        yb = rows_b.rows(j, j + sb) if rows_b is not None else xb[j:j + sb].to(torch.float64)
+        for i in range(0, n, sa):
+            c[i:i + sa, j:j + sb].addmm_(xa[i:i + sa].to(torch.float64), yb.T, beta=0.0 if fresh else 1.0)
+        del yb
     return c
 
 
 def cross_gram_into(m: Tensor, xa: Tensor, xb: Tensor) -> None:
     """``M += X_A X_B^T`` (``D x D``, float64, in place) with ``X`` ``(D, k)`` of any float dtype, over
-    blocks of columns (converted to float64 a block at a time)."""
+    blocks of columns (converted to float64 a block at a time, accumulated by ``addmm_``: no ``D x D``
+    temporary)."""
     k = xa.shape[1]
     s = _step(xa.shape[0])
     for j in range(0, k, s):
-        m += xa[:, j:j + s].to(torch.float64) @ xb[:, j:j + s].to(torch.float64).T
+        m.addmm_(xa[:, j:j + s].to(torch.float64), xb[:, j:j + s].to(torch.float64).T)
 
 
 def assign_max_inplace(c: Tensor) -> Tensor:
