@@ -88,6 +88,17 @@ def _function_change(b_dir: Path, out: Path, dtype) -> float:
 
 
 @pytest.mark.parametrize("family,kw,group", DENSE, ids=IDS)
+
+def _merge_both(monkeypatch, capsys, tmp_path, da, db) -> dict:
+    """``merge --scope model`` of ``da, db`` (weights 0.4, 0.6) in memory to ``MEM`` and streamed to ``STR``; the
+    streamed run's JSON."""
+    args = [da, db, "--scope", "model", "--weights", "0.4,0.6", "--max-sweeps", "2", "--json"]
+    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "MEM", "--no-stream")
+    assert code == 0, err
+    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "STR", "--stream")
+    assert code == 0, err
+    return json.loads(out)
+
 def test_streamed_model_scope_equals_in_memory_float64(family, kw, group, tmp_path):
     """float64 checkpoints, sharded: the streamed passes are match_whole's sweeps (the same distance after each,
     to float64 rounding), the written tensors equal the in-memory ones to 1e-10 of the largest weight, every
@@ -168,12 +179,7 @@ def test_streamed_model_scope_merge_equals_in_memory(family, kw, tmp_path, capsy
     chunks = smerge.row_chunks
     monkeypatch.setattr(smerge, "row_chunks", lambda shape: chunks(shape, 100))  # the folded A in row chunks
     da, db = _pair(tmp_path, family, **kw)
-    args = [da, db, "--scope", "model", "--weights", "0.4,0.6", "--max-sweeps", "2", "--json"]
-    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "MEM", "--no-stream")
-    assert code == 0, err
-    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "STR", "--stream")
-    assert code == 0, err
-    info = json.loads(out)
+    info = _merge_both(monkeypatch, capsys, tmp_path, da, db)
     assert info["scope"] == "model" and info["aligned"][0]["check"]["passed"]
     assert _worst(_state(tmp_path / "STR"), _state(tmp_path / "MEM")) <= 1e-10
     load_hf_model(tmp_path / "STR")
@@ -264,12 +270,7 @@ def test_mixture_of_experts_merge_equals_in_memory(family, kw, tmp_path, capsys,
     from symalign.hf_lmc import load_hf_model
 
     da, db = _moe_pair(tmp_path, family, **kw)
-    args = [da, db, "--scope", "model", "--weights", "0.4,0.6", "--max-sweeps", "2", "--json"]
-    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "MEM", "--no-stream")
-    assert code == 0, err
-    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "STR", "--stream")
-    assert code == 0, err
-    assert json.loads(out)["aligned"][0]["check"]["passed"]
+    assert _merge_both(monkeypatch, capsys, tmp_path, da, db)["aligned"][0]["check"]["passed"]
     assert set(_state(tmp_path / "STR")) == set(_state(da))
     assert _worst(_state(tmp_path / "STR"), _state(tmp_path / "MEM")) <= 1e-10
     load_hf_model(tmp_path / "STR")
