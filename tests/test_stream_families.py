@@ -87,8 +87,6 @@ def _function_change(b_dir: Path, out: Path, dtype) -> float:
     return float((y1 - y0).norm() / y0.norm())
 
 
-@pytest.mark.parametrize("family,kw,group", DENSE, ids=IDS)
-
 def _merge_both(monkeypatch, capsys, tmp_path, da, db) -> dict:
     """``merge --scope model`` of ``da, db`` (weights 0.4, 0.6) in memory to ``MEM`` and streamed to ``STR``; the
     streamed run's JSON."""
@@ -99,6 +97,8 @@ def _merge_both(monkeypatch, capsys, tmp_path, da, db) -> dict:
     assert code == 0, err
     return json.loads(out)
 
+
+@pytest.mark.parametrize("family,kw,group", DENSE, ids=IDS)
 def test_streamed_model_scope_equals_in_memory_float64(family, kw, group, tmp_path):
     """float64 checkpoints, sharded: the streamed passes are match_whole's sweeps (the same distance after each,
     to float64 rounding), the written tensors equal the in-memory ones to 1e-10 of the largest weight, every
