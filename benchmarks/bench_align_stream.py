@@ -230,13 +230,13 @@ def summarise(r: dict, floor_s: float, read_bytes_floor: int) -> dict:
         return {"error": "killed at the time limit" if r.get("timed_out") else
                 (r["err"].strip().splitlines()[-1:] if r["err"] else "failed"),
                 "wall_s": round(r["wall_s"], 1), "cpu_s": r.get("cpu_s"),
-                "peak_rss_gb_so_far": round(r["peak_rss"] / 2**30, 3),
+                "peak_rss_gib_so_far": round(r["peak_rss"] / 2**30, 3),
                 "progress_lines": layer_times(r.get("lines", [])), "load_average_after": r.get("load_average_after")}
     info = json.loads(r["out"])
     st = info["stream"]
     grams = st.get("time_grams_s", 0.0)  # stage-1 products (+ its tiny assignment), stage-2 Grams, FF and residual
     v = info["check"]
-    return {"wall_s": round(r["wall_s"], 1), "cpu_s": r.get("cpu_s"), "peak_rss_gb": round(r["peak_rss"] / 2**30, 3),
+    return {"wall_s": round(r["wall_s"], 1), "cpu_s": r.get("cpu_s"), "peak_rss_gib": round(r["peak_rss"] / 2**30, 3),
             "passes": st["passes"], "bytes_read_gb": round(st["bytes_read"] / 2**30, 2),
             "read_bandwidth_gb_s": round(st["bytes_read"] / 2**30 / r["wall_s"], 3),
             "grams_s": round(grams, 1), "floor_s": round(floor_s + grams, 1),
@@ -247,7 +247,7 @@ def summarise(r: dict, floor_s: float, read_bytes_floor: int) -> dict:
                       "stored_max": v["rel"], "dtype": v["dtype"],
                       "tolerance": v["tolerance"], "exact_tolerance": (v["exact"] or {}).get("tolerance")},
             "converged": info.get("converged"), "timings": info.get("timings"),
-            "self_reported_peak_rss_gb": round(st.get("peak_rss_bytes", 0) / 2**30, 3),
+            "self_reported_peak_rss_gib": round(st.get("peak_rss_bytes", 0) / 2**30, 3),
             "matcher_totals": info.get("match", {}).get("totals"),
             "per_layer_time_s": [round(x.get("time_s", 0.0), 2) for x in info.get("match", {}).get("layers", [])
                                  if isinstance(x, dict)][:64],
@@ -292,8 +292,9 @@ def main() -> None:
     ap.add_argument("--limit-s", action="append", default=[], metavar="STEP=SECONDS",
                     help="Kill a step (attention, merge, model) after this long and record its per-layer progress "
                          "lines instead (repeatable).")
-    ap.add_argument("--deadline-utc", default=None, metavar="HH:MM", help="End every step by this time (today, "
-                    "UTC): a step's limit is also the time left, less a 3-minute margin for the clean-up.")
+    ap.add_argument("--deadline-utc", default=None, metavar="HH:MM", help="End every step by this time (UTC; "
+                    "the next time it comes: today, or tomorrow when already past): a step's limit is also the "
+                    "time left, less a 3-minute margin for the clean-up.")
     ap.add_argument("--json", default=None, help="Also write the results to this JSON file (after every step).")
     args = ap.parse_args()
     limits = {k: float(v) for k, v in (x.split("=") for x in args.limit_s)}
@@ -303,7 +304,10 @@ def main() -> None:
 
         now = dt.datetime.now(dt.timezone.utc)
         hh, mm = (int(x) for x in args.deadline_utc.split(":"))
-        deadline = time.time() + (now.replace(hour=hh, minute=mm, second=0) - now).total_seconds() - 180
+        end = now.replace(hour=hh, minute=mm, second=0, microsecond=0)
+        if end <= now:  # a time already past today is tomorrow's (a run across midnight)
+            end += dt.timedelta(days=1)
+        deadline = time.time() + (end - now).total_seconds() - 180
 
     def limit(step: str) -> float | None:
         left = None if deadline is None else max(1.0, deadline - time.time())
