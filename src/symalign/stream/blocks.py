@@ -14,7 +14,8 @@ besides their result:
   tensor, formed a block at a time as they are used (:class:`RotatedRows`), never as a whole;
 * :func:`cost_into`: ``C += X_A X_B^T`` (``d_ff x d_ff``), a block of A's and of B's rows at a time,
   accumulated in place (``addmm_``);
-* :func:`cross_gram_into`: ``M += X_A X_B^T`` (``D x D``) over column blocks, in place;
+* :func:`cross_gram_into`: ``M += X_A X_B^T`` (``D x D``) over column blocks, in place
+  (:func:`cross_gram_axis_into`: of the rows of an axis of a tensor, a stacked one slice by slice);
 * :func:`inner`: ``<T_O, M>``, the residual element's matrix against a cross-Gram;
 * :func:`assign_max_inplace`: the linear assignment maximising ``sum_i C[i, perm[i]]``,
   solved on ``-C`` formed in place (``scipy``'s ``maximize=True`` would copy ``C``).
@@ -174,6 +175,18 @@ def cross_gram_into(m: Tensor, xa: Tensor, xb: Tensor) -> None:
     s = _step(xa.shape[0])
     for j in range(0, k, s):
         m.addmm_(xa[:, j:j + s].to(torch.float64), xb[:, j:j + s].to(torch.float64).T)
+
+
+def cross_gram_axis_into(m: Tensor, xa: Tensor, xb: Tensor, axis: int) -> None:
+    """``M += X_A X_B^T`` with ``X`` the rows of ``axis`` of each tensor (:func:`as_rows`), by
+    :func:`cross_gram_into`; a stacked tensor (three or more axes, ``axis`` not the first: a mixture of
+    experts' ``(E, 2F, D)``) one slice of its first axis at a time, whose rows are a view (no copy of the
+    tensor with ``axis`` moved first)."""
+    if xa.dim() >= 3 and axis % xa.dim() != 0:
+        for e in range(xa.shape[0]):
+            cross_gram_axis_into(m, xa[e], xb[e], axis % xa.dim() - 1)
+        return
+    cross_gram_into(m, as_rows(xa, axis), as_rows(xb, axis))
 
 
 def assign_max_inplace(c: Tensor) -> Tensor:
