@@ -55,6 +55,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "src"))  # this checkout's symalign (provenance, shapes), as the commands run it
 
 POOL = 1 << 24  # random values per model; each tensor is a slice of it at a random offset
 GIB = 2**30

@@ -55,8 +55,9 @@ def test_streamed_model_scope_folds_one_expert_at_a_time(command, tmp_path, monk
 
 
 def test_match_experts_forms_one_expert_in_float64_at_a_time(monkeypatch):
-    """On a float32 layer, no float64 tensor the matcher forms is larger than one expert's features (the old
-    ``(E, F, K)`` features of a side were ``E`` times that), and the result is the one on float64 copies."""
+    """On a float32 layer, no float64 tensor the matcher forms (converted, allocated, concatenated or stacked)
+    is larger than one expert's features (the old ``(E, F, K)`` features of a side were ``E`` times that), and
+    the result is the one on float64 copies."""
     E, F, D = 8, 16, 6
     spec, a, units = layer(E, F, D, 0)
     _, b, _ = layer(E, F, D, 3)
@@ -64,15 +65,18 @@ def test_match_experts_forms_one_expert_in_float64_at_a_time(monkeypatch):
     want = match_experts(spec, "experts", units, {k: v.double() for k, v in a32.items()},
                          {k: v.double() for k, v in b32.items()}, method="all-pairs")
     big: list[int] = []
-    to = torch.Tensor.to
 
-    def spy(self, *args, **kw):
-        r = to(self, *args, **kw)
-        if r.dtype == torch.float64 and self.dtype != torch.float64:
-            big.append(r.numel())
-        return r
+    def spied(real):
+        def spy(*args, **kw):
+            r = real(*args, **kw)
+            if isinstance(r, torch.Tensor) and r.dtype == torch.float64:
+                big.append(r.numel())
+            return r
+        return spy
 
-    monkeypatch.setattr(torch.Tensor, "to", spy)
+    for owner, name in ((torch.Tensor, "to"), (torch.Tensor, "double"), (torch, "empty"), (torch, "cat"),
+                        (torch, "stack")):  # every way a float64 copy of the features could be formed
+        monkeypatch.setattr(owner, name, spied(getattr(owner, name)))
     for method in ("exact", "all-pairs", "paired"):
         got = match_experts(spec, "experts", units, a32, b32, method=method)
         if method != "paired":

@@ -129,8 +129,14 @@ class _Features:
         same expert of one side many times in a row)."""
         if self._last is None or self._last[0] != e:
             self._last = None
-            F = self.shape[1]
-            self._last = (e, torch.cat([y[e].to(torch.float64).reshape(F, -1) for y in self.parts], dim=1))
+            _, F, K = self.shape
+            out = torch.empty(F, K, dtype=torch.float64)
+            k = 0
+            for y in self.parts:  # converted and laid out in one copy per part
+                w = y[0, 0].numel()
+                out[:, k:k + w].copy_(y[e].reshape(F, w))
+                k += w
+            self._last = (e, out)
         return self._last[1]
 
     def row_norms(self) -> Tensor:
