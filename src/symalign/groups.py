@@ -144,11 +144,11 @@ def apply_on_axis(x: Tensor, axis: int, mat: Tensor, repeat: int = 1) -> Tensor:
     ``repeat`` consecutive sub-blocks of size ``d`` (GQA: one K/V transform shared by
     the query heads of its group). The product is formed in float64 and cast back.
 
-    A stacked tensor (three or more axes, ``mat`` dense, ``axis`` not the first: the experts of a mixture of
+    A stacked tensor (three axes, ``mat`` dense, ``axis`` not the first: the experts of a mixture of
     experts, ``(E, 2F, D)``) is multiplied one slice of its first axis at a time into a result allocated once,
     so the float64 temporaries are those of one slice (an expert), not of the whole tensor.
     """
-    if x.dim() >= 3 and mat.dim() == 2 and axis % x.dim() != 0:
+    if x.dim() == 3 and mat.dim() == 2 and axis % x.dim() != 0:
         if mat.shape[0] != x.shape[axis]:
             raise GroupError(f"axis {axis} has {x.shape[axis]} entries but the group acts on {mat.shape[0]}")
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)

@@ -178,15 +178,36 @@ def cross_gram_into(m: Tensor, xa: Tensor, xb: Tensor) -> None:
 
 
 def cross_gram_axis_into(m: Tensor, xa: Tensor, xb: Tensor, axis: int) -> None:
-    """``M += X_A X_B^T`` with ``X`` the rows of ``axis`` of each tensor (:func:`as_rows`), by
-    :func:`cross_gram_into`; a stacked tensor (three or more axes, ``axis`` not the first: a mixture of
-    experts' ``(E, 2F, D)``) one slice of its first axis at a time, whose rows are a view (no copy of the
-    tensor with ``axis`` moved first)."""
-    if xa.dim() >= 3 and axis % xa.dim() != 0:
-        for e in range(xa.shape[0]):
-            cross_gram_axis_into(m, xa[e], xb[e], axis % xa.dim() - 1)
+    """``M += X_A X_B^T`` with ``X`` the rows of ``axis`` of each tensor (:func:`as_rows`), as
+    :func:`cross_gram_into` forms it. A stacked tensor (three or more axes, ``axis`` not the first: a mixture
+    of experts' ``(E, 2F, D)``) is never copied with ``axis`` moved first: its rows are the rows of each
+    slice ``x[e]`` (views) side by side, and each column block is gathered from the slices it falls in, so
+    the blocks, and every float64 product and sum, are those of :func:`cross_gram_into` on the moved copy
+    (the same ``M``, bit for bit)."""
+    if xa.dim() < 3 or axis % xa.dim() == 0:
+        cross_gram_into(m, as_rows(xa, axis), as_rows(xb, axis))
         return
-    cross_gram_into(m, as_rows(xa, axis), as_rows(xb, axis))
+    ra = [as_rows(x, axis % xa.dim() - 1) for x in xa]
+    rb = [as_rows(x, axis % xb.dim() - 1) for x in xb]
+    n, w = ra[0].shape
+    total = len(ra) * w
+    s = _step(n)
+    for j in range(0, total, s):
+        k = min(s, total - j)
+        m.addmm_(_columns(ra, j, k), _columns(rb, j, k).T)
+
+
+def _columns(rows: list[Tensor], j: int, k: int) -> Tensor:
+    """Columns ``j:j + k`` (float64, contiguous) of the matrices ``rows`` (each ``n x w``) side by side."""
+    n, w = rows[0].shape
+    out = torch.empty(n, k, dtype=torch.float64)
+    c = 0
+    while c < k:
+        e, c0 = divmod(j + c, w)
+        take = min(w - c0, k - c)
+        out[:, c:c + take].copy_(rows[e][:, c0:c0 + take])
+        c += take
+    return out
 
 
 def assign_max_inplace(c: Tensor) -> Tensor:
