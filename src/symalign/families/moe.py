@@ -101,30 +101,50 @@ class MoEFamily(Family):
         A checkpoint stores expert ``e`` of a layer as ``{disk_block}.experts.{e}.{gate,up,down}.weight``
         (``(F, D)``, ``(F, D)``, ``(D, F)``); the model holds ``gate_up_proj[e] = [gate; up]`` (``(E, 2F, D)``)
         and ``down_proj[e] = down`` (``(E, D, F)``), and the block under ``mlp``. Written back by
-        :func:`symalign.hf_io.saved_names` (transformers' own reverse conversion).
+        :func:`symalign.hf_io.saved_names` (transformers' own reverse conversion), or one expert at a time
+        by :meth:`unfused`.
         """
         m = self.moe
         mark = "." + m.disk_block + "."
-        pat = re.compile(r"^experts\.(\d+)\.(" + "|".join(map(re.escape, m.disk_ffn)) + r")\.weight$")
         out: dict[str, Tensor] = {}
         experts: dict[str, dict[tuple[int, str], Tensor]] = {}
         for k, v in state.items():
+            key = self.expert_key(k)
+            if key is not None:
+                experts.setdefault(key[0], {})[key[1:]] = v
+                continue
             lp, sep, tail = k.partition(mark)
-            hit = pat.match(tail) if sep else None
-            if hit:
-                experts.setdefault(lp + ".", {})[(int(hit.group(1)), hit.group(2))] = v
-            else:
-                out[lp + ".mlp." + tail if sep else k] = v
+            out[lp + ".mlp." + tail if sep else k] = v
         gate, up, down = m.disk_ffn
         for lp, parts in experts.items():
             n = 1 + max(e for e, _ in parts)
-            missing = [f"{lp}{m.disk_block}.experts.{e}.{w}.weight" for e in range(n) for w in m.disk_ffn
-                       if (e, w) not in parts]
+            missing = [self.expert_name(lp, e, w) for e in range(n) for w in m.disk_ffn if (e, w) not in parts]
             if missing:
                 raise CheckpointError(f"{self.family}: expert tensor {missing[0]!r} is missing")
             out[lp + m.gate_up] = torch.stack([torch.cat([parts[(e, gate)], parts[(e, up)]]) for e in range(n)])
             out[lp + m.down] = torch.stack([parts[(e, down)] for e in range(n)])
         return out
+
+    def expert_key(self, name: str) -> tuple[str, int, str] | None:
+        """``(layer prefix, expert, tensor)`` of a tensor stored one per expert, ``tensor`` one of
+        ``disk_ffn`` (gate, up, down); ``None`` for any other name. The layer prefix ends with ``.``."""
+        m = self.moe
+        lp, sep, tail = name.partition("." + m.disk_block + ".")
+        hit = re.match(r"^experts\.(\d+)\.(" + "|".join(map(re.escape, m.disk_ffn)) + r")\.weight$", tail) \
+            if sep else None
+        return (lp + ".", int(hit.group(1)), hit.group(2)) if hit else None
+
+    def expert_name(self, lp: str, e: int, tensor: str) -> str:
+        """The stored name of expert ``e``'s ``tensor`` (one of ``disk_ffn``) in the layer at prefix ``lp``."""
+        return f"{lp}{self.moe.disk_block}.experts.{e}.{tensor}.weight"
+
+    def unfused(self, lp: str, e: int, gate_up: Tensor, down: Tensor) -> dict[str, Tensor]:
+        """Expert ``e``'s stored tensors (views) from its slices ``gate_up_proj[e]`` (``(2F, D)``) and
+        ``down_proj[e]`` (``(D, F)``) of the layer at ``lp``: the inverse of :meth:`fused` for one expert."""
+        gate, up, down_name = self.moe.disk_ffn
+        f = gate_up.shape[0] // 2
+        return {self.expert_name(lp, e, gate): gate_up[:f], self.expert_name(lp, e, up): gate_up[f:],
+                self.expert_name(lp, e, down_name): down}
 
     def prepare(self, config: Any, state: Mapping[str, Tensor], att: SymmetrySpec,
                 arch: str | None = None) -> Prepared:
