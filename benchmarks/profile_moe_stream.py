@@ -25,12 +25,12 @@ has 1.41G) by lowering that threshold to 0 in the child, so that a layer small e
 in minutes on one thread takes the code path of a big one; ``--work auto`` keeps the library's rule.
 Mixtral-8x7B's shape is ``--hidden 4096 --ff 14336 --experts 8 --heads 32 --kv-heads 8``.
 
-``--top-k`` defaults to all experts: the streamed model scope checks each aligned layer as stored
-(rounded to bfloat16) through the family's own forward, and on random routers the rounding flips
-the top-2 choice of some tokens (a discontinuity of the block, not an error of the transform),
-which the check refuses (measured: ``9.6e-02`` relative on layer 0 with ``--ff 1024 --top-k 2``,
-against a bound of ``6.25e-02``). With every expert active the block is continuous and the check passes;
-the memory held is the same (the experts are all in memory either way).
+``--top-k`` defaults to all experts. (Before the per-layer check routed every expert
+(``MoEFamily.layer_check_config``), the check of a layer as stored -- rounded to bfloat16 -- refused
+random top-2 pairs: the rounding flips the top-2 choice of some tokens, a discontinuity of the block,
+not an error of the transform; measured ``9.6e-02`` relative on layer 0 with ``--ff 1024 --top-k 2``,
+against a bound of ``6.25e-02``. The memory held is the same either way: the experts are all in
+memory.)
 
 The provenance (commit, command, threads, versions, load averages) goes with the results to
 ``--json``. The temporary folder is deleted at the end, also on failure. Usage::
