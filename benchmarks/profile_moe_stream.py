@@ -26,7 +26,7 @@ in minutes on one thread takes the code path of a big one; ``--work auto`` keeps
 Mixtral-8x7B's shape is ``--hidden 4096 --ff 14336 --experts 8 --heads 32 --kv-heads 8``.
 
 ``--top-k`` defaults to all experts. (Before the per-layer check routed every expert
-(``MoEFamily.layer_check_config``), the check of a layer as stored -- rounded to bfloat16 -- refused
+(``MoEFamily.function_check_config``), the check of a layer as stored -- rounded to bfloat16 -- refused
 random top-2 pairs: the rounding flips the top-2 choice of some tokens, a discontinuity of the block,
 not an error of the transform; measured ``9.6e-02`` relative on layer 0 with ``--ff 1024 --top-k 2``,
 against a bound of ``6.25e-02``. The memory held is the same either way: the experts are all in

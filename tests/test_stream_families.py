@@ -255,12 +255,13 @@ def _near_tie_router(model) -> None:
                 w[e, e] = torch.nextafter(w[e, e], torch.tensor(10.0, dtype=w.dtype))
 
 
-def test_mixture_of_experts_bfloat16_check_is_not_refused_by_routing_flips(tmp_path):
+@pytest.mark.parametrize("stream", [True, False])
+def test_mixture_of_experts_bfloat16_check_is_not_refused_by_routing_flips(stream, tmp_path):
     """A bfloat16 Mixtral with top-2 routing whose routers sit on a top-2 boundary: rounding the aligned layer
     to bfloat16 flips which of the tied experts some tokens pick, a jump of the block's output that is not an
-    error of the transform. The per-layer check routes every expert (MoEFamily.layer_check_config), so it
-    passes (before: refused, 'differs from O times B's layer' by 0.18 relative on layer 0 as stored), and OUT
-    keeps B's top-2 routing in its config."""
+    error of the transform. The function checks route every expert (MoEFamily.function_check_config), so they
+    pass (before: refused; streamed, the per-layer check by 0.18 relative on layer 0 as stored; in memory, the
+    whole-model check by 0.39), and OUT keeps B's top-2 routing in its config."""
     from test_family_moe import make as make_moe
 
     from symalign.commands.align import run_align
@@ -271,9 +272,10 @@ def test_mixture_of_experts_bfloat16_check_is_not_refused_by_routing_flips(tmp_p
         if name == "B":
             _near_tie_router(m)
         m.save_pretrained(tmp_path / name, max_shard_size="200KB")
-    s = run_align(tmp_path / "A", tmp_path / "B", tmp_path / "S", scope="model", stream=True, max_iter=1)
+    s = run_align(tmp_path / "A", tmp_path / "B", tmp_path / "S", scope="model", stream=stream, max_iter=1)
     check = s.check.to_dict()
-    assert check["passed"] and check["exact"]["rel"] < 1e-12 and check["rel"] < 6.25e-2, check
+    assert check["passed"] and check["rel"] < 6.25e-2, check
+    assert not stream or check["exact"]["rel"] < 1e-12
     assert json.loads((tmp_path / "S" / "config.json").read_text())["num_experts_per_tok"] == 2  # OUT: B's k
 
 

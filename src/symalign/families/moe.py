@@ -97,7 +97,7 @@ class MoEFamily(Family):
         on top of the float32 RMSNorm: ``~1e-7`` per layer (measured up to ``8e-7`` on 2-layer models)."""
         return 1e-5
 
-    def layer_check_config(self, config: Any) -> Any:
+    def function_check_config(self, config: Any) -> Any:
         """Every expert routed in the per-layer check (``k = E``): the block is then
         ``sum_e w_e D_e h_e(x)`` with ``w = softmax(W_r x)`` (renormalised over all ``E``: the same
         weights), continuous in the weights. With ``k < E``, rounding the aligned layer to a
