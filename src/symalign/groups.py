@@ -143,7 +143,18 @@ def apply_on_axis(x: Tensor, axis: int, mat: Tensor, repeat: int = 1) -> Tensor:
     case the axis has ``nb * repeat * d`` entries and block ``k`` acts on each of its
     ``repeat`` consecutive sub-blocks of size ``d`` (GQA: one K/V transform shared by
     the query heads of its group). The product is formed in float64 and cast back.
+
+    A stacked tensor (three axes, ``mat`` dense, ``axis`` not the first: the experts of a mixture of
+    experts, ``(E, 2F, D)``) is multiplied one slice of its first axis at a time into a result allocated once,
+    so the float64 temporaries are those of one slice (an expert), not of the whole tensor.
     """
+    if x.dim() == 3 and mat.dim() == 2 and axis % x.dim() != 0:
+        if mat.shape[0] != x.shape[axis]:
+            raise GroupError(f"axis {axis} has {x.shape[axis]} entries but the group acts on {mat.shape[0]}")
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        for e in range(x.shape[0]):
+            out[e] = apply_on_axis(x[e], axis % x.dim() - 1, mat, repeat)
+        return out
     dtype = x.dtype
     xd = torch.movedim(x, axis, 0).to(torch.float64)
     shape = xd.shape

@@ -218,6 +218,15 @@ class Adapter(ABC):
                 return cls
         raise UnsupportedArchitectureError(f"transformers has none of the classes {self.auto_classes}")
 
+    def function_check_config(self, config: Any) -> Any:
+        """The config under which the function checks run a model -- the whole-model check
+        (:func:`symalign.arch.check.run_checkpoint`) and the streamed per-layer check
+        (:class:`symalign.stream.layercheck.LayerChecker`) --, changed in place and returned; unchanged by
+        default. A family whose layers are discontinuous in their weights changes it so that the check
+        measures the transform and the rounding, not the discontinuity (mixtures of experts: every expert
+        routed). The written checkpoint keeps its own config."""
+        return config
+
     def dummy_inputs(self, config: Any, batch: int = 2, seq: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
         """A small random batch for a functional check (token ids by default)."""
         g = torch.Generator().manual_seed(seed)

@@ -37,9 +37,12 @@ def _first_output(out: Any) -> Tensor:
 @torch.no_grad()
 def run_checkpoint(adapter: Adapter, config: Any, path: str | os.PathLike, dtype: torch.dtype,
                    seed: int = 0) -> Tensor:
-    """Output of ``path`` (loaded with its model class, eager attention, in ``dtype``) on a random batch."""
+    """Output of ``path`` (loaded with its model class, eager attention, in ``dtype``, under its own config as
+    :meth:`~symalign.arch.base.Adapter.function_check_config` sets it for a check) on a random batch."""
     cls = adapter.model_class(config)
-    model = cls.from_pretrained(str(path), dtype=dtype, attn_implementation="eager", experts_implementation="eager").eval()
+    own = adapter.function_check_config(cls.config_class.from_pretrained(str(path)))
+    model = cls.from_pretrained(str(path), config=own, dtype=dtype, attn_implementation="eager",
+                                experts_implementation="eager").eval()
     inputs = adapter.dummy_inputs(config, seed=seed)
     inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
     y = _first_output(model(**inputs)).to(torch.float64)

@@ -52,9 +52,13 @@ assignments of the chosen pairs. It recovers a planted element but is not the jo
 optimum in general; ``benchmarks/bench_experts.py`` measures how often and by how much
 it differs.
 
-Memory: the ``(E, F, K)`` features of both sides, one ``F x F`` product at a time plus the
+Memory: no copy of the layer. Each expert's ``F[e]`` (``F x K``) is formed in float64 from the
+state (any float dtype) when a product needs it (:class:`_Features`: one expert of each side at a
+time), never the ``(E, F, K)`` features of a side; then one ``F x F`` product at a time plus the
 products kept between a pair's bound and its assignment (at most :data:`CACHE_BYTES`), and
-``CHUNK_BYTES`` of Gram rows.
+``CHUNK_BYTES`` of Gram rows. For a Mixtral-8x7B layer (``F = 14336``, ``K = 3 x 4096``) that is
+two experts' ``F x K`` (1.4 GB each) and a 1.6 GB product, where the float64 features of both
+sides were 22.5 GB.
 """
 
 from __future__ import annotations
@@ -101,17 +105,51 @@ def expert_units(spec: SymmetrySpec) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def _unit_features(spec: SymmetrySpec, unit: str, state: Mapping[str, Tensor]) -> Tensor:
-    """``(E, F, K)``: each expert's unit rows over the tensors ``unit`` acts on."""
-    parts = []
-    for t, a in spec.tensors_of(unit):
-        x = state[t]
-        if a.axis % x.dim() == 0:
-            raise MatchError(f"space {unit!r} acts on axis 0 of {t!r}, the expert axis")
-        y = x if a.segment is None else segment_view(x, a.axis, a.segment)
-        y = torch.movedim(y.to(torch.float64), a.axis % x.dim(), 1)
-        parts.append(y.reshape(y.shape[0], y.shape[1], -1))
-    return torch.cat(parts, dim=2)
+class _Features:
+    """Each expert's unit rows over the tensors a unit space acts on: ``F[e]`` (``F x K``, float64), each
+    tensor's (segment's) unit axis first and the rest flattened, concatenated over the tensors in declaration
+    order -- formed for one expert at a time when asked (:meth:`expert`), from views of the state in its own
+    dtype. The ``(E, F, K)`` float64 array of all experts is never formed: for a Mixtral-8x7B layer it is
+    11 GB a side, where one expert's ``F[e]`` is 1.4 GB."""
+
+    def __init__(self, spec: SymmetrySpec, unit: str, state: Mapping[str, Tensor]):
+        self.parts: list[Tensor] = []  # (E, F, ...) views: the expert axis, then the unit axis
+        for t, a in spec.tensors_of(unit):
+            x = state[t]
+            if a.axis % x.dim() == 0:
+                raise MatchError(f"space {unit!r} acts on axis 0 of {t!r}, the expert axis")
+            y = x if a.segment is None else segment_view(x, a.axis, a.segment)
+            self.parts.append(torch.movedim(y, a.axis % x.dim(), 1))
+        E, F = self.parts[0].shape[:2]
+        self.shape = (int(E), int(F), sum(y[0, 0].numel() for y in self.parts))
+        self._last: tuple[int, Tensor] | None = None
+
+    def expert(self, e: int) -> Tensor:
+        """``F[e]`` (``F x K``, float64, contiguous); the last one asked is kept (loops over pairs ask the
+        same expert of one side many times in a row)."""
+        if self._last is None or self._last[0] != e:
+            self._last = None
+            _, F, K = self.shape
+            out = torch.empty(F, K, dtype=torch.float64)
+            k = 0
+            for y in self.parts:  # converted and laid out in one copy per part
+                w = y[0, 0].numel()
+                out[:, k:k + w].copy_(y[e].reshape(F, w))
+                k += w
+            self._last = (e, out)
+        return self._last[1]
+
+    def row_norms(self) -> Tensor:
+        """``(E, F)``: ``||F[e]_i||``."""
+        return torch.stack([self.expert(e).norm(dim=1) for e in range(self.shape[0])])
+
+    def sq_norms(self) -> Tensor:
+        """``(E,)``: ``||F[e]||_F^2``."""
+        return torch.stack([self.expert(e).square().sum() for e in range(self.shape[0])])
+
+    def means(self) -> Tensor:
+        """``(E, K)``: the mean unit row of each expert."""
+        return torch.stack([self.expert(e).mean(0) for e in range(self.shape[0])])
 
 
 def dual_bound(c: Tensor, rounds: int = DUAL_ROUNDS, chunk_rows: int = 1024) -> Tensor:
@@ -154,7 +192,7 @@ def _block(spec: SymmetrySpec, experts: str, units: tuple[str, ...], state_a, st
     for t in router:
         ra, rb = (st[t].to(torch.float64).reshape(E, -1) for st in (state_a, state_b))
         score += ra @ rb.T
-    feats = [(_unit_features(spec, u, state_a), _unit_features(spec, u, state_b)) for u in units]
+    feats = [(_Features(spec, u, state_a), _Features(spec, u, state_b)) for u in units]
     return score, feats
 
 
@@ -163,20 +201,20 @@ class _Products:
     them (so a unit assignment sees the same numbers), kept between a pair's bound and its assignment while
     they fit in ``budget`` bytes (else formed again: at most one extra product per assigned pair)."""
 
-    def __init__(self, fa: Tensor, fb: Tensor, stats: ExpertStats, budget: int = CACHE_BYTES):
+    def __init__(self, fa: _Features, fb: _Features, stats: ExpertStats, budget: int = CACHE_BYTES):
         self.fa, self.fb, self.stats, self.budget = fa, fb, stats, budget
         self.kept: dict[tuple[int, int], Tensor] = {}
         E, F, K = fa.shape
         eps = torch.finfo(torch.float64).eps
         # |fl(C_ij) - C_ij| <= K eps |x_i| |y_j| (dot products), and the dual's subtractions and sums add
         # O(F eps) relative: margin = 2 (K + F + 4) eps sum_i |x_i| max_j |y_j| covers both.
-        self.margin = 2 * (K + F + 4) * eps * fa.norm(dim=2).sum(1)[:, None] * fb.norm(dim=2).amax(1)[None, :]
+        self.margin = 2 * (K + F + 4) * eps * fa.row_norms().sum(1)[:, None] * fb.row_norms().amax(1)[None, :]
 
     def cross(self, a: int, b: int, keep: bool = False) -> Tensor:
         c = self.kept.pop((a, b), None)
         if c is None:
             t0 = time.perf_counter()
-            c = self.fa[a] @ self.fb[b].T
+            c = self.fa.expert(a) @ self.fb.expert(b).T
             self.stats.products += 1
             self.stats.time_products_s += time.perf_counter() - t0
         if keep and c.numel() * c.element_size() * (len(self.kept) + 1) <= self.budget:
@@ -216,26 +254,37 @@ def _all_pairs(score: Tensor, feats, stats: ExpertStats):
     return assign_max(score), best
 
 
-def _gram_bounds(fa: Tensor, fb: Tensor) -> Tensor:
+def _gram_bounds(fa: _Features, fb: _Features) -> Tensor:
     r"""``(E, E)``: ``sqrt(F) ||F_A[a] F_B[b]^T||_F`` plus a rounding margin, an upper bound on each pair's
     unit-assignment value that needs no ``F x F`` product.
 
     ``v(a, b) = <P, C_ab> <= ||P||_F ||C_ab||_F = sqrt(F) ||C_ab||_F`` (Cauchy-Schwarz, ``P`` a permutation
     matrix), and ``||X Y^T||_F^2 = <X^T X, Y^T Y>``: the ``K x K`` Grams of the unit sets, formed
-    ``chunk`` rows at a time (memory ``O(E chunk K)``; cost ``2 E F K^2 + E^2 K^2``).
+    ``chunk`` rows at a time, each expert's ``F[e]`` formed again for each chunk (memory ``O(E chunk K)``
+    and one expert's ``F x K``; cost ``2 E F K^2 + E^2 K^2``).
     """
     E, F, K = fa.shape
     chunk = max(1, CHUNK_BYTES // (2 * E * K * 8))
     sq = torch.zeros(E, E, dtype=torch.float64)
     for r0 in range(0, K, chunk):
         r = slice(r0, min(K, r0 + chunk))
-        ga = (fa[:, :, r].transpose(1, 2) @ fa).reshape(E, -1)  # rows r of each Gram
-        gb = (fb[:, :, r].transpose(1, 2) @ fb).reshape(E, -1)
+        ga, gb = (_gram_rows(x, r) for x in (fa, fb))  # rows r of each Gram, (E, |r| K)
         sq += ga @ gb.T
+        del ga, gb
     eps = torch.finfo(torch.float64).eps
-    na, nb = fa.square().sum((1, 2)), fb.square().sum((1, 2))  # ||X||_F^2 ||Y||_F^2 >= |<G_X, G_Y>| terms
+    na, nb = fa.sq_norms(), fb.sq_norms()  # ||X||_F^2 ||Y||_F^2 >= |<G_X, G_Y>| terms
     err = 4 * (F + K + 4) * eps * na[:, None] * nb[None, :]
     return F ** 0.5 * (sq.clamp_min(0) + err).sqrt()
+
+
+def _gram_rows(x: _Features, r: slice) -> Tensor:
+    """``(E, |r| K)``: rows ``r`` of each expert's Gram ``F[e]^T F[e]``, flattened."""
+    E, _, K = x.shape
+    out = torch.empty(E, (r.stop - r.start) * K, dtype=torch.float64)
+    for e in range(E):
+        xe = x.expert(e)
+        out[e] = (xe[:, r].T @ xe).reshape(-1)
+    return out
 
 
 def use_gram_screen(E: int, F: int, K: int) -> bool:
@@ -282,7 +331,7 @@ def _paired(score: Tensor, feats, stats: ExpertStats):
     E = score.shape[0]
     low = score.clone()
     for fa, fb in feats:
-        low += fa.shape[1] * (fa.mean(1).reshape(E, -1) @ fb.mean(1).reshape(E, -1).T)
+        low += fa.shape[1] * (fa.means() @ fb.means().T)
     pi = assign_max(low)
     stats.expert_assignments += 1
     best: list[dict] = [{} for _ in feats]

@@ -246,9 +246,22 @@ def _block_distance(spec: SymmetrySpec, name: str, el: Tensor | None, state_a, c
 
 
 def _group_distance(spec: SymmetrySpec, group: list[str], els: Transform, state_a, cur) -> float:
-    """``sum_t ||A_t - (els . cur)_t||^2`` over the tensors the spaces ``group`` act on."""
-    moved = apply_subset(spec, els, cur, group)
-    return float(sum(float((state_a[t].double() - moved[t].double()).pow(2).sum()) for t in moved))
+    """``sum_t ||A_t - (els . cur)_t||^2`` over the tensors the spaces ``group`` act on, one tensor moved at a
+    time (a mixture of experts' block: one stacked tensor, not the layer's experts, besides ``cur``)."""
+    total = 0.0
+    for t in dict.fromkeys(t for s in group for t, _ in spec.tensors_of(s)):
+        moved = apply(spec.with_tensors({t: spec.tensors[t]}), els, {t: cur[t]})[t]
+        total += _sq_diff(state_a[t], moved)
+        del moved
+    return total
+
+
+def _sq_diff(x: Tensor, y: Tensor) -> float:
+    """``||x - y||^2`` in float64; a stacked tensor (three or more axes) one slice of its first axis at a time,
+    so the float64 temporaries are those of one slice (an expert)."""
+    if x.dim() < 3:
+        return float((x.double() - y.double()).pow(2).sum())
+    return float(sum(float((x[i].double() - y[i].double()).pow(2).sum()) for i in range(x.shape[0])))
 
 
 def anchored_pairs(spec: SymmetrySpec, name: str, solved) -> list:

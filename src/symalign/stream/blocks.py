@@ -14,7 +14,8 @@ besides their result:
   tensor, formed a block at a time as they are used (:class:`RotatedRows`), never as a whole;
 * :func:`cost_into`: ``C += X_A X_B^T`` (``d_ff x d_ff``), a block of A's and of B's rows at a time,
   accumulated in place (``addmm_``);
-* :func:`cross_gram_into`: ``M += X_A X_B^T`` (``D x D``) over column blocks, in place;
+* :func:`cross_gram_into`: ``M += X_A X_B^T`` (``D x D``) over column blocks, in place
+  (:func:`cross_gram_axis_into`: of the rows of an axis of a tensor, a stacked one slice by slice);
 * :func:`inner`: ``<T_O, M>``, the residual element's matrix against a cross-Gram;
 * :func:`assign_max_inplace`: the linear assignment maximising ``sum_i C[i, perm[i]]``,
   solved on ``-C`` formed in place (``scipy``'s ``maximize=True`` would copy ``C``).
@@ -174,6 +175,39 @@ def cross_gram_into(m: Tensor, xa: Tensor, xb: Tensor) -> None:
     s = _step(xa.shape[0])
     for j in range(0, k, s):
         m.addmm_(xa[:, j:j + s].to(torch.float64), xb[:, j:j + s].to(torch.float64).T)
+
+
+def cross_gram_axis_into(m: Tensor, xa: Tensor, xb: Tensor, axis: int) -> None:
+    """``M += X_A X_B^T`` with ``X`` the rows of ``axis`` of each tensor (:func:`as_rows`), as
+    :func:`cross_gram_into` forms it. A stacked tensor (three or more axes, ``axis`` not the first: a mixture
+    of experts' ``(E, 2F, D)``) is never copied with ``axis`` moved first: its rows are the rows of each
+    slice ``x[e]`` (views) side by side, and each column block is gathered from the slices it falls in, so
+    the blocks, and every float64 product and sum, are those of :func:`cross_gram_into` on the moved copy
+    (the same ``M``, bit for bit)."""
+    if xa.dim() < 3 or axis % xa.dim() == 0:
+        cross_gram_into(m, as_rows(xa, axis), as_rows(xb, axis))
+        return
+    ra = [as_rows(x, axis % xa.dim() - 1) for x in xa]
+    rb = [as_rows(x, axis % xb.dim() - 1) for x in xb]
+    n, w = ra[0].shape
+    total = len(ra) * w
+    s = _step(n)
+    for j in range(0, total, s):
+        k = min(s, total - j)
+        m.addmm_(_columns(ra, j, k), _columns(rb, j, k).T)
+
+
+def _columns(rows: list[Tensor], j: int, k: int) -> Tensor:
+    """Columns ``j:j + k`` (float64, contiguous) of the matrices ``rows`` (each ``n x w``) side by side."""
+    n, w = rows[0].shape
+    out = torch.empty(n, k, dtype=torch.float64)
+    c = 0
+    while c < k:
+        e, c0 = divmod(j + c, w)
+        take = min(w - c0, k - c)
+        out[:, c:c + take].copy_(rows[e][:, c0:c0 + take])
+        c += take
+    return out
 
 
 def assign_max_inplace(c: Tensor) -> Tensor:

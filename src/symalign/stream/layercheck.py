@@ -102,6 +102,7 @@ class LayerChecker:
                 setattr(cfg, ff_size, TINY_FF)
             layer_params = min(layer_params, FLOAT64_MAX_LAYER_PARAMS)
         cfg._attn_implementation = "eager"
+        cfg = adapter.function_check_config(cfg)  # e.g. every expert routed: a block continuous in its weights
         self.config = cfg
         self.adapter = adapter
         self.dtype = torch.float64 if layer_params <= FLOAT64_MAX_LAYER_PARAMS else torch.float32

@@ -22,8 +22,9 @@ cross-Gram of the tensors only the residual acts on (embedding, head: computed
 once, in row chunks, in pass 0, which also gives the initial ``O``; also a permuted
 stream's norm gains). Unit spaces other than plain FF permutations (ReLU units, the
 expert blocks of a mixture of experts) are solved by :func:`~symalign.match.whole.match_whole`'s
-own steps on the layer; a mixture of experts' layer is read and prepared whole in transformers'
-fused layout and written back one tensor per expert. Because ``O``
+own steps on the layer; a mixture of experts' layer is prepared in transformers' fused layout one
+expert at a time (:func:`prepare_experts`, into stacked tensors in the working dtype) and written back
+one tensor per expert. Because ``O``
 is orthogonal (a permutation matrix too), the distance after the pass needs no further read:
 
 ``d = sum_t (||A_t||^2 + ||B'_t||^2) - 2 <O, M + M_free>`` (plus the tensors no
@@ -36,7 +37,10 @@ applies the transform, checks each layer through the family's code
 (:class:`~symalign.stream.layercheck.LayerChecker`: ``layer'(O x) = O layer(x)``),
 and writes OUT. Memory: one layer of A and one of B (float64; float32 above
 :data:`symalign.stream.attention.FLOAT64_MAX_LAYER_PARAMS`), the FF cost matrix
-``d_ff x d_ff``, ``M`` and ``O`` (``D x D``) and the per-layer transforms.
+``d_ff x d_ff``, ``M`` and ``O`` (``D x D``) and the per-layer transforms. A mixture of experts' layer
+adds B's expert tensors with the other elements applied (the expert matcher's input) and one expert's
+float64 features of each side at a time (:mod:`symalign.match.experts`), and in the final pass the
+one-layer model of the check and B's layer as stored: no float64 copy of a whole layer anywhere.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ import torch
 from torch import Tensor
 
 from symalign.align_result import AlignResult, CheckReport, PhaseClock, new_result
-from symalign.errors import ConfigError, MatchError
+from symalign.errors import CheckpointError, ConfigError, MatchError
 from symalign.groups import Orthogonal, Permutation
 from symalign.spec import SymmetrySpec, apply, segment_view
 from symalign.stream import blocks
@@ -91,6 +95,12 @@ class Preparer:
         self.names = list(p.state)  # the prepared state's names (a mixture of experts: its fused layout)
         # tensors the rewrite adds (a head untied from the embedding): name -> shape
         self.extra = {k: tuple(v.shape) for k, v in p.state.items() if k not in self.meta} if not self.fused else {}
+        # a mixture of experts: its stored expert tensors (layer prefix -> expert -> gate/up/down -> name), and
+        # the other stored names its fused layout renames (Mixtral: block_sparse_moe.gate -> mlp.gate)
+        self.experts = self.experts_of(self.meta)
+        stacked = {n for by_e in self.experts.values() for d in by_e.values() for n in d.values()}
+        self.renamed = {n: new for n in self.meta if self.fused and n not in stacked
+                        for new in self.adapter.fused({n: self.meta[n]}) if new != n}
 
     @property
     def fused(self) -> bool:
@@ -122,6 +132,36 @@ class Preparer:
                 for k in own_tensors(name, small):
                     real[k] = small[k][start:start + x.shape[0]]
         return self(real)
+
+    def experts_of(self, names) -> dict[str, dict[int, dict[str, str]]]:
+        """The tensors among ``names`` that a mixture of experts stores one per expert: layer prefix -> expert ->
+        gate / up / down (:meth:`~symalign.families.moe.MoEFamily.expert_key`) -> stored name (empty for
+        other families)."""
+        out: dict[str, dict[int, dict[str, str]]] = {}
+        if not self.fused:
+            return out
+        for n in names:
+            key = self.adapter.expert_key(n)
+            if key is not None:
+                out.setdefault(key[0], {}).setdefault(key[1], {})[key[2]] = n
+        return out
+
+    def one_expert(self, small: Mapping[str, Tensor], lp: str, tensors: Mapping[str, Tensor]) -> tuple[Tensor,
+                                                                                                         Tensor]:
+        """One expert of the layer at ``lp`` prepared alone: ``(gate_up_proj[e], down_proj[e])`` (``(2F, D)``,
+        ``(D, F)``) from its stored ``tensors`` by kind (gate, up, down) and ``small`` (the norm gain folded
+        into its readers).
+
+        The rewrite runs on the model with this layer holding only this expert (stacked with ``E = 1``; the
+        layer's other experts are left out, not placeholders, since the stack cannot mix real tensors and
+        placeholders). The rewrite of a mixture of experts acts on each expert's own entries (the gain scales
+        the ``D`` axis of ``gate_up_proj``; ``down_proj`` is only converted), so the result is exactly slice
+        ``e`` of the layer prepared whole, with the float64 temporaries of one expert instead of the layer."""
+        fam = self.adapter
+        base = {k: v for k, v in self.meta.items() if (key := fam.expert_key(k)) is None or key[0] != lp}
+        real = {**small, **{fam.expert_name(lp, 0, w): x for w, x in tensors.items()}}
+        st = self._prepare(self.config, {**base, **real}, self.att).state
+        return st[lp + fam.moe.gate_up][0], st[lp + fam.moe.down][0]
 
     def row_local(self, name: str) -> bool:
         """Whether the fold of ``name`` is exact on any block of its rows: the residual acts on no axis but
@@ -158,6 +198,30 @@ def prepare_parts(prep: Preparer, small: Mapping[str, Tensor], big, read, need=N
     return out, done
 
 
+def prepare_experts(prep: Preparer, small: Mapping[str, Tensor], experts: Mapping[str, Mapping[int, Mapping[str, str]]],
+                    read) -> dict[str, Tensor]:
+    """The stacked expert tensors of a mixture of experts' layer(s) (``experts``: :meth:`Preparer.experts_of`),
+    prepared: ``gate_up_proj`` ``(E, 2F, D)`` and ``down_proj`` ``(E, D, F)``, each expert read
+    (``read(name)``), converted and folded alone (:meth:`Preparer.one_expert`) into tensors allocated once in the
+    dtype the rewrite returns (that of ``read``'s tensors): no float64 copy of the layer, no second stacked copy.
+    Equal to :meth:`~symalign.families.moe.MoEFamily.fused` then :func:`symalign.families.prepare` on the layer."""
+    fam = prep.adapter
+    out: dict[str, Tensor] = {}
+    for lp, by_e in experts.items():
+        E = 1 + max(by_e)
+        missing = [fam.expert_name(lp, e, w) for e in range(E) for w in fam.moe.disk_ffn if w not in by_e.get(e, {})]
+        if missing:
+            raise CheckpointError(f"{fam.family}: expert tensor {missing[0]!r} is missing")
+        gu_name, dn_name = lp + fam.moe.gate_up, lp + fam.moe.down
+        for e in range(E):
+            gu, dn = prep.one_expert(small, lp, {w: read(n) for w, n in by_e[e].items()})
+            if e == 0:
+                out[gu_name], out[dn_name] = gu.new_empty((E, *gu.shape)), dn.new_empty((E, *dn.shape))
+            out[gu_name][e], out[dn_name][e] = gu, dn
+            del gu, dn
+    return out
+
+
 class FoldedCheckpoint:
     """``ck`` read through the exact rewrite of ``--scope model`` (:class:`Preparer`: norm gains folded into
     the next linear maps, the gains set to one), lazily and in row chunks: the same interface as
@@ -169,8 +233,9 @@ class FoldedCheckpoint:
     (``O(L D)`` values, about ``1/D`` of one layer per layer); a bias folded with its weight (``c + W b``)
     is computed once, from the whole weight. A rewrite that would add a tensor (an untied head) is refused
     (:func:`refusal`): the output keeps this checkpoint's layout. A tensor whose fold is not row-local
-    (:meth:`Preparer.row_local`) is folded whole, once; a mixture of experts' layer (its experts fold
-    stacked) is folded whole, once, and read back under the stored names.
+    (:meth:`Preparer.row_local`) is folded whole, once; a mixture of experts' expert is folded alone
+    (:meth:`Preparer.one_expert`: its three stored tensors, once) and read back under the stored names, and a
+    tensor its fused layout renames (Mixtral's router) is folded whole and read back under its stored name.
     """
 
     def __init__(self, ck: LazyCheckpoint):
@@ -198,24 +263,22 @@ class FoldedCheckpoint:
                 r = self.prep.with_one(small, n, ck.read([n])[n])
                 self._small.update({k: r[k] for k in owned})
         self._whole: tuple[str, Tensor] | None = None  # the last tensor folded whole (not row-local)
-        self._layer: tuple[str, dict[str, Tensor]] | None = None  # the last layer folded whole (experts)
+        self._expert: tuple[tuple[str, int], dict[str, Tensor]] | None = None  # the last expert folded (MoE)
 
-    def _folded_layer(self, name: str) -> Tensor | None:
-        """Tensor ``name`` of its layer folded whole and stored back one tensor per expert (``None``: not a
-        mixture of experts' layer tensor)."""
-        import re
-
-        from symalign.checkpoint.config import saved_names
-
-        hit = re.match(r"^(.*?\.\d+\.)", name)
-        if not self.prep.fused or hit is None:
+    def _folded_expert(self, name: str) -> Tensor | None:
+        """Tensor ``name`` of a mixture of experts' expert, folded with the expert's other two tensors
+        (:meth:`Preparer.one_expert`) and stored back under its name (``None``: not an expert's tensor)."""
+        key = self.prep.adapter.expert_key(name) if self.prep.fused else None
+        if key is None:
             return None
-        key = hit.group(1)
-        if self._layer is None or self._layer[0] != key:
-            self._layer = None
-            r = self.prep(self.ck.read([n for n in self.tensors if n.startswith(key)]))
-            self._layer = (key, saved_names(self.ck.config, {k: v for k, v in r.items() if k.startswith(key)}))
-        return self._layer[1][name]
+        lp, e, _ = key
+        if self._expert is None or self._expert[0] != (lp, e):
+            self._expert = None
+            names = self.prep.experts[lp][e]
+            raw = self.ck.read(list(names.values()))
+            gu, dn = self.prep.one_expert(self._fixed, lp, {w: raw[n] for w, n in names.items()})
+            self._expert = ((lp, e), self.prep.adapter.unfused(lp, e, gu, dn))
+        return self._expert[1][name]
 
     @property
     def nbytes(self) -> int:
@@ -238,8 +301,10 @@ class FoldedCheckpoint:
             t = self._small[name][start:stop]
         elif name not in self._fixed and name not in self._big:  # not a float tensor: untouched by the rewrite
             t = self.ck.read_rows(name, start, stop)
-        elif (whole := self._folded_layer(name)) is not None:
+        elif (whole := self._folded_expert(name)) is not None:
             t = whole[start:stop]
+        elif name in self.prep.renamed:  # small (a router): folded whole, read under the rewrite's name
+            t = self.prep.with_one(self._fixed, name, self.ck.read([name])[name])[self.prep.renamed[name]][start:stop]
         elif self.tensors[name].shape and (start, stop) != (0, self.tensors[name].shape[0]) \
                 and not self.prep.row_local(name):
             if self._whole is None or self._whole[0] != name:
@@ -337,20 +402,27 @@ class StreamedWhole:
         Read, converted and folded one big tensor at a time with the layer's small tensors
         (the norm gains and biases the folds read; :func:`prepare_parts`): :func:`symalign.families.prepare`
         works in float64, and the folds rewrite each tensor from itself and the small ones, so this
-        equals folding the whole layer at once without a float64 copy of the layer (1.4 GB at 7B)."""
+        equals folding the whole layer at once without a float64 copy of the layer (1.4 GB at 7B).
+        A mixture of experts' experts are read and folded one expert at a time into their stacked tensors
+        (:func:`prepare_experts`; 11 GB in float64 for a Mixtral-8x7B layer, where one expert is 1.4 GB)."""
         names = self.layer_names[i]
 
         def get(ns):
             return {n: raw[n] for n in ns} if raw is not None else ck.read(ns)
 
-        if prep.fused:  # the experts are stacked by the rewrite: the layer in one call
-            r = prep({n: v.to(self.dtype) for n, v in get(names).items()})
-            return {n: r[n] for n in self.pnames[i]}
-        big = [n for n in names if ck.tensors[n].numel > SMALL_ELEMENTS]
-        small = {n: v.to(self.dtype) for n, v in get([n for n in names if n not in big]).items()}
-        out, done = prepare_parts(prep, small, big, lambda n: get([n])[n].to(self.dtype))
+        def read(n):
+            return get([n])[n].to(self.dtype)
+
+        experts = prep.experts_of(names)
+        stacked = {n for by_e in experts.values() for d in by_e.values() for n in d.values()}
+        rest = [n for n in names if n not in stacked]
+        # a tensor the fused layout renames (a router) is folded with the small ones
+        big = [n for n in rest if ck.tensors[n].numel > SMALL_ELEMENTS and n not in prep.renamed]
+        small = {n: v.to(self.dtype) for n, v in get([n for n in rest if n not in big]).items()}
+        out, done = prepare_parts(prep, small, big, read, need=[n for n in small if n not in prep.renamed])
         out.update(done)
-        return {n: out[n] for n in names}
+        out.update(prepare_experts(prep, small, experts, read))
+        return {n: out[n] for n in (self.pnames[i] if prep.fused else names)}
 
     def global_chunks(self, ck: LazyCheckpoint, prep: Preparer):
         """``(name, start, prepared rows)`` over every global tensor (small ones whole, ``start`` 0; a small
@@ -546,7 +618,7 @@ class StreamedWhole:
                     acc += blocks.sq_diff(xa, xb)
                 else:
                     tg = time.perf_counter()
-                    blocks.cross_gram_into(m, blocks.as_rows(xa, a.axis), blocks.as_rows(xb, a.axis))
+                    blocks.cross_gram_axis_into(m, xa, xb, a.axis)
                     self.t_grams += time.perf_counter() - tg
                     acc += blocks.sq(xa) + blocks.sq(xb)
                 del xa, xb
@@ -708,17 +780,19 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
                     raw = b.read(w.layer_names[i])
                 with clock("match"):
                     out = w.aligned_layer(b, w.prep_b, i, raw)
-                    stored = {n: out[n].to(b.tensors[n].dtype if n in b.tensors else b.dtype) for n in out}
                     if w.prep_b.fused:  # the check runs the model's own (fused) layout
                         raw = b.adapter.fused(raw)
                 checker, rotated_emb = checker_for(i)
+                why = f"refusing to write {out_path}: aligned layer {i} differs from O times B's layer"
                 with clock("verify"):
                     exact = checker.check(raw, out, i, exact_tol, rotated_emb, rotate=rot, stored=False)
+                    exact.require(why, "whole-model alignment")
+                with clock("match"):  # rounded to B's dtype a tensor at a time, the exact one then dropped
+                    stored = {n: out.pop(n).to(b.tensors[n].dtype if n in b.tensors else b.dtype) for n in list(out)}
+                with clock("verify"):
                     kept = checker.check(raw, stored, i, tol, rotated_emb, rotate=rot)
+                    kept.require(why, "whole-model alignment")
                     checks += [exact, kept]
-                    for c in (exact, kept):
-                        c.require(f"refusing to write {out_path}: aligned layer {i} differs from O times B's layer",
-                                  "whole-model alignment")
                 with clock("write"):
                     if w.prep_b.fused:  # back to the names save_pretrained writes (one tensor per expert)
                         stored = saved_names(b.config, stored)
