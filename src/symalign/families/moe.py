@@ -98,8 +98,8 @@ class MoEFamily(Family):
         return 1e-5
 
     def function_check_config(self, config: Any) -> Any:
-        """Every expert routed in the per-layer check (``k = E``): the block is then
-        ``sum_e w_e D_e h_e(x)`` with ``w = softmax(W_r x)`` (renormalised over all ``E``: the same
+        """Every expert routed in the function checks (``k = E``; whole-model and streamed per-layer): the block is
+        then ``sum_e w_e D_e h_e(x)`` with ``w = softmax(W_r x)`` (renormalised over all ``E``: the same
         weights), continuous in the weights. With ``k < E``, rounding the aligned layer to a
         low-precision dtype flips the choice of the tokens whose ``k``-th and ``k+1``-th router
         probabilities are closer than the rounding: a jump of the block's output, not an error of the

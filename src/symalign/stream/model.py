@@ -98,7 +98,7 @@ class Preparer:
         # a mixture of experts: its stored expert tensors (layer prefix -> expert -> gate/up/down -> name), and
         # the other stored names its fused layout renames (Mixtral: block_sparse_moe.gate -> mlp.gate)
         self.experts = self.experts_of(self.meta)
-        stacked = {n for by_e in self.experts.values() for d in by_e.values() for n in d.values()}
+        stacked = stored_names(self.experts)
         self.renamed = {n: new for n in self.meta if self.fused and n not in stacked
                         for new in self.adapter.fused({n: self.meta[n]}) if new != n}
 
@@ -196,6 +196,11 @@ def prepare_parts(prep: Preparer, small: Mapping[str, Tensor], big, read, need=N
         raise ConfigError(f"internal error: the rewrite of {lost[0]!r} depends on more than one big tensor; "
                           "use --no-stream")
     return out, done
+
+
+def stored_names(experts: Mapping[str, Mapping[int, Mapping[str, str]]]) -> set[str]:
+    """The stored names of :meth:`Preparer.experts_of`'s tensors (every expert's gate, up and down)."""
+    return {n for by_e in experts.values() for d in by_e.values() for n in d.values()}
 
 
 def prepare_experts(prep: Preparer, small: Mapping[str, Tensor], experts: Mapping[str, Mapping[int, Mapping[str, str]]],
@@ -414,7 +419,7 @@ class StreamedWhole:
             return get([n])[n].to(self.dtype)
 
         experts = prep.experts_of(names)
-        stacked = {n for by_e in experts.values() for d in by_e.values() for n in d.values()}
+        stacked = stored_names(experts)
         rest = [n for n in names if n not in stacked]
         # a tensor the fused layout renames (a router) is folded with the small ones
         big = [n for n in rest if ck.tensors[n].numel > SMALL_ELEMENTS and n not in prep.renamed]
