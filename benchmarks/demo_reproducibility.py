@@ -13,7 +13,18 @@ dispatches to --, threads, library versions) beside the verdict, so that run on 
 across machines. It never fails the build: it is a measurement, and its exit code is 0 whenever
 the demo ran (2 when it could not).
 
+``--sweep`` measures what another x86-64 machine would change, on this one. What distinguishes
+CPUs for one torch build is which SIMD kernels run: torch's own element-wise and reduction
+kernels dispatch on ``ATEN_CPU_CAPABILITY`` (``default`` / ``avx2`` / ``avx512``) and MKL's GEMMs
+on ``MKL_ENABLE_INSTRUCTIONS`` (``SSE4_2`` / ``AVX2`` / ``AVX512``); both variables cap the level a
+CPU would pick for itself, so an AVX-512 machine can run the code paths of an AVX2 or a baseline
+x86-64 one. Each setting (:data:`SETTINGS`) runs the demo from scratch and is compared with
+``results/demo.json``; the level each setting really ran at is read back from the child
+(torch's reported capability and MKL's ``MKL_VERBOSE`` banner), so a variable that had no effect
+shows. Written to ``results/demo-reproducibility.json`` and rendered into docs/results.md.
+
     python benchmarks/demo_reproducibility.py [--json OUT]
+    python benchmarks/demo_reproducibility.py --sweep [--out results/demo-reproducibility.json]
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -31,6 +43,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMINGS = ("seconds",)  # wall-clock leaves: not results
+
+#: ``(label, environment, threads)``: the code paths of other x86-64 CPUs, emulated here
+#: (``threads`` None: the demo's default, 1).
+SETTINGS: tuple[tuple[str, dict[str, str], int | None], ...] = (
+    ("this machine: AVX-512 kernels, MKL AVX-512", {}, None),
+    ("an AVX2 CPU: torch and MKL at AVX2",
+     {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}, None),
+    ("a baseline x86-64 CPU: torch without AVX, MKL at SSE4.2",
+     {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"}, None),
+    ("MKL alone at AVX2 (torch's kernels AVX-512)", {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, None),
+    ("torch's kernels alone at AVX2 (MKL AVX-512)", {"ATEN_CPU_CAPABILITY": "avx2"}, None),
+    ("this machine at 2 threads", {}, 2),
+)
+
+_ISA_PROBE = ("import torch; a = torch.ones(8, 8); a @ a; "
+              "print('CAPABILITY', torch.backends.cpu.get_cpu_capability())")
 
 
 def leaves(x, path: str = "") -> dict[str, float]:
@@ -76,22 +104,95 @@ def machine() -> dict:
             "python": platform.python_version()}
 
 
+def code_paths(env: dict[str, str]) -> dict[str, str]:
+    """The SIMD levels a child process with ``env`` really runs at: torch's capability and MKL's
+    banner (the instruction set named in ``MKL_VERBOSE``'s first line)."""
+    r = subprocess.run([sys.executable, "-c", _ISA_PROBE], capture_output=True, text=True,
+                       env={**os.environ, **env, "MKL_VERBOSE": "1"})
+    text = r.stdout + r.stderr
+    cap = next((ln.split()[1] for ln in text.splitlines() if ln.startswith("CAPABILITY")), "?")
+    banner = next((ln for ln in text.splitlines() if ln.startswith("MKL_VERBOSE oneMKL")), "")
+    m = re.search(r"\(Intel\(R\) ([A-Z0-9.\-]+)\)", banner.split("architecture", 1)[-1])
+    return {"torch": cap, "mkl": m.group(1) if m else "?"}
+
+
+def run_demo(env: dict[str, str] | None = None, threads: int | None = None) -> tuple[dict, float]:
+    """``symalign demo`` from scratch in a temporary folder: its ``results.json`` and wall seconds.
+
+    Raises ``RuntimeError`` with the demo's last error line when it fails."""
+    exe = Path(sys.executable).with_name("symalign")
+    with tempfile.TemporaryDirectory(prefix="symalign-demo-repro-") as tmp:
+        cmd = [str(exe), "demo", "--out", tmp] + (["--threads", str(threads)] if threads else [])
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env or {})})
+        wall = time.perf_counter() - t0
+        if r.returncode != 0:
+            raise RuntimeError(f"symalign demo failed (exit {r.returncode}): "
+                               f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
+        return json.loads((Path(tmp) / "results.json").read_text()), wall
+
+
+def headline(demo: dict) -> dict[str, float]:
+    """The README table's main numbers: first-attention full stage-2 ratio per encoding, and the
+    whole-model aligned ratio."""
+    enc = demo["encodings"]
+    return {"sin_full": enc["sinusoidal"]["barrier_ratio_percent"], "rope_full": enc["rope"]["barrier_ratio_percent"],
+            "sin_naive": enc["sinusoidal"]["naive_loss_barrier"], "rope_naive": enc["rope"]["naive_loss_barrier"],
+            "whole": demo["whole_model"]["barrier_ratio_percent"]}
+
+
+def sweep(ref: dict, out: Path, settings=SETTINGS) -> dict:
+    """Run the demo under every setting, compare with ``ref`` and write the result file ``out``."""
+    from symalign.experiments.docs_tables import make_table
+    from symalign.provenance import provenance
+
+    rows = [{"setting": "results/demo.json (the README's table)", "env": "-", "paths": "-", "identical": "-",
+             **headline(ref["demo"])}]
+    for label, env, threads in settings:
+        paths = code_paths(env)
+        got, wall = run_demo(env, threads)
+        c = compare(ref["demo"], got)
+        row = {"setting": label, "env": " ".join(f"{k}={v}" for k, v in env.items()) or "(none)",
+               "paths": f"torch {paths['torch']}, MKL {paths['mkl']}", "threads": threads or 1,
+               "identical": f"{c['identical']} / {c['numbers']}", "max_rel_diff": c["max_rel_diff"],
+               "wall_s": round(wall, 1), **headline(got)}
+        rows.append(row)
+        print(f"{label}: {row['paths']}: {row['identical']} identical, max rel diff {c['max_rel_diff']:.3g}; "
+              f"sinusoidal {row['sin_full']:.1f} %, RoPE {row['rope_full']:.1f} %, whole {row['whole']:.1f} %",
+              flush=True)
+    table = make_table(rows, [("setting", "setting"), ("paths", "code paths (read back)"), ("threads", "threads"),
+                              ("identical", "numbers identical to results/demo.json"),
+                              ("max_rel_diff", "max rel diff", ".2g"),
+                              ("sin_naive", "sinusoidal naive barrier", ".3f"), ("sin_full", "sinusoidal full %", ".1f"),
+                              ("rope_naive", "RoPE naive barrier", ".3f"), ("rope_full", "RoPE full %", ".1f"),
+                              ("whole", "whole model aligned %", ".1f")])
+    res = {"provenance": {**provenance(threads=1, seed_pairs=1), "cpu": machine()["cpu"],
+                          "cpu_capability": machine()["cpu_capability"]},
+           "reference": {"commit": ref.get("provenance", {}).get("commit")},
+           "tables": {"machines": table}}
+    from symalign.atomic import write_text
+
+    write_text(out, json.dumps(res, indent=1) + "\n")
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", type=Path, help="also write the comparison here")
     p.add_argument("--reference", type=Path, default=ROOT / "results" / "demo.json")
+    p.add_argument("--sweep", action="store_true", help="run the demo under every setting of SETTINGS")
+    p.add_argument("--out", type=Path, default=ROOT / "results" / "demo-reproducibility.json",
+                   help="the sweep's result file")
     a = p.parse_args(argv)
     ref = json.loads(a.reference.read_text())
-    exe = Path(sys.executable).with_name("symalign")
-    with tempfile.TemporaryDirectory(prefix="symalign-demo-repro-") as tmp:
-        t0 = time.perf_counter()
-        r = subprocess.run([str(exe), "demo", "--out", tmp], capture_output=True, text=True, cwd=ROOT)
-        wall = time.perf_counter() - t0
-        if r.returncode != 0:
-            print(f"demo reproducibility: symalign demo failed (exit {r.returncode}): "
-                  f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
-            return 2
-        got = json.loads((Path(tmp) / "results.json").read_text())
+    try:
+        if a.sweep:
+            sweep(ref, a.out)
+            return 0
+        got, wall = run_demo()
+    except RuntimeError as exc:
+        print(f"demo reproducibility: {exc}")
+        return 2
     out = {"reference": str(a.reference.relative_to(ROOT)) if a.reference.is_relative_to(ROOT) else str(a.reference),
            "reference_commit": ref.get("provenance", {}).get("commit"),
            "reference_machine": ref.get("provenance", {}).get("machine"),
