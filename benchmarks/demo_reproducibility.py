@@ -44,17 +44,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TIMINGS = ("seconds",)  # wall-clock leaves: not results
 
-#: ``(label, environment, threads)``: the code paths of other x86-64 CPUs, emulated here
-#: (``threads`` None: the demo's default, 1).
-SETTINGS: tuple[tuple[str, dict[str, str], int | None], ...] = (
-    ("this machine: AVX-512 kernels, MKL AVX-512", {}, None),
-    ("an AVX2 CPU: torch and MKL at AVX2",
-     {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}, None),
-    ("a baseline x86-64 CPU: torch without AVX, MKL at SSE4.2",
-     {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"}, None),
-    ("MKL alone at AVX2 (torch's kernels AVX-512)", {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, None),
-    ("torch's kernels alone at AVX2 (MKL AVX-512)", {"ATEN_CPU_CAPABILITY": "avx2"}, None),
-    ("this machine at 2 threads", {}, 2),
+_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+         "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F,-AVX512DQ,-AVX512BW,-AVX512VL"}
+_BASELINE = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41",
+             "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX,-AVX2,-FMA,-AVX512F"}
+#: torch's baseline kernels and MKL's conditional numerical reproducibility: the same code on every x86-64 CPU
+PORTABLE = {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default"}
+DEMO_JSON = "results/demo.json"
+
+#: ``(label, environment, threads, compared with)``: the code paths of other x86-64 CPUs, emulated here
+#: (``threads`` None: the demo's default, 1; ``compared with``: results/demo.json or an earlier label).
+#: An emulated CPU caps torch's kernels, MKL's and glibc's (``GLIBC_TUNABLES``: its libm picks FMA/AVX
+#: variants by CPU) at that CPU's level.
+SETTINGS: tuple[tuple[str, dict[str, str], int | None, str], ...] = (
+    ("this machine: AVX-512 kernels, MKL AVX-512", {}, None, DEMO_JSON),
+    ("an AVX2 CPU: torch, MKL and libm at AVX2", _AVX2, None, DEMO_JSON),
+    ("a baseline x86-64 CPU: torch without AVX, MKL at SSE4.2, libm without AVX/FMA", _BASELINE, None, DEMO_JSON),
+    ("MKL alone at AVX2 (torch's kernels AVX-512)", {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, None, DEMO_JSON),
+    ("torch's kernels alone at AVX2 (MKL AVX-512)", {"ATEN_CPU_CAPABILITY": "avx2"}, None, DEMO_JSON),
+    ("this machine at 2 threads", {}, 2, DEMO_JSON),
+    ("portable mode on this machine", PORTABLE, None, DEMO_JSON),
+    ("portable mode on an AVX2 CPU", {**_AVX2, **PORTABLE}, None, "portable mode on this machine"),
+    ("portable mode on a baseline x86-64 CPU", {**_BASELINE, **PORTABLE}, None, "portable mode on this machine"),
 )
 
 _ISA_PROBE = ("import torch; a = torch.ones(8, 8); a @ a; "
@@ -113,7 +124,10 @@ def code_paths(env: dict[str, str]) -> dict[str, str]:
     cap = next((ln.split()[1] for ln in text.splitlines() if ln.startswith("CAPABILITY")), "?")
     banner = next((ln for ln in text.splitlines() if ln.startswith("MKL_VERBOSE oneMKL")), "")
     m = re.search(r"\(Intel\(R\) ([A-Z0-9.\-]+)\)", banner.split("architecture", 1)[-1])
-    return {"torch": cap, "mkl": m.group(1) if m else "?"}
+    mkl = m.group(1) if m else ("generic" if "Architecture processors" in banner else "?")
+    cnr = next((w.split(":", 1)[1] for ln in text.splitlines() if ln.startswith("MKL_VERBOSE") and "GEMM" in ln
+                for w in ln.split() if w.startswith("CNR:")), "?")
+    return {"torch": cap, "mkl": mkl + (f" (CNR {cnr})" if cnr not in ("OFF", "?") else "")}
 
 
 def run_demo(env: dict[str, str] | None = None, threads: int | None = None) -> tuple[dict, float]:
@@ -148,12 +162,15 @@ def sweep(ref: dict, out: Path, settings=SETTINGS) -> dict:
 
     rows = [{"setting": "results/demo.json (the README's table)", "env": "-", "paths": "-", "identical": "-",
              **headline(ref["demo"])}]
-    for label, env, threads in settings:
+    results = {DEMO_JSON: ref["demo"]}
+    for label, env, threads, against in settings:
         paths = code_paths(env)
         got, wall = run_demo(env, threads)
-        c = compare(ref["demo"], got)
+        results.setdefault(label, got)
+        c = compare(results[against], got)
         row = {"setting": label, "env": " ".join(f"{k}={v}" for k, v in env.items()) or "(none)",
                "paths": f"torch {paths['torch']}, MKL {paths['mkl']}", "threads": threads or 1,
+               "against": against,
                "identical": f"{c['identical']} / {c['numbers']}", "max_rel_diff": c["max_rel_diff"],
                "wall_s": round(wall, 1), **headline(got)}
         rows.append(row)
@@ -161,13 +178,14 @@ def sweep(ref: dict, out: Path, settings=SETTINGS) -> dict:
               f"sinusoidal {row['sin_full']:.1f} %, RoPE {row['rope_full']:.1f} %, whole {row['whole']:.1f} %",
               flush=True)
     table = make_table(rows, [("setting", "setting"), ("paths", "code paths (read back)"), ("threads", "threads"),
-                              ("identical", "numbers identical to results/demo.json"),
+                              ("against", "compared with"), ("identical", "numbers identical"),
                               ("max_rel_diff", "max rel diff", ".2g"),
                               ("sin_naive", "sinusoidal naive barrier", ".3f"), ("sin_full", "sinusoidal full %", ".1f"),
                               ("rope_naive", "RoPE naive barrier", ".3f"), ("rope_full", "RoPE full %", ".1f"),
                               ("whole", "whole model aligned %", ".1f")])
     res = {"provenance": {**provenance(threads=1, seed_pairs=1), "cpu": machine()["cpu"],
                           "cpu_capability": machine()["cpu_capability"]},
+           "settings": [{"setting": r["setting"], "env": r["env"], "wall_s": r.get("wall_s")} for r in rows[1:]],
            "reference": {"commit": ref.get("provenance", {}).get("commit")},
            "tables": {"machines": table}}
     from symalign.atomic import write_text
