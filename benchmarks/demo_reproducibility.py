@@ -18,7 +18,8 @@ CPUs for one torch build is which SIMD kernels run: torch's own element-wise and
 kernels dispatch on ``ATEN_CPU_CAPABILITY`` (``default`` / ``avx2`` / ``avx512``) and MKL's GEMMs
 on ``MKL_ENABLE_INSTRUCTIONS`` (``SSE4_2`` / ``AVX2`` / ``AVX512``); both variables cap the level a
 CPU would pick for itself, so an AVX-512 machine can run the code paths of an AVX2 or a baseline
-x86-64 one. Each setting (:data:`SETTINGS`) runs the demo from scratch and is compared with
+x86-64 one; so do ``ONEDNN_MAX_CPU_ISA`` for oneDNN (torch's float32 convolutions and some linear
+layers) and ``GLIBC_TUNABLES`` for glibc's libm. Each setting (:data:`SETTINGS`) runs the demo from scratch and is compared with
 ``results/demo.json``; the level each setting really ran at is read back from the child
 (torch's reported capability and MKL's ``MKL_VERBOSE`` banner), so a variable that had no effect
 shows. Written to ``results/demo-reproducibility.json`` and rendered into docs/results.md.
@@ -48,8 +49,9 @@ _AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONED
          "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F,-AVX512DQ,-AVX512BW,-AVX512VL"}
 _BASELINE = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41",
              "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX,-AVX2,-FMA,-AVX512F"}
-#: torch's baseline kernels and MKL's conditional numerical reproducibility: the same code on every x86-64 CPU
-PORTABLE = {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default"}
+#: the same code on every x86-64 CPU: torch's baseline kernels, MKL's conditional numerical reproducibility
+#: and oneDNN (torch's float32 convolutions and some linear layers) capped at SSE4.1
+PORTABLE = {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}
 DEMO_JSON = "results/demo.json"
 
 #: ``(label, environment, threads, compared with)``: the code paths of other x86-64 CPUs, emulated here
