@@ -76,7 +76,8 @@ def run(kind: str) -> dict:
             return {"pair": kind, "error": res.stderr.strip()[-500:]}
         info = json.loads(res.stdout)
         return {"pair": kind, "wall_s": round(wall, 1), "timings": {k: round(v, 2) for k, v in info["timings"].items()},
-                "peak_rss_gb": round(peak / 2**30, 2), "checkpoints_gb": round(size / 2**30, 2),
+                "peak_rss_gib": round(peak / 2**30, 2), "peak_rss_gb": round(peak / 1e9, 2),
+                "checkpoints_gib": round(size / 2**30, 2),
                 "peak_over_checkpoints": round(peak / size, 2), "peak_is_max_over_children": before > 0,
                 "distance": {k: round(v["total"], 4) for k, v in info["distance"].items()},
                 "check": {k: v for k, v in info["check"].items() if k != "layers"}}

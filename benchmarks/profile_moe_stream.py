@@ -46,7 +46,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -137,17 +136,10 @@ def _child(spec: str) -> None:
 
 
 def profiled(args: list[str], threads: int, tmp: Path, float32: bool) -> dict:
-    prof = tmp / "profile.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "SYMALIGN_THREADS": str(threads),
-           "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "SYMALIGN_PROGRESS": "lines"}
-    r = subprocess.run([sys.executable, __file__, "--child",
-                        json.dumps({"args": args, "profile": str(prof), "float32": float32})],
-                       capture_output=True, text=True, env=env)
-    out = json.loads(prof.read_text()) if prof.is_file() else {"rc": r.returncode}
-    prof.unlink(missing_ok=True)
-    if out["rc"] != 0:
-        out["stderr"] = r.stderr[-2000:]
-    else:
+    import profile_stream_memory as psm
+
+    out, r = psm.run_child(__file__, {"args": args, "float32": float32}, threads, tmp)
+    if out["rc"] == 0:
         try:
             info = json.loads(r.stdout)
             st = info.get("stream") or {}
@@ -156,7 +148,6 @@ def profiled(args: list[str], threads: int, tmp: Path, float32: bool) -> dict:
                                "timings": info.get("timings")}
         except json.JSONDecodeError:
             pass
-    out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     return out
 
 

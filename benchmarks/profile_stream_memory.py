@@ -45,6 +45,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "src"))  # this checkout's symalign (provenance: its commit), as the commands run it
 
 from bench_align_stream import SHAPES, llama_config, write_random  # noqa: E402
 
@@ -115,17 +116,26 @@ def _child(spec: str) -> None:
         "at_peak": s.at_peak, "sites": [[k, round(v / 2**30, 3)] for k, v in top]}))
 
 
-def profiled(args: list[str], threads: int, tmp: Path) -> dict:
+def run_child(script: str, payload: dict, threads: int, tmp: Path) -> tuple[dict, subprocess.CompletedProcess]:
+    """Run ``script --child PAYLOAD`` (a ``_child`` that writes its profile to ``payload['profile']``)
+    with ``threads`` threads everywhere (symalign, OpenMP, MKL) and line progress; its profile (``rc``
+    and, on failure, the last of stderr) and the finished process, whose stdout is the command's JSON."""
     prof = tmp / "profile.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "SYMALIGN_THREADS": str(threads),
-           "OMP_NUM_THREADS": str(threads), "SYMALIGN_PROGRESS": "lines"}
-    r = subprocess.run([sys.executable, __file__, "--child", json.dumps({"args": args, "profile": str(prof)})],
+           "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "SYMALIGN_PROGRESS": "lines"}
+    r = subprocess.run([sys.executable, script, "--child", json.dumps({**payload, "profile": str(prof)})],
                        capture_output=True, text=True, env=env)
     out = json.loads(prof.read_text()) if prof.is_file() else {"rc": r.returncode}
     prof.unlink(missing_ok=True)
     if out["rc"] != 0:
         out["stderr"] = r.stderr[-2000:]
-    else:
+    out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    return out, r
+
+
+def profiled(args: list[str], threads: int, tmp: Path) -> dict:
+    out, r = run_child(__file__, {"args": args}, threads, tmp)
+    if out["rc"] == 0:
         try:
             info = json.loads(r.stdout)
             out["reported"] = {"check": info.get("check", {}).get("rel"), "stream": info.get("stream"),
@@ -133,7 +143,6 @@ def profiled(args: list[str], threads: int, tmp: Path) -> dict:
         except json.JSONDecodeError:
             pass
     out["layer_lines"] = [line for line in r.stderr.splitlines() if " layer " in line][-64:]
-    out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     return out
 
 

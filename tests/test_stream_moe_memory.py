@@ -123,7 +123,7 @@ def test_folded_expert_reads_equal_the_whole_layer_fold(tmp_path):
     from symalign.checkpoint.config import saved_names
     from symalign.checkpoint.lazy import open_checkpoint
     from symalign.families import prepare
-    from symalign.stream.model import FoldedCheckpoint
+    from symalign.stream.fold import FoldedCheckpoint
 
     da, _ = _moe_pair(tmp_path, "mixtral", tie_word_embeddings=False)
     ck = open_checkpoint(da)

@@ -84,7 +84,7 @@ def _as_linear(w: Tensor, name: str) -> Tensor:
 def on_device_of(x: Tensor, w: Tensor) -> Tensor:
     """``x`` as a meta placeholder when ``w`` is one (else ``x``): a fold of a real gain or bias into a
     reader given only as a placeholder (its shape) yields a placeholder, not an error. This lets the
-    streamed engines prepare one real tensor of a layer at a time (:class:`symalign.stream.model.Preparer`):
+    streamed engines prepare one real tensor of a layer at a time (:class:`symalign.stream.fold.Preparer`):
     every result that depends on a placeholder is a placeholder, every other result is exact."""
     return x.to(w.device) if w.is_meta and not x.is_meta else x
 

@@ -4,6 +4,7 @@
 * :mod:`symalign.checkpoint.shards`: atomic writing in B's shard layout;
 * :mod:`~symalign.stream.layercheck`: the per-layer function check (the family's own code);
 * :mod:`~symalign.stream.attention`: ``align --scope attention``, one pass;
+* :mod:`~symalign.stream.fold`: the exact rewrite of ``--scope model`` on one layer, row chunk or expert;
 * :mod:`~symalign.stream.model`: ``align --scope model`` (every decoder family), alternating passes.
 
 (:mod:`~symalign.stream.reader` and :mod:`~symalign.stream.writer` keep the older names.)

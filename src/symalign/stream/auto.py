@@ -36,7 +36,7 @@ def streamable(a_dir: Path, scope: str) -> str | None:
     if scope == "attention":
         return None
     from symalign.checkpoint.lazy import open_checkpoint
-    from symalign.stream.model import refusal
+    from symalign.stream.fold import refusal
 
     return refusal(open_checkpoint(a_dir))  # the family's rewrite on the tensor headers only
 

@@ -10,7 +10,7 @@ the merged model is ``theta = sum_k w_k T_k . theta_k`` (``T_1 = id``), exactly 
    of each model in memory, every layer's function checked) into a scratch folder
    next to OUT. With ``--scope model`` the aligned checkpoints are in the exactly
    rewritten (folded) format, so ``theta_1`` is averaged in that format too, folded
-   row chunk by row chunk as it is read (:class:`~symalign.stream.model.FoldedCheckpoint`),
+   row chunk by row chunk as it is read (:class:`~symalign.stream.fold.FoldedCheckpoint`),
    as the in-memory merge does;
 2. the average is formed tensor by tensor in row chunks of at most
    :data:`CHUNK_ELEMENTS` values: each input's rows are read lazily
@@ -76,7 +76,7 @@ def average_into(out_path: Path, inputs: Sequence[Any], weights: Sequence[float]
                  extra: dict[str, Any] | None = None, config_edits: dict[str, Any] | None = None
                  ) -> tuple[Path, int]:
     """Write ``sum_k w_k inputs[k]`` laid out like ``inputs[0]`` (or ``layout``, the checkpoint ``inputs[0]``
-    reads through, e.g. :class:`~symalign.stream.model.FoldedCheckpoint`) into a staged folder; returns it and
+    reads through, e.g. :class:`~symalign.stream.fold.FoldedCheckpoint`) into a staged folder; returns it and
     the bytes written. ``extra``: tensors ``inputs[0]`` has beyond ``layout`` (name -> dtype, shape: an untied
     head, :class:`~symalign.checkpoint.shards.ShardWriter`); ``config_edits``: merged into OUT's config. Float tensors: row blocks of at most :data:`CHUNK_ELEMENTS` values, summed in
     :func:`~symalign.checkpoint.average.accumulate_dtype` (float32 for bfloat16/float16, float64
@@ -184,7 +184,8 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
     from symalign import hf_io
     from symalign.stream.attention import run_stream_attention
     from symalign.stream.auto import streamable
-    from symalign.stream.model import FoldedCheckpoint, run_stream_model
+    from symalign.stream.fold import FoldedCheckpoint
+    from symalign.stream.model import run_stream_model
 
     t0 = time.perf_counter()
     folded = align and scope == "model"
