@@ -13,16 +13,21 @@ dispatches to --, threads, library versions) beside the verdict, so that run on 
 across machines. It never fails the build: it is a measurement, and its exit code is 0 whenever
 the demo ran (2 when it could not).
 
-``--sweep`` measures what another x86-64 machine would change, on this one. What distinguishes
-CPUs for one torch build is which SIMD kernels run: torch's own element-wise and reduction
-kernels dispatch on ``ATEN_CPU_CAPABILITY`` (``default`` / ``avx2`` / ``avx512``) and MKL's GEMMs
-on ``MKL_ENABLE_INSTRUCTIONS`` (``SSE4_2`` / ``AVX2`` / ``AVX512``); both variables cap the level a
-CPU would pick for itself, so an AVX-512 machine can run the code paths of an AVX2 or a baseline
-x86-64 one; so do ``ONEDNN_MAX_CPU_ISA`` for oneDNN (torch's float32 convolutions and some linear
-layers) and ``GLIBC_TUNABLES`` for glibc's libm. Each setting (:data:`SETTINGS`) runs the demo from scratch and is compared with
-``results/demo.json``; the level each setting really ran at is read back from the child
-(torch's reported capability and MKL's ``MKL_VERBOSE`` banner), so a variable that had no effect
-shows. Written to ``results/demo-reproducibility.json`` and rendered into docs/results.md.
+``--sweep`` measures, on this one machine, what another x86-64 machine would change. For one torch
+build, CPUs differ in which SIMD code each library picks, and an environment variable caps each level
+below what the CPU would pick for itself:
+
+* torch's own kernels (element-wise ops, reductions): ``ATEN_CPU_CAPABILITY`` (``default`` / ``avx2``);
+* MKL's matrix products: ``MKL_ENABLE_INSTRUCTIONS`` (``SSE4_2`` / ``AVX2``);
+* oneDNN (torch's float32 convolutions and some linear layers): ``ONEDNN_MAX_CPU_ISA``;
+* glibc's libm: ``GLIBC_TUNABLES``.
+
+So an AVX-512 machine can run the code of an AVX2 or a baseline x86-64 CPU. Each setting
+(:data:`SETTINGS`) runs the demo from scratch, in native or portable arithmetic
+(:mod:`symalign.arithmetic`), and compares it with ``results/demo.json`` or with an earlier setting. The
+level each setting really ran at is read back from the child: torch's reported capability, and MKL's
+``MKL_VERBOSE`` banner and reproducibility mode. A variable that had no effect therefore shows. The
+sweep is written to ``results/demo-reproducibility.json`` and rendered into docs/results.md.
 
     python benchmarks/demo_reproducibility.py [--json OUT]
     python benchmarks/demo_reproducibility.py --sweep [--out results/demo-reproducibility.json]
@@ -49,28 +54,28 @@ _AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONED
          "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F,-AVX512DQ,-AVX512BW,-AVX512VL"}
 _BASELINE = {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41",
              "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX,-AVX2,-FMA,-AVX512F"}
-#: the same code on every x86-64 CPU: torch's baseline kernels, MKL's conditional numerical reproducibility
-#: and oneDNN (torch's float32 convolutions and some linear layers) capped at SSE4.1
-PORTABLE = {"MKL_CBWR": "COMPATIBLE", "ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"}
 DEMO_JSON = "results/demo.json"
+NATIVE_HERE = "native arithmetic on this machine (AVX-512 kernels, MKL AVX-512)"
 
-#: ``(label, environment, threads, compared with)``: the code paths of other x86-64 CPUs, emulated here
-#: (``threads`` None: the demo's default, 1; ``compared with``: results/demo.json or an earlier label).
-#: An emulated CPU caps torch's kernels, MKL's and glibc's (``GLIBC_TUNABLES``: its libm picks FMA/AVX
-#: variants by CPU) at that CPU's level.
-SETTINGS: tuple[tuple[str, dict[str, str], int | None, str], ...] = (
-    ("this machine: AVX-512 kernels, MKL AVX-512", {}, None, DEMO_JSON),
-    ("an AVX2 CPU: torch, MKL and libm at AVX2", _AVX2, None, DEMO_JSON),
-    ("a baseline x86-64 CPU: torch without AVX, MKL at SSE4.2, libm without AVX/FMA", _BASELINE, None, DEMO_JSON),
-    ("MKL alone at AVX2 (torch's kernels AVX-512)", {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, None, DEMO_JSON),
-    ("torch's kernels alone at AVX2 (MKL AVX-512)", {"ATEN_CPU_CAPABILITY": "avx2"}, None, DEMO_JSON),
-    ("this machine at 2 threads", {}, 2, DEMO_JSON),
-    ("portable mode on this machine", PORTABLE, None, DEMO_JSON),
-    ("portable mode on an AVX2 CPU", {**_AVX2, **PORTABLE}, None, "portable mode on this machine"),
-    ("portable mode on a baseline x86-64 CPU", {**_BASELINE, **PORTABLE}, None, "portable mode on this machine"),
+#: ``(label, environment, threads, arithmetic, compared with)``: the demo on the code paths of other x86-64
+#: CPUs, emulated here (``threads`` None: the demo's default, 1; ``compared with``: results/demo.json or an
+#: earlier label). An emulated CPU caps torch's kernels, MKL's, oneDNN's and glibc's (``GLIBC_TUNABLES``: its
+#: libm picks FMA/AVX variants by CPU) at that CPU's level. ``portable`` (the demo's default) then sets the
+#: variables of :data:`symalign.arithmetic.PORTABLE_ENV` on top, as it does on a real CPU.
+SETTINGS: tuple[tuple[str, dict[str, str], int | None, str, str], ...] = (
+    ("portable arithmetic (the default) on this machine", {}, None, "portable", DEMO_JSON),
+    ("portable arithmetic on an AVX2 CPU", _AVX2, None, "portable", DEMO_JSON),
+    ("portable arithmetic on a baseline x86-64 CPU", _BASELINE, None, "portable", DEMO_JSON),
+    ("portable arithmetic at 2 threads", {}, 2, "portable", DEMO_JSON),
+    (NATIVE_HERE, {}, None, "native", DEMO_JSON),
+    ("native arithmetic on an AVX2 CPU: torch, MKL, oneDNN and libm at AVX2", _AVX2, None, "native", NATIVE_HERE),
+    ("native arithmetic on a baseline x86-64 CPU: torch without AVX, MKL at SSE4.2, oneDNN at SSE4.1, libm "
+     "without AVX/FMA", _BASELINE, None, "native", NATIVE_HERE),
+    ("native, MKL alone at AVX2", {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}, None, "native", NATIVE_HERE),
+    ("native, torch's kernels alone at AVX2", {"ATEN_CPU_CAPABILITY": "avx2"}, None, "native", NATIVE_HERE),
 )
 
-_ISA_PROBE = ("import torch; a = torch.ones(8, 8); a @ a; "
+_ISA_PROBE = ("import torch; a = torch.ones(8, 8); a @ a; torch.nn.Conv2d(1, 4, 4, 4)(torch.randn(2, 1, 8, 8)); "
               "print('CAPABILITY', torch.backends.cpu.get_cpu_capability())")
 
 
@@ -118,10 +123,10 @@ def machine() -> dict:
 
 
 def code_paths(env: dict[str, str]) -> dict[str, str]:
-    """The SIMD levels a child process with ``env`` really runs at: torch's capability and MKL's
-    banner (the instruction set named in ``MKL_VERBOSE``'s first line)."""
+    """The SIMD levels a child process with environment ``env`` really runs at: torch's capability and MKL's
+    banner (the instruction set named in ``MKL_VERBOSE``'s first line) and reproducibility mode."""
     r = subprocess.run([sys.executable, "-c", _ISA_PROBE], capture_output=True, text=True,
-                       env={**os.environ, **env, "MKL_VERBOSE": "1"})
+                       env={**env, "MKL_VERBOSE": "1", "ONEDNN_VERBOSE": "1"})
     text = r.stdout + r.stderr
     cap = next((ln.split()[1] for ln in text.splitlines() if ln.startswith("CAPABILITY")), "?")
     banner = next((ln for ln in text.splitlines() if ln.startswith("MKL_VERBOSE oneMKL")), "")
@@ -129,18 +134,31 @@ def code_paths(env: dict[str, str]) -> dict[str, str]:
     mkl = m.group(1) if m else ("generic" if "Architecture processors" in banner else "?")
     cnr = next((w.split(":", 1)[1] for ln in text.splitlines() if ln.startswith("MKL_VERBOSE") and "GEMM" in ln
                 for w in ln.split() if w.startswith("CNR:")), "?")
-    return {"torch": cap, "mkl": mkl + (f" (CNR {cnr})" if cnr not in ("OFF", "?") else "")}
+    isa = next((ln.split("isa:", 1)[1].strip() for ln in text.splitlines() if "onednn_verbose" in ln and "isa:" in ln), "?")
+    return {"torch": cap, "mkl": mkl + (f" (CNR {cnr})" if cnr not in ("OFF", "?") else ""),
+            "onednn": isa.removeprefix("Intel ").split(" and ")[0]}
 
 
-def run_demo(env: dict[str, str] | None = None, threads: int | None = None) -> tuple[dict, float]:
-    """``symalign demo`` from scratch in a temporary folder: its ``results.json`` and wall seconds.
+def child_env(env: dict[str, str], arithmetic: str) -> dict[str, str]:
+    """This process's environment with the emulation ``env`` and, in portable arithmetic, its variables on top."""
+    from symalign.arithmetic import environment
+
+    return environment(arithmetic, {**os.environ, **env}) if arithmetic == "portable" else {
+        **{k: v for k, v in os.environ.items() if k != "SYMALIGN_ARITHMETIC"}, **env}
+
+
+def run_demo(env: dict[str, str] | None = None, threads: int | None = None,
+             arithmetic: str | None = None) -> tuple[dict, float]:
+    """``symalign demo`` from scratch in a temporary folder (``--arithmetic`` when given): its ``results.json``
+    and wall seconds.
 
     Raises ``RuntimeError`` with the demo's last error line when it fails."""
     exe = Path(sys.executable).with_name("symalign")
     with tempfile.TemporaryDirectory(prefix="symalign-demo-repro-") as tmp:
-        cmd = [str(exe), "demo", "--out", tmp] + (["--threads", str(threads)] if threads else [])
+        cmd = [str(exe), "demo", "--out", tmp] + (["--threads", str(threads)] if threads else []) + (
+            ["--arithmetic", arithmetic] if arithmetic else [])
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **(env or {})})
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=dict(os.environ) if env is None else env)
         wall = time.perf_counter() - t0
         if r.returncode != 0:
             raise RuntimeError(f"symalign demo failed (exit {r.returncode}): "
@@ -165,13 +183,14 @@ def sweep(ref: dict, out: Path, settings=SETTINGS) -> dict:
     rows = [{"setting": "results/demo.json (the README's table)", "env": "-", "paths": "-", "identical": "-",
              **headline(ref["demo"])}]
     results = {DEMO_JSON: ref["demo"]}
-    for label, env, threads, against in settings:
-        paths = code_paths(env)
-        got, wall = run_demo(env, threads)
+    for label, env, threads, mode, against in settings:
+        full = child_env(env, mode)
+        paths = code_paths(full)
+        got, wall = run_demo(full, threads, mode)
         results.setdefault(label, got)
         c = compare(results[against], got)
-        row = {"setting": label, "env": " ".join(f"{k}={v}" for k, v in env.items()) or "(none)",
-               "paths": f"torch {paths['torch']}, MKL {paths['mkl']}", "threads": threads or 1,
+        row = {"setting": label, "env": " ".join(f"{k}={v}" for k, v in env.items()) or "(none)", "arithmetic": mode,
+               "paths": f"torch {paths['torch']}, MKL {paths['mkl']}, oneDNN {paths['onednn']}", "threads": threads or 1,
                "against": against,
                "identical": f"{c['identical']} / {c['numbers']}", "max_rel_diff": c["max_rel_diff"],
                "wall_s": round(wall, 1), **headline(got)}

@@ -88,14 +88,21 @@ def main() -> None:
 
     torch runs single-threaded unless ``$SYMALIGN_THREADS`` or a command's ``--threads`` says
     otherwise (:func:`symalign.commands.checks.default_threads`: faster on shared machines, and
-    the thread count changes results, so it is fixed and recorded)."""
+    the thread count changes results, so it is fixed and recorded). ``$SYMALIGN_ARITHMETIC=portable``
+    restarts the command with the same floating-point code on every x86-64 CPU
+    (:mod:`symalign.arithmetic`)."""
+    from symalign import arithmetic
+
     try:
+        want = arithmetic.requested()
+        if want is not None:
+            arithmetic.ensure(want)  # the console script restarts in that mode; in-process callers keep theirs
         import torch
 
         from symalign.commands.checks import default_threads
 
         torch.set_num_threads(default_threads())
-        app(standalone_mode=False)
+        app(standalone_mode=False, prog_name="symalign")
     except SymalignError as exc:
         typer.echo(f"symalign: error: {exc}", err=True)
         sys.exit(2)
@@ -120,5 +127,14 @@ def main() -> None:
         raise
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The ``symalign`` console script (and ``python -m symalign.cli``): :func:`main` in a process of its own,
+    which may restart itself in another arithmetic (:func:`symalign.arithmetic.ensure`)."""
+    from symalign import arithmetic
+
+    arithmetic.ENTRY_ARGV = list(sys.argv[1:])
     main()
+
+
+if __name__ == "__main__":
+    entry()

@@ -22,6 +22,8 @@ from typing import Sequence
 
 import torch
 
+from symalign.arithmetic import describe
+
 PACKAGES: tuple[str, ...] = ("symalign", "torch", "numpy", "scipy", "transformers", "tokenizers", "safetensors")
 
 
@@ -75,6 +77,7 @@ def provenance(command: str | Sequence[str] | None = None, threads: int | None =
         "threads": int(threads if threads is not None else torch.get_num_threads()),
         "versions": versions(),
         "machine": machine(),
+        "arithmetic": describe(),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     if seed_pairs is not None:

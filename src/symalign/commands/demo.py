@@ -23,6 +23,9 @@ def demo_command(
                                                                  "with other settings, and start over."),
     tour: bool = typer.Option(True, "--tour/--no-tour", help="Print the symmetry-probe tour first."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json instead of tables."),
+    arithmetic: str = typer.Option(None, "--arithmetic", help="portable (default, or $SYMALIGN_ARITHMETIC): the "
+                                   "same floating-point code on every x86-64 CPU, so the numbers are the README's; "
+                                   "native: the CPU's fastest kernels, numbers that depend on the CPU."),
 ) -> None:
     """Linear mode connectivity of ViTs on the embedded digits data, before and after alignment.
 
@@ -36,9 +39,12 @@ def demo_command(
     import torch
     from rich.table import Table
 
+    from symalign import arithmetic as arith
     from symalign.commands import checks
     from symalign.experiments.demo import run_demo
 
+    mode = (arithmetic or arith.requested() or "portable").strip().lower()
+    arith.ensure(mode)  # restarts this command in that mode (a library call keeps its own and records it)
     checks.threads(threads, allow_zero=True)
     checks.output_dir(out)
     torch.set_num_threads(threads or checks.default_threads())
@@ -96,7 +102,8 @@ def demo_command(
     console.print(f"* main row (the paper's protocol). Test accuracy of the re-initialised pairs: {accs}.")
     console.print(f"These numbers rest on {summary['seed_pairs']} seed pair (A: seed {summary['seeds'][0]}, B: seed "
                   f"{summary['seeds'][1]}) and {summary['test_items']} held-out test images; ratios vary across seed "
-                  f"pairs and with the thread count ({summary['threads']} here).")
+                  f"pairs, with the thread count ({summary['threads']} here) and, in native arithmetic, with the CPU "
+                  f"(here: {summary['arithmetic']['mode']}).")
     console.print(f"wrote {out / 'results.json'}, {out / 'report.md'}, {out / 'curves.png'} "
                   f"({time.perf_counter() - t0:.0f} s)")
 

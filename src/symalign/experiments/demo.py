@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import torch
 
+from symalign.arithmetic import describe
 from symalign.experiments.config import parse_config
 from symalign.experiments.protocol import run_experiment, write_json_atomic
 from symalign.experiments.report import _write_text_atomic, markdown_table, plot_curves
@@ -103,7 +104,7 @@ def run_demo(out: str | Path = "runs/demo", steps: int = 300, progress: bool = T
         "data": "digits", "data_options": dict(DATA_OPTIONS), "family": "vit", "model": dict(MODEL),
         "steps": steps, "learned_steps": learned_steps, "seeds": list(SEEDS), "seed_pairs": 1,
         "main_row": {"scope": MAIN[0], "stage2": MAIN[1]},
-        "encodings": per_pe, "rows": rows, "threads": torch.get_num_threads(),
+        "encodings": per_pe, "rows": rows, "threads": torch.get_num_threads(), "arithmetic": describe(),
     }
     if whole_model:
         cfg = parse_config(demo_config(WHOLE_MODEL_PE, steps, scopes=("full",), variants=("full", "learned"),
@@ -139,7 +140,7 @@ def report_markdown(summary: dict) -> str:
              f"ViT D={summary['model']['d_model']}, {summary['model']['n_layers']} layers, "
              f"{summary['model']['n_heads']} heads; {summary['test_items']} held-out test images; one seed pair "
              f"(A: seed {summary['seeds'][0]}, B: seed {summary['seeds'][1]}); torch threads "
-             f"{summary['threads']}. Ratio = aligned / naive loss barrier (%).\n",
+             f"{summary['threads']}, {summary.get('arithmetic', {}).get('mode', 'native')} arithmetic. Ratio = aligned / naive loss barrier (%).\n",
              "## Barriers (every scope and stage 2)\n", markdown_table(summary["rows"])]
     if "whole_model" in summary:
         w = summary["whole_model"]
