@@ -102,8 +102,9 @@ def demo_command(
     console.print(f"* main row (the paper's protocol). Test accuracy of the re-initialised pairs: {accs}.")
     console.print(f"These numbers rest on {summary['seed_pairs']} seed pair (A: seed {summary['seeds'][0]}, B: seed "
                   f"{summary['seeds'][1]}) and {summary['test_items']} held-out test images; ratios vary across seed "
-                  f"pairs, with the thread count ({summary['threads']} here) and, in native arithmetic, with the CPU "
-                  f"(here: {summary['arithmetic']['mode']}).")
+                  f"pairs and with the thread count ({summary['threads']} here); "
+                  + ("portable arithmetic: the same on every x86-64 CPU." if summary["arithmetic"]["mode"] == "portable"
+                     else "native arithmetic: they also vary with the CPU (--arithmetic portable does not)."))
     console.print(f"wrote {out / 'results.json'}, {out / 'report.md'}, {out / 'curves.png'} "
                   f"({time.perf_counter() - t0:.0f} s)")
 
