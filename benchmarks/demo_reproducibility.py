@@ -175,9 +175,29 @@ def headline(demo: dict) -> dict[str, float]:
             "whole": demo["whole_model"]["barrier_ratio_percent"]}
 
 
+def machines_table(rows: list[dict]) -> dict:
+    """The ``machines`` table of the sweep's result file from its rows."""
+    from symalign.experiments.docs_tables import make_table
+
+    return make_table(rows, [("setting", "setting"), ("paths", "code paths (read back)"), ("threads", "threads"),
+                             ("against", "compared with"), ("identical", "numbers identical"),
+                             ("max_rel_diff", "max rel diff", ".2g"),
+                             ("sin_naive", "sinusoidal naive barrier", ".3f"), ("sin_full", "sinusoidal full %", ".1f"),
+                             ("rope_naive", "RoPE naive barrier", ".3f"), ("rope_full", "RoPE full %", ".1f"),
+                             ("whole", "whole model aligned %", ".1f"), ("wall_s", "seconds", ".0f")])
+
+
+def retable(path: Path) -> None:
+    """Rewrite the table layout of a sweep's result file from its own rows (nothing is re-measured)."""
+    from symalign.atomic import write_text
+
+    res = json.loads(path.read_text())
+    res["tables"]["machines"] = machines_table(res["tables"]["machines"]["rows"])
+    write_text(path, json.dumps(res, indent=1) + "\n")
+
+
 def sweep(ref: dict, out: Path, settings=SETTINGS) -> dict:
     """Run the demo under every setting, compare with ``ref`` and write the result file ``out``."""
-    from symalign.experiments.docs_tables import make_table
     from symalign.provenance import provenance
 
     rows = [{"setting": "results/demo.json (the README's table)", "env": "-", "paths": "-", "identical": "-",
@@ -198,12 +218,7 @@ def sweep(ref: dict, out: Path, settings=SETTINGS) -> dict:
         print(f"{label}: {row['paths']}: {row['identical']} identical, max rel diff {c['max_rel_diff']:.3g}; "
               f"sinusoidal {row['sin_full']:.1f} %, RoPE {row['rope_full']:.1f} %, whole {row['whole']:.1f} %",
               flush=True)
-    table = make_table(rows, [("setting", "setting"), ("paths", "code paths (read back)"), ("threads", "threads"),
-                              ("against", "compared with"), ("identical", "numbers identical"),
-                              ("max_rel_diff", "max rel diff", ".2g"),
-                              ("sin_naive", "sinusoidal naive barrier", ".3f"), ("sin_full", "sinusoidal full %", ".1f"),
-                              ("rope_naive", "RoPE naive barrier", ".3f"), ("rope_full", "RoPE full %", ".1f"),
-                              ("whole", "whole model aligned %", ".1f")])
+    table = machines_table(rows)
     res = {"provenance": {**provenance(threads=1, seed_pairs=1), "cpu": machine()["cpu"],
                           "cpu_capability": machine()["cpu_capability"]},
            "settings": [{"setting": r["setting"], "env": r["env"], "wall_s": r.get("wall_s")} for r in rows[1:]],
@@ -222,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep", action="store_true", help="run the demo under every setting of SETTINGS")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "demo-reproducibility.json",
                    help="the sweep's result file")
+    p.add_argument("--retable", type=Path, help="only rewrite this sweep file's table layout from its rows")
     a = p.parse_args(argv)
+    if a.retable:
+        retable(a.retable)
+        return 0
     ref = json.loads(a.reference.read_text())
     try:
         if a.sweep:

@@ -28,3 +28,19 @@ def test_one_last_bit_difference_is_found_with_its_path():
 def test_a_missing_number_is_listed():
     c = dr.compare({"a": 1.0, "b": 2.0}, {"a": 1.0})
     assert c["only_in_committed"] == ["b"] and c["numbers"] == 1
+
+
+def test_sweep_table_and_its_relayout_keep_every_row(tmp_path):
+    import json
+
+    rows = [{"setting": "results/demo.json (the README's table)", "paths": "-", "identical": "-", "sin_full": 33.0,
+             "sin_naive": 1.7, "rope_full": 29.2, "rope_naive": 2.6, "whole": 72.0},
+            {"setting": "native here", "paths": "torch AVX512", "threads": 1, "against": "results/demo.json",
+             "identical": "13 / 152", "max_rel_diff": 0.6, "sin_full": 18.4, "sin_naive": 1.8, "rope_full": 33.9,
+             "rope_naive": 2.5, "whole": 69.1, "wall_s": 61.2}]
+    t = dr.machines_table(rows)
+    assert t["rows"] == rows and t["columns"][-1]["key"] == "wall_s"
+    f = tmp_path / "sweep.json"
+    f.write_text(json.dumps({"provenance": {}, "tables": {"machines": {"columns": t["columns"][:3], "rows": rows}}}))
+    dr.retable(f)
+    assert json.loads(f.read_text())["tables"]["machines"] == t
