@@ -258,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     m = out["this_machine"]
     verdict = ("bit-for-bit identical" if out["different"] == 0 and not out["only_in_committed"] else
                f"{out['different']} differ (max abs {out['max_abs_diff']:.3g}, max rel {out['max_rel_diff']:.3g})")
-    print(f"demo reproducibility on {m['cpu']} ({m['cores']} cores, torch {m['torch']}, {m['cpu_capability']}): "
+    mode = (got.get("arithmetic") or {}).get("mode", "native")
+    out["demo_arithmetic"] = got.get("arithmetic")
+    print(f"demo reproducibility on {m['cpu']} ({m['cores']} cores, torch {m['torch']}, {m['cpu_capability']}; "
+          f"demo in {mode} arithmetic): "
           f"{out['identical']} of {out['numbers']} numbers of results/demo.json identical; {verdict}; "
           f"demo {out['demo_wall_s']} s")
     print(json.dumps(out))

@@ -77,3 +77,15 @@ def test_cli_refuses_an_unknown_mode_in_one_line(tmp_path):
                        text=True, env=env, timeout=120)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "SYMALIGN_ARITHMETIC" in r.stderr, r.stderr
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.slow
+def test_training_records_its_arithmetic(tmp_path):
+    from symalign.train import TrainConfig, train
+
+    meta = train({"family": "vit", "pe": "rope", "d_model": 8, "n_layers": 1, "n_heads": 2, "d_ff": 8, "patch_size": 4},
+                 "synthetic", TrainConfig(steps=2, batch_size=8, eval_every=2, eval_items=16, seed=1), tmp_path / "m",
+                 threads=1, progress=False)
+    (meta_file,) = [p for p in (tmp_path / "m").glob("ckpt-*/*.json") if "arithmetic" in p.read_text()]
+    on_disk = json.loads(meta_file.read_text())
+    assert meta["arithmetic"] == on_disk["arithmetic"] == arithmetic.describe()

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from symalign import lmc
+from symalign.arithmetic import describe
 from symalign.evaluate import EvalOptions, EvalSet, build_eval, check_same_vocabulary, eval_curve
 from symalign.evaluate.run import Metrics
 
@@ -126,7 +127,7 @@ def load_pair(dir_a: str | Path, dir_b: str | Path, data: str, opts: EvalOptions
     return HFPair(model_a, sa, sb, evalset,
                   {"task": evalset.objective, "data": data, "model_type": model_a.config.model_type,
                    "scope": scope, "a_folded": a_folded or scope == "model",
-                   "threads": torch.get_num_threads()})
+                   "threads": torch.get_num_threads(), "arithmetic": describe()})
 
 
 def hf_curve(dir_a: str | Path, dir_b: str | Path, data: str, points: int = 25, opts: EvalOptions | None = None,

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from symalign.arithmetic import describe
 from symalign.checkpoint import has_checkpoint, load_checkpoint, load_state_into, save_checkpoint, MODEL_FILE
 from symalign.data import Dataset, eval_batches, load_dataset, train_batch
 from symalign.data.batches import mix
@@ -267,7 +268,8 @@ def _train(model_cfg, data: str, tc: TrainConfig, out_dir: Path, data_options: d
         raise ConfigError(f"context={tc.context} exceeds max_len={cfg.max_len}")
     out_dir = Path(out_dir)
     meta = {"model": cfg.to_dict(), "data": {"name": ds.name, "options": data_options}, "train": tc.to_dict(),
-            "seed": tc.seed, "step": 0, "metrics": {}, "history": [], "threads": torch.get_num_threads()}
+            "seed": tc.seed, "step": 0, "metrics": {}, "history": [], "threads": torch.get_num_threads(),
+            "arithmetic": describe()}
     if init is not None:
         meta["init"] = dict(init)
     start, resumed_from = 0, None

@@ -36,6 +36,7 @@ from typing import Any, Callable
 import torch
 
 from symalign import lmc
+from symalign.arithmetic import describe
 from symalign.atomic import write_json as write_json_atomic
 from symalign.errors import SymalignError
 from symalign.experiments.checks import (TRAINING_KEYS, TRAINING_PROTOCOL_KEYS, check_inputs, check_recorded,
@@ -192,6 +193,7 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = 
         res["experiment"] = cfg.name
         res["seeds"] = list(p.seeds)
         res["threads"] = torch.get_num_threads()
+        res["arithmetic"] = describe()
         res["config"] = cfg.to_dict()
         plot_curves(res, root / scope / "curves.png")
         write_json_atomic(res_path, res)

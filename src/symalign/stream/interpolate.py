@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from symalign.arithmetic import describe
 from symalign.errors import CheckpointError
 from symalign.stream.reader import LazyCheckpoint, check_same_architecture, open_checkpoint
 
@@ -110,5 +111,5 @@ def streamed_pair(a_dir: Path, b_dir: Path, data: str, opts: Any = None, scope: 
     if evalset is None:
         evalset = build_eval(a_dir, model, data, opts)
     info = {"task": evalset.objective, "data": data, "model_type": model.config.model_type, "scope": scope,
-            "a_folded": False, "threads": torch.get_num_threads(), "streamed": True}
+            "a_folded": False, "threads": torch.get_num_threads(), "arithmetic": describe(), "streamed": True}
     return model, evalset, info
