@@ -56,3 +56,17 @@ def test_cli_refuses_in_one_line(tiny_demo, monkeypatch, capsys):
     code, stdout, err = run_symalign(monkeypatch, capsys, "demo", "--no-tour", "--steps", "5", "--learned-steps",
                                      "2", "-o", out)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "--fresh" in err, err
+
+
+def test_another_arithmetic_is_refused(tiny_demo, monkeypatch):
+    """A run folder made in native arithmetic is not extended in portable arithmetic (nor the reverse): the
+    arithmetic decides the numbers, as the settings do."""
+    from symalign import arithmetic
+
+    out, _, _ = tiny_demo
+    before = (out / "results.json").read_text()
+    for k, v in arithmetic.PORTABLE_ENV.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError, match="made in native arithmetic and this run is in portable arithmetic"):
+        demo.run_demo(out, steps=3, learned_steps=2, progress=False)
+    assert (out / "results.json").read_text() == before

@@ -90,6 +90,26 @@ def _stale(what: Path, diff: list[str]) -> ConfigError:
 
 
 
+ARITHMETIC_FILE = "arithmetic.json"
+
+
+def check_arithmetic(root: Path) -> None:
+    """Refuse to extend a run directory made in another arithmetic (:mod:`symalign.arithmetic`): its checkpoints
+    and results would be mixed with this process's, and the thread count aside, the arithmetic is what decides
+    the numbers. ``root/arithmetic.json`` records the mode; a run made before it was recorded was native."""
+    from symalign.arithmetic import active
+
+    path = root / ARITHMETIC_FILE
+    try:
+        old = json.loads(path.read_text()).get("mode", "native") if path.is_file() else "native"
+    except ValueError:
+        old = "native"
+    if old != active():
+        raise ConfigError(f"{root} was made in {old} arithmetic and this run is in {active()} arithmetic; use "
+                          f"another --out, --fresh to start over, or run in {old} arithmetic (SYMALIGN_ARITHMETIC, or symalign "
+                          "demo --arithmetic)")
+
+
 def check_recorded(cfg: ExperimentConfig, root: Path) -> None:
     """Refuse to reuse a run directory whose checkpoints or results were made with another config.
 
@@ -109,6 +129,7 @@ def check_recorded(cfg: ExperimentConfig, root: Path) -> None:
         diff = config_diff(_training_part(old), _training_part(new))
         if diff:
             raise _stale(root, diff)
+        check_arithmetic(root)
     for scope in cfg.protocol.scopes:
         res_path = root / scope / "results.json"
         if not res_path.is_file():

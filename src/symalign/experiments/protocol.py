@@ -39,8 +39,8 @@ from symalign import lmc
 from symalign.arithmetic import describe
 from symalign.atomic import write_json as write_json_atomic
 from symalign.errors import SymalignError
-from symalign.experiments.checks import (TRAINING_KEYS, TRAINING_PROTOCOL_KEYS, check_inputs, check_recorded,
-                                         check_reusable, config_diff, discard_run)
+from symalign.experiments.checks import (ARITHMETIC_FILE, TRAINING_KEYS, TRAINING_PROTOCOL_KEYS, check_inputs,
+                                         check_recorded, check_reusable, config_diff, discard_run)
 from symalign.experiments.config import ExperimentConfig
 from symalign.experiments.dispatch import (ATTENTION_KINDS, alignment_models, attention_spec, learned_variant,
                                            match_scope, scope_layers, scope_spaces, seed002_methods)
@@ -167,6 +167,7 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = 
     check_recorded(cfg, root)
     root.mkdir(parents=True, exist_ok=True)
     write_json_atomic(root / "config.json", cfg.to_dict())
+    write_json_atomic(root / ARITHMETIC_FILE, {"mode": describe()["mode"]})
     say = log or (lambda s: None)
     p = cfg.protocol
     base = None
