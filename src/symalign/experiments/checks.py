@@ -106,8 +106,8 @@ def check_arithmetic(root: Path) -> None:
         old = "native"
     if old != active():
         raise ConfigError(f"{root} was made in {old} arithmetic and this run is in {active()} arithmetic; use "
-                          f"another --out, --fresh to start over, or run in {old} arithmetic (SYMALIGN_ARITHMETIC, or symalign "
-                          "demo --arithmetic)")
+                          f"another --out, --fresh to start over, or run in {old} arithmetic "
+                          "(SYMALIGN_ARITHMETIC, or symalign demo --arithmetic)")
 
 
 def check_recorded(cfg: ExperimentConfig, root: Path) -> None:
