@@ -25,3 +25,5 @@ def test_help(command):
 def test_top_level_help():
     res = runner.invoke(app, ["--help"])
     assert res.exit_code == 0 and all(c in res.output for c in COMMANDS)
+    flat = " ".join(res.output.split())
+    assert "SYMALIGN_THREADS=N" in flat and "SYMALIGN_ARITHMETIC=portable" in flat  # the environment it reads

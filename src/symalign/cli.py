@@ -24,6 +24,10 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 app = typer.Typer(
     name="symalign",
     help="Align Transformers through their exact parameter symmetries and measure linear mode connectivity.",
+    epilog="Environment: SYMALIGN_THREADS=N sets torch's threads for every command (default 1; results depend on "
+           "it). SYMALIGN_ARITHMETIC=portable runs any command on the same floating-point code on every x86-64 CPU "
+           "(torch's baseline kernels, MKL's reproducible mode, oneDNN at SSE4.1; about 2x slower), native on the "
+           "CPU's fastest; symalign demo is portable unless told otherwise.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
