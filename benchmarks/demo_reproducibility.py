@@ -134,7 +134,8 @@ def code_paths(env: dict[str, str]) -> dict[str, str]:
     mkl = m.group(1) if m else ("generic" if "Architecture processors" in banner else "?")
     cnr = next((w.split(":", 1)[1] for ln in text.splitlines() if ln.startswith("MKL_VERBOSE") and "GEMM" in ln
                 for w in ln.split() if w.startswith("CNR:")), "?")
-    isa = next((ln.split("isa:", 1)[1].strip() for ln in text.splitlines() if "onednn_verbose" in ln and "isa:" in ln), "?")
+    isa = next((ln.split("isa:", 1)[1].strip() for ln in text.splitlines()
+                if "onednn_verbose" in ln and "isa:" in ln), "?")
     return {"torch": cap, "mkl": mkl + (f" (CNR {cnr})" if cnr not in ("OFF", "?") else ""),
             "onednn": isa.removeprefix("Intel ").split(" and ")[0]}
 
@@ -210,8 +211,8 @@ def sweep(ref: dict, out: Path, settings=SETTINGS) -> dict:
         results.setdefault(label, got)
         c = compare(results[against], got)
         row = {"setting": label, "env": " ".join(f"{k}={v}" for k, v in env.items()) or "(none)", "arithmetic": mode,
-               "paths": f"torch {paths['torch']}, MKL {paths['mkl']}, oneDNN {paths['onednn']}", "threads": threads or 1,
-               "against": against,
+               "paths": f"torch {paths['torch']}, MKL {paths['mkl']}, oneDNN {paths['onednn']}",
+               "threads": threads or 1, "against": against,
                "identical": f"{c['identical']} / {c['numbers']}", "max_rel_diff": c["max_rel_diff"],
                "wall_s": round(wall, 1), **headline(got)}
         rows.append(row)
@@ -219,8 +220,9 @@ def sweep(ref: dict, out: Path, settings=SETTINGS) -> dict:
               f"sinusoidal {row['sin_full']:.1f} %, RoPE {row['rope_full']:.1f} %, whole {row['whole']:.1f} %",
               flush=True)
     table = machines_table(rows)
-    res = {"provenance": {**provenance(threads=1, seed_pairs=1), "cpu": machine()["cpu"],
-                          "cpu_capability": machine()["cpu_capability"]},
+    here = machine()
+    res = {"provenance": {**provenance(threads=1, seed_pairs=1), "cpu": here["cpu"],
+                          "cpu_capability": here["cpu_capability"]},
            "settings": [{"setting": r["setting"], "env": r["env"], "wall_s": r.get("wall_s")} for r in rows[1:]],
            "reference": {"commit": ref.get("provenance", {}).get("commit")},
            "tables": {"machines": table}}

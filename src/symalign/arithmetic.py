@@ -40,14 +40,18 @@ PORTABLE_ENV: dict[str, str] = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "C
 ENTRY_ARGV: list[str] | None = None
 
 
+def _mode(value: str, what: str) -> str:
+    """``value`` as one of :data:`MODES` (case and spaces ignored); ``what`` names it in the error."""
+    mode = value.strip().lower()
+    if mode not in MODES:
+        raise ConfigError(f"{what} must be one of {', '.join(MODES)}, got {mode!r}")
+    return mode
+
+
 def requested(env: dict[str, str] | None = None) -> str | None:
     """The mode ``$SYMALIGN_ARITHMETIC`` asks for (``None``: not set)."""
-    value = (os.environ if env is None else env).get(ENV_VAR, "").strip().lower()
-    if not value:
-        return None
-    if value not in MODES:
-        raise ConfigError(f"{ENV_VAR} must be one of {', '.join(MODES)}, got {value!r}")
-    return value
+    value = (os.environ if env is None else env).get(ENV_VAR, "").strip()
+    return _mode(value, ENV_VAR) if value else None
 
 
 def active(env: dict[str, str] | None = None) -> str:
@@ -90,8 +94,7 @@ def ensure(mode: str) -> str:
     """Run in ``mode``: returns when this process already does; restarts the command in it when this process
     is the ``symalign`` command (:data:`ENTRY_ARGV`); otherwise (a library call, a test runner) keeps the
     current mode and returns it, for the caller to record."""
-    if mode not in MODES:
-        raise ConfigError(f"arithmetic must be one of {', '.join(MODES)}, got {mode!r}")
+    mode = _mode(mode, "arithmetic")
     if active() == mode:
         return mode
     if ENTRY_ARGV is not None:

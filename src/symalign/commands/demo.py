@@ -43,8 +43,8 @@ def demo_command(
     from symalign.commands import checks
     from symalign.experiments.demo import run_demo
 
-    mode = (arithmetic or arith.requested() or "portable").strip().lower()
-    arith.ensure(mode)  # restarts this command in that mode (a library call keeps its own and records it)
+    # restarts this command in that mode (a library call keeps its own, and the results record it)
+    arith.ensure(arithmetic or arith.requested() or "portable")
     checks.threads(threads, allow_zero=True)
     checks.output_dir(out)
     torch.set_num_threads(threads or checks.default_threads())

@@ -99,13 +99,13 @@ def check_arithmetic(root: Path) -> None:
     the numbers. ``root/arithmetic.json`` records the mode; a run made before it was recorded was native."""
     from symalign.arithmetic import active
 
-    path = root / ARITHMETIC_FILE
+    path, now = root / ARITHMETIC_FILE, active()
     try:
         old = json.loads(path.read_text()).get("mode", "native") if path.is_file() else "native"
     except ValueError:
         old = "native"
-    if old != active():
-        raise ConfigError(f"{root} was made in {old} arithmetic and this run is in {active()} arithmetic; use "
+    if old != now:
+        raise ConfigError(f"{root} was made in {old} arithmetic and this run is in {now} arithmetic; use "
                           f"another --out, --fresh to start over, or run in {old} arithmetic "
                           "(SYMALIGN_ARITHMETIC, or symalign demo --arithmetic)")
 

@@ -140,7 +140,8 @@ def report_markdown(summary: dict) -> str:
              f"ViT D={summary['model']['d_model']}, {summary['model']['n_layers']} layers, "
              f"{summary['model']['n_heads']} heads; {summary['test_items']} held-out test images; one seed pair "
              f"(A: seed {summary['seeds'][0]}, B: seed {summary['seeds'][1]}); torch threads "
-             f"{summary['threads']}, {summary.get('arithmetic', {}).get('mode', 'native')} arithmetic. Ratio = aligned / naive loss barrier (%).\n",
+             f"{summary['threads']}, {summary['arithmetic']['mode']} arithmetic. "
+             "Ratio = aligned / naive loss barrier (%).\n",
              "## Barriers (every scope and stage 2)\n", markdown_table(summary["rows"])]
     if "whole_model" in summary:
         w = summary["whole_model"]
