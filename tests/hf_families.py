@@ -70,17 +70,18 @@ class Planted:
 def plant_checkpoints(a, scope: str, dtype, tmp_path, seed: int = 7) -> Planted:
     """Save ``a`` in ``dtype`` as ``tmp_path/A`` and ``B = g . A`` (``g = sample(spec, seed)`` of A's spec for
     ``scope``) in A's layout as ``tmp_path/B``; the planted-recovery tests align B to A and expect ``target``."""
-    from symalign import hf_io
+    from symalign.checkpoint.hf import load_checkpoint
+    from symalign.checkpoint.output import write_checkpoint
     from symalign.families import prepare
     from symalign.spec import apply, sample
 
     a.to(dtype).save_pretrained(tmp_path / "A")
-    ck = hf_io.load_checkpoint(tmp_path / "A")
+    ck = load_checkpoint(tmp_path / "A")
     spec, target, untied = ck.adapter.spec(ck.config, ck.state.keys()), ck.state, False
     if scope == "model":
         prep = prepare(ck.config, ck.state, spec, type(a).__name__)
         spec, target, untied = prep.spec, prep.state, prep.untied
     t = sample(spec, seed)
-    hf_io.write_checkpoint(tmp_path / "B", {k: v.to(dtype) for k, v in apply(spec, t, target).items()},
+    write_checkpoint(tmp_path / "B", {k: v.to(dtype) for k, v in apply(spec, t, target).items()},
                            tmp_path / "A")
     return Planted(spec, target, t, untied)

@@ -11,22 +11,32 @@ from hf_tiny import make_model
 from symalign.errors import CheckpointError
 
 
-def test_older_names_are_the_package_objects():
-    from symalign import hf_io, merge
-    from symalign.checkpoint import hf, lazy, layout, output, shards
-    from symalign.stream import reader, writer
+def test_io_knows_no_family_and_its_sources_agree(tmp_path):
+    """The bottom layer reads a checkpoint folder without a config's family: the same tensors as the
+    family-aware reader, and a state dict in memory is a source of the same interface."""
+    from symalign.checkpoint.lazy import open_checkpoint
+    from symalign.io.tensors import StateTensors, open_tensors
 
-    assert hf_io.load_checkpoint is hf.load_checkpoint and hf_io.Checkpoint is hf.HFCheckpoint
-    assert hf_io.stage_checkpoint is output.stage_checkpoint is merge.stage_like
-    assert reader.open_checkpoint is lazy.open_checkpoint and reader.read_header is layout.read_header
-    assert writer.ShardWriter is shards.ShardWriter and merge.shard_map is layout.shard_map
+    make_model("llama", dtype=torch.float32, seed=0).save_pretrained(tmp_path / "A", max_shard_size="20KB")
+    raw, ck = open_tensors(tmp_path / "A"), open_checkpoint(tmp_path / "A")
+    assert raw.shapes == ck.shapes and raw.files == ck.files and not hasattr(raw, "adapter")
+    names = raw.keys[:3]
+    got = raw.read(names)
+    mem = StateTensors(got).read(names, dtype=torch.float64)
+    for n in names:
+        assert torch.equal(got[n], ck.read([n])[n]) and torch.equal(mem[n], got[n].double())
+    bad = dict(got)
+    bad[names[0]] = bad[names[0]].clone().fill_(float("nan"))
+    with pytest.raises(CheckpointError, match="NaN or Inf"):
+        StateTensors(bad, "mem").read(names)
 
 
 def test_loaded_and_lazy_checkpoints_agree_and_staging_keeps_the_shard_layout(tmp_path):
     from symalign.checkpoint.config import check_same_architecture
     from symalign.checkpoint.hf import load_checkpoint
     from symalign.checkpoint.lazy import open_checkpoint
-    from symalign.checkpoint.output import read_marker, write_checkpoint
+    from symalign.checkpoint.output import write_checkpoint
+    from symalign.io.folder import read_marker
 
     make_model("llama", dtype=torch.float32, seed=0).save_pretrained(tmp_path / "A", max_shard_size="20KB")
     full, lazy = load_checkpoint(tmp_path / "A"), open_checkpoint(tmp_path / "A")
@@ -44,7 +54,7 @@ def test_loaded_and_lazy_checkpoints_agree_and_staging_keeps_the_shard_layout(tm
 
 
 def test_state_dict_files(tmp_path):
-    from symalign.checkpoint.statedict import load_state_file, save_state_file
+    from symalign.io.statedict import load_state_file, save_state_file
 
     state = {"w": torch.randn(3, 2)}
     save_state_file(state, tmp_path / "s.pt")

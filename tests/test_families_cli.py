@@ -138,14 +138,15 @@ def test_gpt2_and_encoders_planted_both_scopes(family, dtype, scope, tmp_path, c
     share the layout (a tied A and an independent B: tests/test_whole_hf.py)."""
     from hf_tiny import T, config, inputs, randomize
 
-    from symalign import hf_io
+    from symalign.checkpoint.hf import load_checkpoint
+    from symalign.checkpoint.output import write_checkpoint
 
     cls = getattr(T, OLDER[family])
     kw = {"tie_word_embeddings": False} if family == "gpt2" else {}
     a = cls._from_config(config(family, **kw), attn_implementation="eager").to(torch.float64)
     randomize(a, 0)
     a.to(dtype).save_pretrained(tmp_path / "A")
-    ck = hf_io.load_checkpoint(tmp_path / "A")
+    ck = load_checkpoint(tmp_path / "A")
     spec, target = ck.adapter.spec(ck.config, ck.state.keys()), ck.state
     if scope == "model":
         prep = prepare(ck.config, ck.state, spec)
@@ -153,7 +154,7 @@ def test_gpt2_and_encoders_planted_both_scopes(family, dtype, scope, tmp_path, c
         assert "residual" in spec.spaces and not prep.untied
     t = sample(spec, 7)
     b_state = {k: v.to(dtype) for k, v in apply(spec, t, target).items()}
-    hf_io.write_checkpoint(tmp_path / "B", b_state, tmp_path / "A")
+    write_checkpoint(tmp_path / "B", b_state, tmp_path / "A")
     code, stdout, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",
                                      tmp_path / "OUT", "--scope", scope, "--json")
     assert code == 0, err

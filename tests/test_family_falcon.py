@@ -98,7 +98,8 @@ def test_head_permutations_change_the_alibi_function(layout):
 def test_alibi_planted_recovery_cli(layout, dtype, scope, tmp_path, capsys, monkeypatch):
     """B = g . A (g a random element of the attention spec, or of the whole-model spec of A's rewrite) as
     saved checkpoints; OUT recovers A (or its rewrite) and computes B's function after ``from_pretrained``."""
-    from symalign import hf_io
+    from symalign.checkpoint.hf import load_checkpoint
+    from symalign.checkpoint.output import write_checkpoint
 
     a = make("falcon", dtype=torch.float64, alibi=True, **LAYOUTS[layout])
     p = plant_checkpoints(a, scope, dtype, tmp_path)
@@ -112,7 +113,7 @@ def test_alibi_planted_recovery_cli(layout, dtype, scope, tmp_path, capsys, monk
     info = json.loads(stdout)
     exact = 1e-8 if dtype == torch.float64 else 1e-4
     assert info["distance"]["before"]["total"] > 0.1 and info["distance"]["after"]["total"] <= exact
-    out = hf_io.load_checkpoint(tmp_path / "OUT").state
+    out = load_checkpoint(tmp_path / "OUT").state
     assert _rel_state({k: target[k] for k in spec.tensors}, {k: out[k] for k in spec.tensors}) <= exact
     cls = type(a)
     o = cls.from_pretrained(tmp_path / "OUT", dtype=dtype, attn_implementation="eager").eval()
@@ -146,13 +147,14 @@ def test_probe_hf_alibi_nullity_equals_declared(layout, tmp_path, capsys, monkey
 def test_alibi_interpolate_reads_the_aligned_model(tmp_path, capsys, monkeypatch):
     """``symalign interpolate A OUT`` after a whole-model alignment of a planted pair (grouped K/V layout,
     a vocabulary that covers the synthetic data): OUT is B in A's coordinates, so the path is flat."""
-    from symalign import hf_io
+    from symalign.checkpoint.hf import load_checkpoint
+    from symalign.checkpoint.output import write_checkpoint
 
     a = make("falcon", alibi=True, vocab_size=256, **LAYOUTS["new-decoder"])
     a.save_pretrained(tmp_path / "A")
-    ck = hf_io.load_checkpoint(tmp_path / "A")
+    ck = load_checkpoint(tmp_path / "A")
     prep = prepare(ck.config, ck.state, ck.adapter.spec(ck.config, ck.state.keys()), type(a).__name__)
-    hf_io.write_checkpoint(tmp_path / "B", apply(prep.spec, sample(prep.spec, 7), prep.state), tmp_path / "A")
+    write_checkpoint(tmp_path / "B", apply(prep.spec, sample(prep.spec, 7), prep.state), tmp_path / "A")
     out = tmp_path / "OUT"
     code, _, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o", out,
                                 "--scope", "model")

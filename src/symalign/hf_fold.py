@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from symalign.checkpoint.hf import HFCheckpoint, load_checkpoint
-from symalign.checkpoint.output import read_marker, stage_checkpoint, verify_and_commit
+from symalign.checkpoint.output import stage_checkpoint, verify_and_commit
+from symalign.io.folder import read_marker
 from symalign.tolerance import FunctionCheck
 
 

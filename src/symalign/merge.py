@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 from torch import Tensor
 
 from symalign.checkpoint import average
-from symalign.checkpoint.layout import shard_map
+from symalign.io.layout import shard_map
 from symalign.checkpoint.output import stage_checkpoint
 from symalign.errors import ConfigError
 

@@ -40,7 +40,8 @@ import torch
 from symalign.align_result import AlignResult, CheckReport, PhaseClock, new_result
 from symalign.checkpoint.config import check_same_architecture
 from symalign.checkpoint.hf import HFCheckpoint, load_checkpoint
-from symalign.checkpoint.output import check_output_dir, stage_checkpoint, verify_and_commit
+from symalign.checkpoint.output import stage_checkpoint, verify_and_commit
+from symalign.io.folder import check_output_dir
 from symalign.errors import ConfigError
 from symalign.match.experts import expert_units
 from symalign.provenance import provenance

@@ -1,173 +1,32 @@
-r"""Lazy, validated reading of ``save_pretrained`` safetensors checkpoints (single file or sharded).
+r"""A Hugging Face checkpoint opened lazily: its tensors (:mod:`symalign.io.tensors`), config and family.
 
-:func:`open_checkpoint` reads only ``config.json``, the index
-(``model.safetensors.index.json``, if any) and each shard's header: no tensor data.
-It checks, naming the file and the fix, that
-
-* every shard the index lists exists, and its header is complete and covers the
-  file exactly (a truncated or corrupt shard is refused before any work starts);
-* the index names each tensor once (duplicate JSON keys are caught) and each
-  tensor lies in the shard the index says (a tensor in two shards is refused);
-* every tensor the config predicts is present with the predicted shape (the model
-  is built on the meta device: no memory), and no other tensor is.
-
-:meth:`LazyCheckpoint.read` then returns copies of a few tensors (a layer) through
-``safetensors.safe_open``, which memory-maps the shard: the mapping is opened and
-closed around each read, so mapped pages never pile up in the process's resident
-set. Each tensor read is checked for NaN/Inf. Bytes read are counted in
-:attr:`LazyCheckpoint.bytes_read`. Loading a whole checkpoint
-(:func:`symalign.checkpoint.hf.load_checkpoint`) is opening it and reading every tensor.
+:func:`open_checkpoint` reads only ``config.json``, the index (if any) and each shard's header: no tensor data.
+Beyond the file checks of :func:`symalign.io.tensors.open_tensors` it checks, naming the file and the fix, that
+every tensor the config predicts is present with the predicted shape (the model is built on the meta device: no
+memory), and no other tensor is. Loading a whole checkpoint (:func:`symalign.checkpoint.hf.load_checkpoint`) is
+opening it and reading every tensor.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
-
-import torch
-from torch import Tensor
+from typing import Any
 
 from symalign.checkpoint.config import check_same_architecture, check_shapes, load_config
-from symalign.checkpoint.layout import DTYPES, ShardHeader, TensorInfo, read_header, weight_layout
-from symalign.errors import CheckpointError
 from symalign.families import get_adapter
-from symalign.tolerance import all_finite
+from symalign.io.tensors import ShardedTensors, tensor_table
 
 __all__ = ["LazyCheckpoint", "open_checkpoint", "check_against_config", "check_same_architecture"]
 
 
 @dataclass
-class LazyCheckpoint:
-    """A checkpoint known by its headers; tensors are read on demand (:meth:`read`)."""
+class LazyCheckpoint(ShardedTensors):
+    """A checkpoint's lazily read tensors with its transformers ``config`` and family ``adapter``."""
 
-    path: Path
-    config: Any
-    adapter: Any
-    tensors: dict[str, TensorInfo]
-    shards: list[ShardHeader]
-    index: dict[str, Any] | None = None  # the index JSON (``metadata`` + ``weight_map``), if sharded
-    bytes_read: int = 0
-    _checked: set[str] = field(default_factory=set, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def _count(self, n: int) -> None:
-        """Add ``n`` to :attr:`bytes_read` (reads may come from a writer thread too)."""
-        with self._lock:
-            self.bytes_read += n
-
-    @property
-    def keys(self) -> list[str]:
-        return list(self.tensors)
-
-    @property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {k: t.shape for k, t in self.tensors.items()}
-
-    @property
-    def files(self) -> list[Path]:
-        return [s.path for s in self.shards]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The most common floating dtype (by tensor count)."""
-        floats = [t.dtype for t in self.tensors.values() if t.dtype.is_floating_point]
-        return max(set(floats), key=floats.count) if floats else torch.float32
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors.values())
-
-    @property
-    def numel(self) -> int:
-        return sum(t.numel for t in self.tensors.values())
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self.tensors[name].shape
-
-    def read(self, names: Iterable[str], dtype: torch.dtype | None = None,
-             check_finite: bool = True) -> dict[str, Tensor]:
-        """Copies of the tensors ``names`` (in ``dtype`` if given), each checked for NaN/Inf.
-
-        Each shard involved is memory-mapped for the duration of this call only.
-        """
-        from safetensors import safe_open
-
-        by_file: dict[Path, list[str]] = defaultdict(list)
-        for n in names:
-            by_file[self.tensors[n].file].append(n)
-        out: dict[str, Tensor] = {}
-        for f, group in by_file.items():
-            try:
-                with safe_open(str(f), framework="pt") as h:
-                    for n in group:
-                        t = h.get_tensor(n)
-                        t = t.to(dtype) if dtype is not None and t.is_floating_point() else t.clone()
-                        self._count(self.tensors[n].nbytes)
-                        if check_finite and t.is_floating_point() and not all_finite(t):
-                            raise CheckpointError(f"{self.path}: tensor {n!r} contains NaN or Inf values")
-                        out[n] = t
-            except CheckpointError:
-                raise
-            except Exception as exc:  # a shard changed or broke since its header was read
-                raise CheckpointError(f"{f} cannot be read ({str(exc).splitlines()[0]}); re-save or re-download "
-                                      "it") from None
-        return out
-
-    def read_rows(self, name: str, start: int, stop: int, dtype: torch.dtype | None = None,
-                  check_finite: bool = True) -> Tensor:
-        """Rows ``start:stop`` (axis 0) of one tensor, copied (in ``dtype`` if given), checked for NaN/Inf."""
-        from safetensors import safe_open
-
-        info = self.tensors[name]
-        try:
-            with safe_open(str(info.file), framework="pt") as h:
-                t = h.get_slice(name)[start:stop]
-                t = t.to(dtype) if dtype is not None and t.is_floating_point() else t.clone()
-        except Exception as exc:
-            raise CheckpointError(f"{info.file} cannot be read ({str(exc).splitlines()[0]}); re-save or re-download "
-                                  "it") from None
-        self._count(t.numel() * info.nbytes // max(1, info.numel))
-        if check_finite and t.is_floating_point() and not all_finite(t):
-            raise CheckpointError(f"{self.path}: tensor {name!r} contains NaN or Inf values")
-        return t
-
-    def read_rows_into(self, name: str, start: int, stop: int, buf: Tensor) -> Tensor:
-        """Rows ``start:stop`` (axis 0) of one tensor as stored, read straight into ``buf`` (any contiguous
-        tensor with at least their byte count; no NaN/Inf check, no other copy). Returns a view of ``buf``
-        with the rows' dtype and shape."""
-        info = self.tensors[name]
-        row = info.nbytes // max(1, info.shape[0]) if info.shape else info.nbytes
-        n = (stop - start) * row if info.shape else info.nbytes
-        raw = buf.view(-1).view(torch.uint8)
-        if raw.numel() < n:
-            raise ValueError(f"buffer of {raw.numel()} bytes for {n} bytes of {name!r}")
-        sh = next(s for s in self.shards if s.path == info.file)
-        view = memoryview(raw.numpy())[:n]
-        off = 8 + sh.header_len + info.start + (start * row if info.shape else 0)
-        with open(info.file, "rb", buffering=0) as f:
-            while len(view):
-                got = os.preadv(f.fileno(), [view], off)
-                if got <= 0:
-                    raise CheckpointError(f"{info.file} is truncated (tensor {name!r}); re-save or re-download it")
-                view, off = view[got:], off + got
-        self._count(n)
-        return raw[:n].view(info.dtype).view((stop - start, *info.shape[1:]) if info.shape else ())
-
-    def read_raw(self, name: str) -> bytes:
-        """The stored bytes of one tensor (no decoding)."""
-        info = self.tensors[name]
-        sh = next(s for s in self.shards if s.path == info.file)
-        with open(info.file, "rb") as f:
-            f.seek(8 + sh.header_len + info.start)
-            data = f.read(info.nbytes)
-        if len(data) != info.nbytes:
-            raise CheckpointError(f"{info.file} is truncated (tensor {name!r}); re-save or re-download it")
-        self._count(info.nbytes)
-        return data
+    config: Any = None
+    adapter: Any = None
 
 
 def open_checkpoint(path: str | os.PathLike, check_shapes: bool = True) -> LazyCheckpoint:
@@ -175,26 +34,8 @@ def open_checkpoint(path: str | os.PathLike, check_shapes: bool = True) -> LazyC
     path = Path(path)
     config = load_config(path)
     adapter = get_adapter(config)
-    files, index, wm = weight_layout(path)
-    shards = [read_header(f) for f in files]
-    tensors: dict[str, TensorInfo] = {}
-    for sh in shards:
-        for name, e in sh.entries.items():
-            if name in tensors:
-                raise CheckpointError(f"{sh.path} repeats tensor {name!r} of {tensors[name].file.name}; keep one "
-                                      "copy and fix the index")
-            if wm is not None and wm.get(name) != sh.path.name:
-                where = f"in {wm[name]}" if name in wm else "absent"
-                raise CheckpointError(f"{sh.path} holds tensor {name!r} but the index says it is {where}; "
-                                      "regenerate the index")
-            tensors[name] = TensorInfo(name, sh.path, DTYPES[e["dtype"]], tuple(int(s) for s in e["shape"]),
-                                       *(int(x) for x in e["data_offsets"]))
-    if wm is not None:
-        missing = [n for n in wm if n not in tensors]
-        if missing:
-            raise CheckpointError(f"{path / wm[missing[0]]} lacks tensor {missing[0]!r} that the index lists; "
-                                  "the shard is incomplete")
-    ck = LazyCheckpoint(path, config, adapter, tensors, shards, index)
+    tensors, shards, index = tensor_table(path)
+    ck = LazyCheckpoint(path, tensors, shards, index, config=config, adapter=adapter)
     if check_shapes:
         check_against_config(ck)
     return ck

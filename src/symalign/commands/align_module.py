@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from symalign.align_result import AlignResult, PhaseClock
-from symalign.checkpoint.statedict import load_state_file, save_state_file
+from symalign.io.statedict import load_state_file, save_state_file
 from symalign.errors import CheckpointError, ConfigError
 from symalign.provenance import provenance
 from symalign.tolerance import dtype_name
@@ -60,7 +60,7 @@ def load_factory(spec: str) -> tuple[nn.Module, Any]:
 
 
 def load_state(path: Path, who: str) -> dict[str, torch.Tensor]:
-    """A ``torch.save``d state dict (:func:`symalign.checkpoint.statedict.load_state_file`)."""
+    """A ``torch.save``d state dict (:func:`symalign.io.statedict.load_state_file`)."""
     return load_state_file(path, who)
 
 

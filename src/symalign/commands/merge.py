@@ -53,7 +53,8 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     memory, as ``symalign align``)."""
     from symalign.checkpoint.config import check_same_architecture
     from symalign.checkpoint.hf import load_checkpoint
-    from symalign.checkpoint.output import check_output_dir, commit, discard, stage_checkpoint
+    from symalign.checkpoint.output import stage_checkpoint
+    from symalign.io.folder import check_output_dir, commit, discard
     from symalign.commands.align import SCOPES, run_align
     from symalign.evaluate import build_eval, check_same_vocabulary, evaluate_model
     from symalign.hf_lmc import load_hf_model

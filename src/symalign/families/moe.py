@@ -116,7 +116,7 @@ class MoEFamily(Family):
         A checkpoint stores expert ``e`` of a layer as ``{disk_block}.experts.{e}.{gate,up,down}.weight``
         (``(F, D)``, ``(F, D)``, ``(D, F)``); the model holds ``gate_up_proj[e] = [gate; up]`` (``(E, 2F, D)``)
         and ``down_proj[e] = down`` (``(E, D, F)``), and the block under ``mlp``. Written back by
-        :func:`symalign.hf_io.saved_names` (transformers' own reverse conversion), or one expert at a time
+        :func:`symalign.checkpoint.config.saved_names` (transformers' own reverse conversion), or one expert at a time
         by :meth:`unfused`.
         """
         m = self.moe

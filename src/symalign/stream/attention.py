@@ -16,7 +16,7 @@ For each layer, in order:
    (rounded to B's dtype) within the tolerance of that dtype
    (:mod:`symalign.tolerance`);
 4. round to B's dtype and write the tensors into OUT's shards
-   (:class:`~symalign.checkpoint.shards.ShardWriter`).
+   (:class:`~symalign.io.shards.ShardWriter`).
 
 Overlap (same results, same order of every floating-point operation on a layer): step 2
 is split at its stage-2 solve (:func:`~symalign.match.api.prepare_attention`, then
@@ -47,7 +47,7 @@ from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
 from symalign.tolerance import dtype_name, function_tolerance
 from symalign.checkpoint.lazy import LazyCheckpoint, check_same_architecture, open_checkpoint
-from symalign.checkpoint.shards import ShardWriter
+from symalign.io.shards import ShardWriter
 
 FLOAT64_MAX_LAYER_PARAMS = 150_000_000
 
@@ -114,7 +114,7 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
     ``return_transform``: keep the group element found (space -> tensor) in ``transform``;
     ``clock``: sums the time of each phase over the layers (:func:`symalign.pipeline.align`).
     """
-    from symalign.checkpoint.output import check_output_dir, commit
+    from symalign.io.folder import check_output_dir, commit
     from symalign.arch.fused import split_segments
     from symalign.match import match_attention
     from symalign.match.api import prepare_attention, solve_attention

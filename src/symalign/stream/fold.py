@@ -24,7 +24,7 @@ from typing import Mapping
 import torch
 from torch import Tensor
 
-from symalign.checkpoint.layout import TensorInfo
+from symalign.io.layout import TensorInfo
 from symalign.checkpoint.lazy import LazyCheckpoint
 from symalign.errors import CheckpointError, ConfigError
 from symalign.groups import Orthogonal, Permutation

@@ -4,7 +4,7 @@ r"""Interpolation points built by streaming: one model resident, its weights rew
 the model's dtype, :func:`symalign.lmc.interpolate`) at evenly spaced ``t``. Streamed, the
 only model in memory is A's architecture loaded once (:func:`symalign.hf_lmc.load_hf_model`):
 for each point every checkpoint tensor is read lazily from A and B in row chunks of at most
-:data:`CHUNK_ELEMENTS` values (:class:`~symalign.stream.reader.LazyCheckpoint`), combined with
+:data:`CHUNK_ELEMENTS` values (:class:`~symalign.checkpoint.lazy.LazyCheckpoint`), combined with
 ``torch.lerp`` and copied into the model's parameter of that name; then the model is evaluated
 with its own weights. ``lerp`` is elementwise, so the chunks change nothing: each point's
 weights, hence its metrics, are bit-identical to the in-memory curve's. Tensors the checkpoint
@@ -24,7 +24,7 @@ from torch import nn
 
 from symalign.arithmetic import describe
 from symalign.errors import CheckpointError
-from symalign.stream.reader import LazyCheckpoint, check_same_architecture, open_checkpoint
+from symalign.checkpoint.lazy import LazyCheckpoint, check_same_architecture, open_checkpoint
 
 CHUNK_ELEMENTS = 1 << 22
 

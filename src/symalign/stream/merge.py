@@ -14,16 +14,16 @@ the merged model is ``theta = sum_k w_k T_k . theta_k`` (``T_1 = id``), exactly 
    as the in-memory merge does;
 2. the average is formed tensor by tensor in row chunks of at most
    :data:`CHUNK_ELEMENTS` values: each input's rows are read lazily
-   (:class:`~symalign.stream.reader.LazyCheckpoint`), summed in float32 for
+   (:class:`~symalign.checkpoint.lazy.LazyCheckpoint`), summed in float32 for
    bfloat16/float16 tensors and in float64 otherwise (the rounding argument:
    :mod:`symalign.checkpoint.average`), rounded to the first checkpoint's dtype of that
    tensor, and written at their offsets into OUT's shards by a writer thread while the
-   next chunk is read (:class:`~symalign.stream.writer.ShardWriter`, the first
+   next chunk is read (:class:`~symalign.io.shards.ShardWriter`, the first
    checkpoint's layout: shard names, index, header bytes, non-weight files); integer
    tensors are the first checkpoint's bytes. Each aligned scratch checkpoint is deleted
    once the average is written;
 3. OUT is checked to load without materialising weights: every tensor header against
-   the config (:func:`~symalign.stream.reader.open_checkpoint`), and the model class
+   the config (:func:`~symalign.checkpoint.lazy.open_checkpoint`), and the model class
    built on the meta device has exactly those names and shapes
    (:func:`check_loads_lazily`). Then OUT is committed atomically (nothing is left on
    any failure).
@@ -52,8 +52,8 @@ from symalign.checkpoint import average
 from symalign.errors import CheckpointError, ConfigError
 from symalign.stream.memory import bound_heap, peak_rss
 from symalign.stream.progress import progress_bar
-from symalign.stream.reader import LazyCheckpoint, check_same_architecture, open_checkpoint
-from symalign.stream.writer import ShardWriter
+from symalign.checkpoint.lazy import LazyCheckpoint, check_same_architecture, open_checkpoint
+from symalign.io.shards import ShardWriter
 from symalign.tolerance import all_finite
 
 CHUNK_ELEMENTS = 1 << 24  # values per input read at a time while averaging (32 MiB in bfloat16)
@@ -78,7 +78,7 @@ def average_into(out_path: Path, inputs: Sequence[Any], weights: Sequence[float]
     """Write ``sum_k w_k inputs[k]`` laid out like ``inputs[0]`` (or ``layout``, the checkpoint ``inputs[0]``
     reads through, e.g. :class:`~symalign.stream.fold.FoldedCheckpoint`) into a staged folder; returns it and
     the bytes written. ``extra``: tensors ``inputs[0]`` has beyond ``layout`` (name -> dtype, shape: an untied
-    head, :class:`~symalign.checkpoint.shards.ShardWriter`); ``config_edits``: merged into OUT's config. Float tensors: row blocks of at most :data:`CHUNK_ELEMENTS` values, summed in
+    head, :class:`~symalign.io.shards.ShardWriter`); ``config_edits``: merged into OUT's config. Float tensors: row blocks of at most :data:`CHUNK_ELEMENTS` values, summed in
     :func:`~symalign.checkpoint.average.accumulate_dtype` (float32 for bfloat16/float16, float64
     otherwise) and rounded to ``inputs[0]``'s dtype; others copied from ``layout``.
 
@@ -154,7 +154,7 @@ def check_loads_lazily(path: Path) -> dict[str, Any]:
     """OUT loads without materialising a weight: every header checked against ``config.json``
     (:func:`open_checkpoint`) and the model class, built on the meta device, has exactly the
     checkpoint's tensor names and shapes (tied weights may be absent)."""
-    from symalign.hf_io import expected_shapes
+    from symalign.checkpoint.config import expected_shapes
 
     ck = open_checkpoint(path)
     from transformers.core_model_loading import revert_weight_conversion
@@ -181,7 +181,7 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
     """Merge ``dirs`` into ``out`` by streaming (module docstring); ``weights`` already normalised;
     ``max_sweeps``: passes of the streamed model scope at most; ``experts``: how its mixture-of-experts
     blocks are solved (:func:`symalign.match.experts.match_experts`)."""
-    from symalign import hf_io
+    from symalign.io.folder import check_output_dir, commit, discard
     from symalign.stream.attention import run_stream_attention
     from symalign.stream.auto import streamable
     from symalign.stream.fold import FoldedCheckpoint
@@ -196,7 +196,7 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
         if why is not None:
             raise ConfigError(why)
     bound_heap()
-    out_path = hf_io.check_output_dir(out, list(dirs), force)
+    out_path = check_output_dir(out, list(dirs), force)
     first = open_checkpoint(dirs[0])
     for d in dirs[1:]:
         check_same_architecture(first, open_checkpoint(d))
@@ -232,9 +232,9 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
         shutil.rmtree(scratch, ignore_errors=True)
     try:
         loads = check_loads_lazily(tmp)
-        hf_io.commit(tmp, out_path)
+        commit(tmp, out_path)
     except BaseException:
-        hf_io.discard(tmp)
+        discard(tmp)
         raise
     return {"models": [str(d) for d in dirs], "weights": list(weights), "out": str(out_path),
             "scope": scope if align else "none", "universe": None, "aligned": aligned_info,

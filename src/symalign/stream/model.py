@@ -66,7 +66,7 @@ from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
 from symalign.tolerance import dtype_name
 from symalign.checkpoint.lazy import LazyCheckpoint
-from symalign.checkpoint.shards import ShardWriter
+from symalign.io.shards import ShardWriter
 def _res_action(spec: SymmetrySpec, t: str, res: str):
     return next((a for a in spec.tensors.get(t, []) if a.space == res), None)
 
@@ -413,7 +413,7 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
     time of each phase (the matching passes count as ``match``; :func:`symalign.pipeline.align`);
     ``experts``: how mixture-of-experts blocks are solved (:func:`symalign.match.experts.match_experts`)."""
     from symalign.checkpoint.config import saved_names
-    from symalign.checkpoint.output import check_output_dir, commit
+    from symalign.io.folder import check_output_dir, commit
 
     clock = clock or PhaseClock()
     bound_heap()

@@ -12,7 +12,7 @@ parent folder: it has no name until the end, so a run killed at any point (even 
 ``SIGKILL``) leaves nothing behind -- the kernel frees the space. When every tensor
 is written, :meth:`ShardWriter.stage` gives the shards names inside a temporary
 sibling folder ``.OUT.tmp-*`` together with B's other files, and
-:func:`symalign.checkpoint.output.commit` renames that folder to OUT. Where ``O_TMPFILE`` is not
+:func:`symalign.io.folder.commit` renames that folder to OUT. Where ``O_TMPFILE`` is not
 supported the shards are named temporary files inside that folder from the start
 (removed on any Python-level failure).
 """
@@ -30,9 +30,9 @@ import torch
 from torch import Tensor
 
 from symalign.atomic import fix_modes, make_temp_dir
-from symalign.checkpoint.layout import INDEX_NAME, ST_NAMES, TensorInfo, tensor_bytes
-from symalign.checkpoint.lazy import LazyCheckpoint
-from symalign.checkpoint.output import copy_non_weights
+from symalign.io.layout import INDEX_NAME, ST_NAMES, TensorInfo, tensor_bytes
+from symalign.io.tensors import ShardedTensors
+from symalign.io.folder import copy_non_weights
 from symalign.errors import CheckpointError, SymalignError
 from symalign.tolerance import all_finite
 
@@ -65,10 +65,10 @@ def _link(fd: int, dest: Path) -> None:
 class ShardWriter:
     """Write OUT shard by shard in B's layout (see the module docstring)."""
 
-    def __init__(self, out: str | os.PathLike, like: LazyCheckpoint,
+    def __init__(self, out: str | os.PathLike, like: ShardedTensors,
                  extra: Mapping[str, tuple[torch.dtype, tuple[int, ...]]] | None = None):
         """``extra``: tensors B lacks (name -> dtype, shape; e.g. a head the rewrite unties), appended to B's
-        last shard file (by name, as :func:`symalign.checkpoint.output.write_tensors` places a new tensor):
+        last shard file (by name, as :func:`symalign.io.folder.write_tensors` places a new tensor):
         that file gets a new header (B's entries, then these at the end of its data section) and the index,
         if any, names them."""
         self.out = Path(out).resolve()
