@@ -31,11 +31,13 @@ JSON is the same for every scope and path.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch import Tensor
 
 from symalign.align_result import AlignResult, CheckReport, PhaseClock, new_result
 from symalign.checkpoint.config import check_same_architecture
@@ -45,6 +47,7 @@ from symalign.io.folder import check_output_dir
 from symalign.errors import ConfigError
 from symalign.match.experts import expert_units
 from symalign.provenance import provenance
+from symalign.tolerance import FunctionCheck
 from symalign.spec import apply
 
 SCOPES = ("attention", "model")
@@ -234,10 +237,16 @@ class InMemoryAttention(InMemoryEngine):
         self.after = attention_distance(self.spec, self.a.state, self.out_state)
         del self.a
 
+    def edits(self) -> dict[str, Any] | None:
+        return None
+
     def write(self) -> AlignResult:
         check = self.stage_and_commit(self.out_state, None, {**self.marker(), "folded": False},
                                       f"the {self.b.adapter.family} adapter or the matcher")
         del self.out_state
+        return self.result_with(check)
+
+    def result_with(self, check: FunctionCheck) -> AlignResult:
         return new_result(self.b, self.spec, "in-memory", self.before, self.after, 1, True, CheckReport.whole(check),
                           match=self.result.to_dict(),
                           transform=dict(self.result.transform) if self.job.return_transform else None)
@@ -289,12 +298,13 @@ class InMemoryModel(InMemoryEngine):
         self.out_state = apply(self.spec, self.result.transform, pb.state)
         self.after = relative_distance(pa.state, self.out_state, self.spec.tensors)
 
+    def edits(self) -> dict[str, Any] | None:
+        return {"tie_word_embeddings": False} if self.pb.untied else None
+
     def write(self) -> AlignResult:
-        pb, res = self.pb, self.result
-        marker = {**self.marker(), "folded": True, "untied_head": pb.untied,
+        marker = {**self.marker(), "folded": True, "untied_head": self.pb.untied,
                   "reference": str(self.ref_path) if self.ref_path is not None else None}
-        check = self.stage_and_commit(self.out_state, {"tie_word_embeddings": False} if pb.untied else None,
-                                      marker, "whole-model alignment")
+        check = self.stage_and_commit(self.out_state, self.edits(), marker, "whole-model alignment")
         del self.out_state
         reference = None
         if self.ref_path is not None:
@@ -303,6 +313,10 @@ class InMemoryModel(InMemoryEngine):
             self.job.tell("writing A's folded form (--write-reference)")
             with self.clock("write"):
                 reference = {"path": str(self.ref_path), "check": write_folded(self.a, self.ref_path).to_dict()}
+        return self.result_with(check, reference)
+
+    def result_with(self, check: FunctionCheck, reference: dict | None = None) -> AlignResult:
+        pb, res = self.pb, self.result
         notes = list(pb.notes)
         if not res.converged:
             notes.append(f"matching did not converge in {self.job.max_sweeps} sweeps (the distance was still "
@@ -314,3 +328,44 @@ class InMemoryModel(InMemoryEngine):
                           res.iterations, res.converged, CheckReport.whole(check), notes=notes, folded=True,
                           untied_head=pb.untied, reference=reference, match=res.to_dict(),
                           transform=dict(res.transform) if self.job.return_transform else None)
+
+
+@dataclass
+class Aligned:
+    """B aligned to A in memory and checked, never written: ``state`` under the names ``save_pretrained``
+    writes, ``edits`` to B's config that go with it (``tie_word_embeddings`` of a folded model), and the
+    :class:`~symalign.align_result.AlignResult` an ``align`` of the same pair would report (no paths)."""
+
+    state: dict[str, Tensor]
+    edits: dict[str, Any]
+    result: AlignResult
+
+
+def align_loaded(a: HFCheckpoint, b: HFCheckpoint, scope: str = "attention", stage1: bool = True,
+                 stage2: str = "full", max_sweeps: int = 20, experts: str | None = None,
+                 say: Callable[[str], None] | None = None) -> Aligned:
+    """B aligned to A, both already in memory, by the in-memory engine of ``scope`` -- the same prepare and
+    match as ``symalign align`` -- and checked to compute B's function (:func:`symalign.arch.check.
+    check_state_function`: ``from_pretrained`` of the weights in memory; the same tolerance as a written OUT).
+    Nothing is written or read back: ``merge`` averages :attr:`Aligned.state` directly."""
+    from symalign.arch.check import check_state_function
+    from symalign.checkpoint.config import saved_names
+
+    job = AlignJob(Path(a.path), Path(b.path), Path(b.path), scope=scope, stage1=stage1, stage2=stage2,
+                   max_sweeps=max_sweeps, say=say, experts=experts)
+    job.check()
+    engine = (InMemoryAttention if scope == "attention" else InMemoryModel)(job, Path(b.path), PhaseClock())
+    engine.a, engine.b = a, b
+    engine.prepare()
+    engine.match()
+    edits = engine.edits() or {}
+    config = copy.deepcopy(b.config)
+    for k, v in edits.items():
+        setattr(config, k, v)
+    state = saved_names(config, engine.out_state)
+    check = check_state_function(b, b.path, config, state)
+    culprit = "whole-model alignment" if scope == "model" else f"the {b.adapter.family} adapter or the matcher"
+    check.require(f"refusing to write the merge: {b.path} aligned computes another function than {b.path}",
+                  culprit)
+    del engine.out_state
+    return Aligned(state, edits, engine.result_with(check))

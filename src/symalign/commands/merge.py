@@ -7,9 +7,11 @@ Steps: check OUT and the weights; load and validate every checkpoint, refuse
 different families, shapes or vocabularies (one line, exit 2, nothing written);
 with ``--eval DATA`` build the evaluation batches first (bad data is refused
 before any work); align each checkpoint ``k >= 2`` to the first with the
-``symalign align`` pipeline (:func:`symalign.commands.align.run_align`: exact
-symmetries, the aligned model checked to compute checkpoint ``k``'s function)
-into a scratch folder; average (:mod:`symalign.merge`); write OUT atomically,
+``symalign align`` engine (exact symmetries, the aligned model checked to compute
+checkpoint ``k``'s function through ``from_pretrained`` of the weights in memory)
+in memory, never written (:func:`symalign.pipeline.align_loaded`); add each to a running
+weighted sum (:class:`symalign.checkpoint.average.RunningAverage`), so only A, the model being
+aligned and the sum are resident; write OUT atomically,
 laid out like the first checkpoint (family, dtype, shards, config and tokenizer
 files); check that OUT loads with ``from_pretrained``; optionally print the
 merged model's loss beside each input's.
@@ -18,8 +20,6 @@ merged model's loss beside each input's.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -51,15 +51,16 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     ``stream``: align and average tensor by tensor (:mod:`symalign.stream.merge`; never a whole
     model in memory); ``None`` decides by size (the checkpoints together exceed a quarter of the
     memory, as ``symalign align``)."""
+    from symalign.checkpoint.average import RunningAverage
     from symalign.checkpoint.config import check_same_architecture
     from symalign.checkpoint.hf import load_checkpoint
+    from symalign.checkpoint.lazy import open_checkpoint
     from symalign.checkpoint.output import stage_checkpoint
     from symalign.io.folder import check_output_dir, commit, discard
-    from symalign.commands.align import SCOPES, run_align
     from symalign.evaluate import build_eval, check_same_vocabulary, evaluate_model
     from symalign.hf_lmc import load_hf_model
-    from symalign.merge import normalise_weights, weighted_average
-    from symalign.pipeline import check_experts
+    from symalign.merge import normalise_weights
+    from symalign.pipeline import SCOPES, align_loaded, check_experts
 
     if len(dirs) < 2:
         raise ConfigError(f"merge needs at least two checkpoints, got {len(dirs)}")
@@ -87,64 +88,65 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
             res["eval"]["merged"] = evaluate_model(load_hf_model(res["out"]), evalset).to_dict()
         return res
     out_path = check_output_dir(out, dirs, force)
-    ckpts = [load_checkpoint(d) for d in dirs]
-    for c in ckpts[1:]:
-        check_same_architecture(ckpts[0], c)
+    opened = [open_checkpoint(d) for d in dirs]  # headers only: every refusal before any tensor is read
+    for c in opened[1:]:
+        check_same_architecture(opened[0], c)
     check_same_vocabulary(dirs)
-    ref_keys = set(ckpts[0].state)
-    a_config, a_adapter, a_state = ckpts[0].config, ckpts[0].adapter, ckpts[0].state
-    dtype = ckpts[0].dtype
+    a_ckpt = load_checkpoint(dirs[0])
+    ref_keys = set(a_ckpt.state)
+    a_config, a_adapter, dtype = a_ckpt.config, a_ckpt.adapter, a_ckpt.dtype
 
     evalset = None
     if eval_data is not None:
         evalset = build_eval(dirs[0], load_hf_model(dirs[0]), eval_data, eval_opts)
     spread: list[float] | None = None
+    edits: dict[str, Any] = {}
+    aligned_info: list[dict] = []
+    total = RunningAverage()  # only the sum stays resident: each model is read, aligned and added in turn
     if universe:
         from symalign.merge import universe_states
 
-        universe_aligned, untied, spread = universe_states(ckpts, w, rounds, stage2, experts=experts or "exact")
-    del ckpts
+        ckpts = [a_ckpt] + [load_checkpoint(d) for d in dirs[1:]]
+        states, untied, spread = universe_states(ckpts, w, rounds, stage2, experts=experts or "exact")
+        del ckpts
+        if untied:
+            edits["tie_word_embeddings"] = False
+        for s, wk in zip(states, w):
+            total.add(s, wk)
+        del states
+    else:
+        for k, d in enumerate(dirs):
+            if k == 0 and align and scope == "model":  # A in the same exactly rewritten format as the aligned
+                from symalign.checkpoint.config import saved_names
+                from symalign.families import prepare
 
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.align-", dir=out_path.parent))
-    aligned_info: list[dict] = []
-    try:
-        states = []
-        edits: dict[str, Any] = {}
-        if universe:
-            states = universe_aligned
-            if untied:
-                edits["tie_word_embeddings"] = False
-        elif align and scope == "model":  # A in the same exactly rewritten format as the aligned models
-            from symalign.checkpoint.config import saved_names
-            from symalign.families import prepare
-
-            pa = prepare(a_config, a_state, a_adapter.spec(a_config, a_state.keys()))
-            states.append(saved_names(a_config, pa.state))  # the names the aligned checkpoints are read with
-            if pa.untied:
-                edits["tie_word_embeddings"] = False
-        else:
-            states.append(a_state)
-        for k, d in enumerate(dirs[1:] if not universe else [], 1):
-            if align:
-                info = run_align(dirs[0], d, scratch / str(k), scope=scope, stage2=stage2, max_sweeps=max_sweeps,
-                                 experts=experts)
+                pa = prepare(a_config, a_ckpt.state, a_adapter.spec(a_config, a_ckpt.state.keys()))
+                state = saved_names(a_config, pa.state)
+                if pa.untied:
+                    edits["tie_word_embeddings"] = False
+                del pa
+            elif k == 0 or not align:
+                state = a_ckpt.state if k == 0 else load_checkpoint(d).state
+            else:
+                got = align_loaded(a_ckpt, load_checkpoint(d), scope=scope, stage2=stage2, max_sweeps=max_sweeps,
+                                   experts=experts)
+                info = got.result
                 aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict(),
                                      "experts": info.match.get("experts")})
-                states.append(load_checkpoint(scratch / str(k)).state)
-                shutil.rmtree(scratch / str(k), ignore_errors=True)
-            else:
-                states.append(load_checkpoint(d).state)
-        keys = set(states[0])
-        for s in states[1:]:
-            if set(s) != keys:
-                raise ConfigError("the aligned checkpoints hold different tensors; merge them with the same --scope")
-        merged = weighted_average(states, w)
-        del states
-        tmp = stage_checkpoint(out_path, merged, dirs[0], edits or None, marker={
-            "command": "merge", "scope": scope, "folded": scope == "model", "weights": list(w),
-            "inputs": [str(Path(d).resolve()) for d in dirs]})
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+                edits.update(got.edits)
+                state = got.state
+            try:
+                total.add(state, w[k])
+            except ValueError:
+                raise ConfigError("the aligned checkpoints hold different tensors; merge them with the same "
+                                  "--scope") from None
+            del state
+    del a_ckpt
+    merged = total.result()
+    del total
+    tmp = stage_checkpoint(out_path, merged, dirs[0], edits or None, marker={
+        "command": "merge", "scope": scope, "folded": scope == "model", "weights": list(w),
+        "inputs": [str(Path(d).resolve()) for d in dirs]})
     try:
         load_checkpoint(tmp)  # config and tensors agree
         load_hf_model(tmp)  # and from_pretrained reads it
