@@ -6,19 +6,17 @@ the normalised stream, and -- GPT-2 -- ``lm_head`` untied from ``wte``. The alig
 output B' is written in those coordinates. Interpolating B' with A itself would mix two
 parametrisations of A's function: ``(1 - t) A + t B'`` is not the path the matcher made
 short; ``(1 - t) fold(A) + t B'`` is. :func:`write_folded` writes ``fold(A)`` as a
-loadable checkpoint (``align --write-reference``); :func:`folded_copy` makes a temporary
-one for ``interpolate`` when B' is marked folded and A is not. Both are checked to
-compute A's function before they are used.
+loadable checkpoint (``align --write-reference``), checked to compute A's function before it
+is committed; ``interpolate`` folds A in memory when B' is marked folded and A is not.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from symalign.checkpoint.hf import HFCheckpoint, load_checkpoint
+from symalign.checkpoint.hf import HFCheckpoint
 from symalign.checkpoint.output import stage_checkpoint, verify_and_commit
 from symalign.io.folder import read_marker
 from symalign.tolerance import FunctionCheck
@@ -55,10 +53,3 @@ def is_folded(path: str | os.PathLike) -> bool:
     return bool(read_marker(path).get("folded"))
 
 
-def folded_copy(a_dir: str | os.PathLike, parent: str | os.PathLike | None = None) -> tuple[Path, Path]:
-    """``fold(A)`` written to a fresh temporary folder (under ``parent``, default the system's);
-    returns ``(checkpoint folder, folder to remove afterwards)``."""
-    scratch = Path(tempfile.mkdtemp(prefix="symalign-folded-", dir=parent))
-    out = scratch / "folded"
-    write_folded(load_checkpoint(a_dir), out, {"command": "interpolate (temporary)"})
-    return out, scratch

@@ -2,9 +2,9 @@
 
 The checkpoint's head decides the objective (causal LM, masked LM, sequence or
 image classification) and its tokenizer / image processor how the data is read
-(:mod:`symalign.evaluate`). :func:`hf_curve` loads A and B (validated, same
-architecture, same vocabulary), builds the fixed evaluation batches once from A,
-and evaluates ``(1 - t) A + t B`` at every point.
+(:mod:`symalign.evaluate`). :func:`load_pair` loads A and B (validated, same
+architecture, same vocabulary) and builds the fixed evaluation batches once from A;
+:func:`symalign.evaluate.eval_curve` then evaluates ``(1 - t) A + t B`` at every point.
 """
 
 from __future__ import annotations
@@ -13,15 +13,14 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from symalign import lmc
 from symalign.arithmetic import describe
-from symalign.evaluate import EvalOptions, EvalSet, build_eval, check_same_vocabulary, eval_curve
-from symalign.evaluate.run import Metrics
+from symalign.evaluate import EvalOptions, EvalSet, build_eval, check_same_vocabulary
 
 
 def load_hf_model(path: str | Path) -> nn.Module:
@@ -130,10 +129,3 @@ def load_pair(dir_a: str | Path, dir_b: str | Path, data: str, opts: EvalOptions
                    "threads": torch.get_num_threads(), "arithmetic": describe()})
 
 
-def hf_curve(dir_a: str | Path, dir_b: str | Path, data: str, points: int = 25, opts: EvalOptions | None = None,
-             progress: Callable[[int, float], None] | None = None, evalset: EvalSet | None = None,
-             ) -> tuple[lmc.Curve, list[Metrics], EvalSet, dict[str, Any]]:
-    """The interpolation curve ``(1 - t) A + t B`` of two HF checkpoints on ``data`` (see :func:`load_pair`)."""
-    pair = load_pair(dir_a, dir_b, data, opts, evalset)
-    curve, metrics = eval_curve(pair.model, pair.state_a, pair.state_b, pair.evalset, points, progress)
-    return curve, metrics, pair.evalset, pair.info

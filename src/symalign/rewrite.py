@@ -146,10 +146,6 @@ class _Rewritten:
         if p.untied_head:
             self.head = nn.Linear(self.cfg.d_model, self.cfg.vocab_size, bias=self.cfg.bias)
 
-    @property
-    def rewrite_plan(self) -> RewritePlan:
-        return plan(self.cfg)
-
     def symmetry_spec(self) -> SymmetrySpec:
         return whole_spec(self.cfg)
 

@@ -162,9 +162,6 @@ class Adapter(ABC):
     def model_type(self) -> str:
         return self.model_types[0]
 
-    def matches(self, config: Any) -> bool:
-        return getattr(config, "model_type", None) in self.model_types
-
     def check_config(self, config: Any) -> None:
         """Raise :class:`UnsupportedArchitectureError` for settings the adapter cannot make exact."""
 
@@ -241,13 +238,6 @@ class _AllKeys(set):
 
     def __contains__(self, item: object) -> bool:  # pragma: no cover - trivial
         return True
-
-
-def bias_if(keys: set[str], name: str, present: bool | None = None) -> str | None:
-    """``name`` if the bias exists (by ``keys``, or by the config flag ``present`` without keys)."""
-    if isinstance(keys, _AllKeys):
-        return name if present else None
-    return name if name in keys else None
 
 
 def gl(d: int) -> GeneralLinear:

@@ -44,12 +44,6 @@ def input_file(path: Path, what: str) -> None:
         raise ConfigError(f"{path}: no such {what} file")
 
 
-def input_dir(path: Path, option: str) -> None:
-    """An input checkpoint folder that must exist."""
-    if not path.is_dir():
-        raise ConfigError(f"{option} {path} is not a folder (expected a save_pretrained checkpoint)")
-
-
 def not_inside(out: Path, inputs: Iterable[Path], option: str = "--out") -> None:
     """Refuse an output folder that is, contains or lies inside one of the input folders."""
     out_r = Path(out).resolve()

@@ -74,7 +74,7 @@ from symalign.match.api import match_attention
 from symalign.match.distance import distance
 from symalign.match.experts import METHODS, expert_units, match_experts
 from symalign.match.inputs import check_pair, check_spec_fits
-from symalign.groups import FixingOrthogonal, PositiveMonomial
+from symalign.groups import PositiveMonomial
 from symalign.match.residual import axis_rows, cross
 from symalign.models.config import ModelConfig
 from symalign.spec import SymmetrySpec, Transform, apply, compose, invert
@@ -161,11 +161,6 @@ def _solve_space(spec: SymmetrySpec, space: str, state_a, state_b, only_free: bo
     if constant is not None:
         m = constant if m is None else m + constant
     return _project(spec, space, m)
-
-
-def restricted_note(name: str, group: FixingOrthogonal) -> str:
-    """Diagnostics line for a residual space restricted to rotations fixing a subspace (:meth:`Group.note`)."""
-    return group.note(name) or ""
 
 
 def attention_step(spec: SymmetrySpec, names: list[str], state_a, state_b, stage1: bool = True,
