@@ -80,14 +80,12 @@ def _vit(path: Path, seed: int, heads: int = 2) -> Path:
 ])
 def test_interpolate_checks_arguments_first(extra, words, tmp_path, afile, monkeypatch, capsys):
     a, b = _vit(tmp_path / "A", 0), _vit(tmp_path / "B", 1)
-    import symalign.evaluate
-    import symalign.stream.interpolate
+    import symalign.jobs.interpolate
 
     def no_work(*args, **kwargs):
         raise AssertionError("evaluation started before the arguments were checked")
 
-    monkeypatch.setattr(symalign.evaluate, "eval_curve", no_work)  # what interpolate evaluates curves with
-    monkeypatch.setattr(symalign.stream.interpolate, "streamed_curve", no_work)
+    monkeypatch.setattr(symalign.jobs.interpolate, "curve", no_work)  # the one engine interpolate evaluates with
     before = _listing(tmp_path)
     extra = [e.format(afile=afile, tmp=tmp_path) for e in extra]
     code, _, err = run_symalign(monkeypatch, capsys, "interpolate", a, b, "--data", "digits", *extra)

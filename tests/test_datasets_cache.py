@@ -24,7 +24,7 @@ from _tok_util import TOKENIZERS, corpus, gpt2  # noqa: E402
 
 from symalign.errors import DatasetError  # noqa: E402
 from symalign.evaluate import EvalOptions, build_eval  # noqa: E402
-from symalign.hf_lmc import load_hf_model  # noqa: E402
+from symalign.jobs.interpolate import load_hf_model  # noqa: E402
 
 
 def _cached_dataset(tmp_path, monkeypatch, splits: dict[str, list[str]], name: str = "local/tiny_text"):

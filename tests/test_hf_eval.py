@@ -15,7 +15,7 @@ from _tok_util import TOKENIZERS, bert, corpus, gpt2, image_folder, vit  # noqa:
 
 from symalign import lmc  # noqa: E402
 from symalign.evaluate import EvalOptions, build_eval, eval_curve, evaluate_model  # noqa: E402
-from symalign.hf_lmc import load_hf_model  # noqa: E402
+from symalign.jobs.interpolate import load_hf_model  # noqa: E402
 
 T = transformers
 

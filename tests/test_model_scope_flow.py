@@ -46,7 +46,7 @@ def _midpoint_in_solver_coordinates(a_dir, out_dir, tmp, data_args):
 
     from symalign.checkpoint import hf as hf_io
     from symalign.evaluate import EvalOptions, build_eval, evaluate_model
-    from symalign.hf_lmc import load_hf_model
+    from symalign.jobs.interpolate import load_hf_model
     from symalign.families import prepare
 
     a = hf_io.load_checkpoint(a_dir)

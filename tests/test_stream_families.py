@@ -174,7 +174,7 @@ def test_streamed_model_scope_merge_equals_in_memory(family, kw, tmp_path, capsy
     """merge --stream --scope model = the in-memory merge --scope model (A averaged in its folded form, B aligned
     by the streamed passes), float64; the merge loads with from_pretrained."""
     import symalign.stream.merge as smerge
-    from symalign.hf_lmc import load_hf_model
+    from symalign.jobs.interpolate import load_hf_model
 
     chunks = smerge.row_chunks
     monkeypatch.setattr(smerge, "row_chunks", lambda shape: chunks(shape, 100))  # the folded A in row chunks
@@ -191,7 +191,7 @@ def test_merge_with_an_untied_head_equals_in_memory(family, tmp_path, capsys, mo
     the first checkpoint's head as the folded rows of its embedding, appends it to the last shard (row chunks
     here), sets tie_word_embeddings false: the in-memory merge, loadable by from_pretrained."""
     import symalign.stream.merge as smerge
-    from symalign.hf_lmc import load_hf_model
+    from symalign.jobs.interpolate import load_hf_model
 
     chunks = smerge.row_chunks
     monkeypatch.setattr(smerge, "row_chunks", lambda shape: chunks(shape, 100))
@@ -305,7 +305,7 @@ def test_mixture_of_experts_experts_option_reaches_the_streamed_passes(command, 
 def test_mixture_of_experts_merge_equals_in_memory(family, kw, tmp_path, capsys, monkeypatch):
     """merge --stream --scope model of a mixture of experts = the in-memory merge: the first checkpoint is folded a
     layer at a time (its experts fold stacked) and read back one tensor per expert; the merge loads."""
-    from symalign.hf_lmc import load_hf_model
+    from symalign.jobs.interpolate import load_hf_model
 
     da, db = _moe_pair(tmp_path, family, **kw)
     assert _merge_both(monkeypatch, capsys, tmp_path, da, db)["aligned"][0]["check"]["passed"]

@@ -110,7 +110,7 @@ def test_streamed_model_scope_merge_matches_in_memory(dtype, tol, tmp_path, caps
     over the sweeps: 1e-9 on a float64 checkpoint, as the streamed align test); float32 storage rounds the
     aligned weights, so an O(1e-12) move can flip a last bit: 1e-6 relative to the largest weight (~8 float32 ulps).
     The output loads with from_pretrained and keeps A's layout; the aligned check is the AlignResult entry."""
-    from symalign.hf_lmc import load_hf_model
+    from symalign.jobs.interpolate import load_hf_model
 
     _, _, da, db = _pair(tmp_path, dtype=dtype, tie_word_embeddings=False)
     args = [da, db, "--scope", "model", "--weights", "0.4,0.6", "--json"]

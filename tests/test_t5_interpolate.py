@@ -65,7 +65,7 @@ def tok():
 
 
 def _load(path):
-    from symalign.hf_lmc import load_hf_model
+    from symalign.jobs.interpolate import load_hf_model
 
     return load_hf_model(path)
 

@@ -18,7 +18,7 @@ import typer.core
 from symalign.errors import SymalignError
 
 # Hugging Face's load reports would mix into symalign's own output (its "Loading weights" bars are
-# switched off where symalign loads a model: symalign.hf_lmc.load_hf_model, symalign.arch.check).
+# switched off where symalign loads a model: symalign.jobs.interpolate.load_hf_model, symalign.arch.check).
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 app = typer.Typer(

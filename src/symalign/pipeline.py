@@ -308,7 +308,7 @@ class InMemoryModel(InMemoryEngine):
         del self.out_state
         reference = None
         if self.ref_path is not None:
-            from symalign.hf_fold import write_folded
+            from symalign.checkpoint.folded import write_folded
 
             self.job.tell("writing A's folded form (--write-reference)")
             with self.clock("write"):

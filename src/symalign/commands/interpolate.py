@@ -103,8 +103,8 @@ def interpolate_command(
     from symalign.errors import ConfigError
     from symalign.evaluate import EvalOptions
     from symalign.experiments.report import plot_curves
-    from symalign.evaluate import eval_curve
-    from symalign.hf_lmc import check_evaluable, load_pair
+    from symalign.jobs.interpolate import check_evaluable, open_pair
+    from symalign.jobs.interpolate import curve as line_curve
     from symalign.lmc import barrier_ratio
 
     from symalign.commands import checks
@@ -131,30 +131,19 @@ def interpolate_command(
                        eval_tokens=eval_tokens, context=context, batch_size=batch_size, mask_seed=mask_seed,
                        tokenizer=tokenizer, image_processor=image_processor, data_options=data_options)
     base_curve = base_metrics = None
-    if _streams([a_dir, b_dir] + ([baseline] if baseline is not None else []), stream):
-        from symalign.stream.interpolate import streamed_curve, streamed_pair
-
-        model, evalset, info = streamed_pair(a_dir, b_dir, data, opts, scope=scope)
-        if baseline is not None:
-            streamed_pair(a_dir, baseline, data, opts, scope=scope, evalset=evalset)  # checks before any curve
-        with point_progress(points, f"A → {b_dir.name}", not no_progress) as cb:
-            curve, metrics = streamed_curve(model, a_dir, b_dir, evalset, points, cb)
-        if baseline is not None:
-            with point_progress(points, f"A → {baseline.name}", not no_progress) as cb:
-                base_curve, base_metrics = streamed_curve(model, a_dir, baseline, evalset, points, cb)
-        del model
-    else:
-        pair = load_pair(a_dir, b_dir, data, opts, scope=scope)
-        evalset, info = pair.evalset, pair.info
-        base = load_pair(a_dir, baseline, data, opts, evalset=evalset, scope=pair.info["scope"]) \
-            if baseline is not None else None
-        with point_progress(points, f"A → {b_dir.name}", not no_progress) as cb:
-            curve, metrics = eval_curve(pair.model, pair.state_a, pair.state_b, evalset, points, cb)
-        del pair
-        if base is not None:
-            with point_progress(points, f"A → {baseline.name}", not no_progress) as cb:
-                base_curve, base_metrics = eval_curve(base.model, base.state_a, base.state_b, evalset, points, cb)
-            del base
+    streamed = _streams([a_dir, b_dir] + ([baseline] if baseline is not None else []), stream)
+    pair = open_pair(a_dir, b_dir, data, opts, scope=scope, stream=streamed)
+    evalset, info = pair.evalset, pair.info
+    base = None
+    if baseline is not None:  # checked before any curve; the same resident model and batches
+        base = open_pair(a_dir, baseline, data, opts, evalset=evalset, scope=scope if streamed else info["scope"],
+                         stream=streamed, reuse=pair)
+    with point_progress(points, f"A → {b_dir.name}", not no_progress) as cb:
+        curve, metrics = line_curve(pair, points, cb)
+    if base is not None:
+        with point_progress(points, f"A → {baseline.name}", not no_progress) as cb:
+            base_curve, base_metrics = line_curve(base, points, cb)
+    del pair, base
     res: dict = {**info, "A": str(a_dir), "B": str(b_dir), "family": info["model_type"], "pe": "",
                  "scope": f"{a_dir.name} → {b_dir.name}", "rewrite": info["scope"], "evaluation": evalset.info,
                  "points": [m.to_dict() for m in metrics]}

@@ -58,7 +58,7 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     from symalign.checkpoint.output import stage_checkpoint
     from symalign.io.folder import check_output_dir, commit, discard
     from symalign.evaluate import build_eval, check_same_vocabulary, evaluate_model
-    from symalign.hf_lmc import load_hf_model
+    from symalign.jobs.interpolate import load_hf_model
     from symalign.merge import normalise_weights
     from symalign.pipeline import SCOPES, align_loaded, check_experts
 

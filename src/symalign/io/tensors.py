@@ -46,6 +46,9 @@ class TensorSource(Protocol):
     def read(self, names: Iterable[str], dtype: torch.dtype | None = None,
              check_finite: bool = True) -> dict[str, Tensor]: ...
 
+    def read_rows(self, name: str, start: int, stop: int, dtype: torch.dtype | None = None,
+                  check_finite: bool = True) -> Tensor: ...
+
 
 @dataclass
 class ShardedTensors:
@@ -194,6 +197,15 @@ class StateTensors:
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return {k: tuple(v.shape) for k, v in self.state.items()}
+
+    def read_rows(self, name: str, start: int, stop: int, dtype: torch.dtype | None = None,
+                  check_finite: bool = True) -> Tensor:
+        """Rows ``start:stop`` (axis 0) of one tensor, copied (in ``dtype`` if given), checked for NaN/Inf."""
+        t = self.state[name][start:stop]
+        t = t.to(dtype) if dtype is not None and t.is_floating_point() else t.clone()
+        if check_finite and t.is_floating_point() and not all_finite(t):
+            raise CheckpointError(f"{self.path}: tensor {name!r} contains NaN or Inf values")
+        return t
 
     def read(self, names: Iterable[str], dtype: torch.dtype | None = None,
              check_finite: bool = True) -> dict[str, Tensor]:
