@@ -123,13 +123,28 @@ def evaluate(model: nn.Module, state: Mapping[str, Tensor], batches: Batches, ta
 
 
 def curve(model: nn.Module, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor], batches: Batches,
-          task: str = "classification", points: int = 25, progress: Callable[[int], None] | None = None) -> Curve:
+          task: str = "classification", points: int = 25, progress: Callable[[int], None] | None = None,
+          device: str | torch.device | None = None) -> Curve:
     """Evaluate ``theta(t)`` at ``points`` evenly spaced ``t`` (see the module docstring).
 
-    ``model`` only provides the architecture (its own weights are not used).
+    ``model`` only provides the architecture (its own weights are not used). ``device``: evaluate there
+    (:mod:`symalign.device`): the model, both states and every batch are moved there, TF32 off; ``None``: where
+    they are.
     """
     if points < 2:
         raise SymalignError(f"an interpolation curve needs at least 2 points, got {points}")
+    if device is not None:
+        from symalign.device import exact_matmul, resolve, to_device
+
+        dev = resolve(device)
+
+        def moved() -> Iterable[tuple[Tensor, Tensor]]:
+            for x, y in batches():
+                yield x.to(dev), y.to(dev)
+
+        with exact_matmul():
+            return curve(model.to(dev), to_device(dict(state_a), dev), to_device(dict(state_b), dev), moved, task,
+                         points, progress)
     check_compatible(state_a, state_b)
     was_training = model.training
     model.eval()

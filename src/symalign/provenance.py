@@ -60,13 +60,16 @@ def machine() -> dict[str, object]:
 
 
 def provenance(command: str | Sequence[str] | None = None, threads: int | None = None,
-               seed_pairs: int | None = None) -> dict[str, object]:
+               seed_pairs: int | None = None, device: torch.device | str | None = None) -> dict[str, object]:
     """The provenance record of a result produced now.
 
     ``command``: what a user types to regenerate it (default: this process's command line);
     ``threads``: intra-op threads it ran with (default: ``torch.get_num_threads()``);
-    ``seed_pairs``: how many independently trained pairs stand behind its ratios, when relevant.
+    ``seed_pairs``: how many independently trained pairs stand behind its ratios, when relevant;
+    ``device``: where it computed (default the CPU), recorded with the GPU's name (:func:`symalign.device.describe`).
     """
+    from symalign.device import describe as device_of
+
     if command is None:
         command = [Path(sys.argv[0]).name, *sys.argv[1:]]
     if not isinstance(command, str):
@@ -78,6 +81,7 @@ def provenance(command: str | Sequence[str] | None = None, threads: int | None =
         "versions": versions(),
         "machine": machine(),
         "arithmetic": describe(),
+        **device_of(device),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     if seed_pairs is not None:

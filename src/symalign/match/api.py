@@ -217,7 +217,8 @@ def match_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: 
                     stage1: bool = True, stage2: str = "full", spec_b: SymmetrySpec | None = None,
                     max_iter: int = 500, xtol: float = 1e-14, ftol: float = 1e-9, max_cond: float = 1e6,
                     rope_grid: int = 65, t_cap: float = 20.0,
-                    stage1_dtype: torch.dtype | None = None) -> AttentionMatch:
+                    stage1_dtype: torch.dtype | None = None, device: str | torch.device | None = None
+                    ) -> AttentionMatch:
     r"""Align B's attention layers to A's through the declared exact symmetries.
 
     Args:
@@ -235,6 +236,9 @@ def match_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: 
         stage1_dtype: precision of stage 1's Gram products; default the weights' own
             (:func:`stage1_precision`; float32 weights give float32 products, with the
             error bound of :mod:`symalign.match.heads`; the cost itself is float64).
+        device: compute on this device (``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"auto"``; :mod:`symalign.device`):
+            the spec's tensors are moved there, matched in the same dtypes with TF32 off, and the transform is
+            returned on the CPU. ``None``: where the tensors are.
 
     Returns:
         :class:`AttentionMatch`; ``result.apply(state_b)`` is B', with
@@ -245,6 +249,17 @@ def match_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: 
     """
     if stage2 not in STAGE2_MODES:
         raise MatchError(f"unknown stage2={stage2!r}; use one of {', '.join(STAGE2_MODES)}")
+    if device is not None:
+        from symalign.device import exact_matmul, resolve, to_device
+
+        dev, names = resolve(device), set(spec.tensors)
+        with exact_matmul():
+            res = match_attention(spec, to_device({k: v for k, v in state_a.items() if k in names}, dev),
+                                  to_device({k: v for k, v in state_b.items() if k in names}, dev), stage1=stage1,
+                                  stage2=stage2, spec_b=spec_b, max_iter=max_iter, xtol=xtol, ftol=ftol,
+                                  max_cond=max_cond, rope_grid=rope_grid, t_cap=t_cap, stage1_dtype=stage1_dtype)
+        res.transform = to_device(dict(res.transform), torch.device("cpu"))
+        return res
     if has_qknorm(spec):  # signs on Q-K and gain rescalings: solved on top of the relaxed match
         return match_qknorm(spec, state_a, state_b, stage1=stage1, stage2=stage2, spec_b=spec_b, max_iter=max_iter,
                             xtol=xtol, ftol=ftol, max_cond=max_cond, rope_grid=rope_grid, t_cap=t_cap,

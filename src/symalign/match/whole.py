@@ -387,7 +387,8 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
                 init: Transform | None = None, spec_b: SymmetrySpec | None = None,
                 max_sweeps: int | None = None, order: str = "random", seed: int = 0,
                 start: str = "anchored", gauge: str = "raw", experts: str = "exact",
-                progress: Callable[[int, float], None] | None = None) -> WholeMatch:
+                progress: Callable[[int, float], None] | None = None,
+                device: str | torch.device | None = None) -> WholeMatch:
     """Align every declared space of B to A by block-coordinate descent (see the module docstring).
 
     Args:
@@ -416,10 +417,24 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
         init: a starting transform (skips the residual initialisation and the anchored first sweep).
         spec_b: B's spec; must describe the same groups.
         progress: called after every sweep with ``(sweep, distance)`` (e.g. a progress line on stderr).
+        device: compute on this device (:mod:`symalign.device`; the spec's tensors moved there, the same dtypes,
+            TF32 off); the transform comes back on the CPU. ``None``: where the tensors are.
 
     Raises:
         MatchError: different specs, shapes (depth/width), NaN weights, unsupported spaces, unknown order.
     """
+    if device is not None:
+        from symalign.device import exact_matmul, resolve, to_device
+
+        dev, names = resolve(device), set(spec.tensors) | (set(spec_b.tensors) if spec_b is not None else set())
+        with exact_matmul():
+            res = match_whole(spec, to_device({k: v for k, v in state_a.items() if k in names}, dev),
+                              to_device({k: v for k, v in state_b.items() if k in names}, dev), max_iter=max_iter,
+                              rtol=rtol, stage1=stage1, stage2=stage2, spec_b=spec_b, max_sweeps=max_sweeps,
+                              order=order, seed=seed, start=start, gauge=gauge, experts=experts, progress=progress,
+                              init=None if init is None else to_device(dict(init), dev))
+        res.transform = to_device(dict(res.transform), torch.device("cpu"))
+        return res
     t0 = time.perf_counter()
     sweeps = max_iter if max_sweeps is None else max_sweeps
     if order not in ORDERS:

@@ -1,0 +1,100 @@
+r"""Which device a job computes on: ``--device auto|cpu|cuda|cuda:N|mps`` (and ``device=`` in the Python API).
+
+:func:`resolve` turns the option into a :class:`torch.device` before any weight is loaded, and refuses in one line
+(:class:`~symalign.errors.ConfigError`, exit 2) an unknown string or a device this machine lacks. ``auto`` is CUDA
+device 0 when CUDA is present, else the CPU.
+
+Numerics. A device changes where the arithmetic runs, never its precision: matching runs in the dtype the CPU
+path uses (float64 where it does, float32 where it does), and TF32 -- which would round float32 matrix products
+to a 10-bit mantissa on Ampere and later GPUs -- is off while matching and checking (:func:`exact_matmul`
+restores the user's settings afterwards). Function checks keep their tolerances. What may differ between
+devices is the summation order of reductions, hence the last bits, and through them the choice between two
+assignments of equal cost (ties); a seeded run is repeatable on one device.
+
+:func:`describe` is what every provenance records beside ``threads`` and ``arithmetic``: the device and, on a
+GPU, its name. :func:`out_of_memory` turns a device out-of-memory error into one line naming the remedies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Iterator
+
+import torch
+
+from symalign.errors import ConfigError
+
+CHOICES = "auto, cpu, cuda, cuda:N or mps"
+_FORM = re.compile(r"^(auto|cpu|mps|cuda)(?::(\d+))?$")
+
+__all__ = ["CHOICES", "describe", "exact_matmul", "out_of_memory", "resolve", "to_device"]
+
+
+def resolve(spec: str | torch.device | None = "auto") -> torch.device:
+    """The device ``spec`` names, checked to exist here (module docstring); ``None`` is ``"auto"``."""
+    if isinstance(spec, torch.device):
+        spec = str(spec)
+    text = (spec or "auto").strip().lower()
+    m = _FORM.match(text)
+    if m is None or (m.group(2) is not None and m.group(1) != "cuda"):
+        raise ConfigError(f"unknown --device {spec!r}; use one of {CHOICES}")
+    kind, index = m.group(1), m.group(2)
+    if kind == "auto":
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if kind == "cpu":
+        return torch.device("cpu")
+    if kind == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ConfigError("--device mps: this machine has no Apple GPU (MPS) that torch can use; "
+                              "use --device cpu (or auto)")
+        return torch.device("mps")
+    if not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ConfigError(f"--device {spec}: {why}; use --device cpu (or auto, which picks CUDA only where "
+                          "it exists)")
+    n = torch.cuda.device_count()
+    i = int(index) if index is not None else 0
+    if i >= n:
+        raise ConfigError(f"--device {spec}: this machine has {n} CUDA device(s), numbered 0 to {n - 1}")
+    return torch.device("cuda", i)
+
+
+def describe(device: torch.device | str | None = None) -> dict[str, str]:
+    """``{"device": "cuda:0", "gpu": "<name>"}`` (no ``gpu`` key on the CPU): what a provenance records."""
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    if dev.type == "cuda":
+        i = dev.index if dev.index is not None else 0
+        return {"device": f"cuda:{i}", "gpu": torch.cuda.get_device_name(i)}
+    return {"device": dev.type}
+
+
+@contextlib.contextmanager
+def exact_matmul() -> Iterator[None]:
+    """TF32 off (CUDA matrix products and cuDNN convolutions) and float32 matmul precision ``"highest"`` inside
+    the block; the caller's settings restored on the way out, also on an error."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+def to_device(state: dict, device: torch.device | None) -> dict:
+    """``state`` with every tensor on ``device`` (unchanged dtypes; the same dict when ``device`` is ``None``)."""
+    if device is None:
+        return state
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in state.items()}
+
+
+def out_of_memory(device: torch.device | str, where: str = "") -> ConfigError:
+    """The one-line error for a device out of memory (raise it ``from None`` in place of torch's)."""
+    at = f" while {where}" if where else ""
+    return ConfigError(f"{device} ran out of memory{at}; stream the checkpoints (--stream), cap what stays on the "
+                       "device (--max-device-memory), lower --batch-size, or use --device cpu")

@@ -1,0 +1,132 @@
+"""``--device`` / ``device=``: one place resolves it, refuses what this machine lacks, and the CPU path is unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from symalign.device import describe, exact_matmul, out_of_memory, resolve
+from symalign.errors import ConfigError
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def test_resolve_accepts_the_documented_forms():
+    assert resolve("cpu") == torch.device("cpu") and resolve(" CPU ") == torch.device("cpu")
+    assert resolve("auto") == resolve(None) == (torch.device("cuda", 0) if torch.cuda.is_available()
+                                                 else torch.device("cpu"))
+
+
+@pytest.mark.parametrize("bad", ["gpu", "cuda:x", "cpu:1", "tpu", "", "cuda:-1"])
+def test_unknown_device_strings_are_refused_in_one_line(bad):
+    if bad == "":
+        assert resolve(bad) == resolve("auto")  # empty means the default
+        return
+    with pytest.raises(ConfigError, match="unknown --device") as exc:
+        resolve(bad)
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("spec", ["cuda", "cuda:0", "cuda:3"])
+def test_cuda_without_cuda_is_refused(spec):
+    with pytest.raises(ConfigError, match="use --device cpu") as exc:
+        resolve(spec)
+    assert "\n" not in str(exc.value)
+
+
+def test_describe_and_out_of_memory_message():
+    assert describe("cpu") == {"device": "cpu"} and describe(None) == {"device": "cpu"}
+    msg = str(out_of_memory("cuda:0", "matching layer 3"))
+    assert "--stream" in msg and "--max-device-memory" in msg and "--batch-size" in msg and "\n" not in msg
+
+
+def test_exact_matmul_turns_tf32_off_and_restores_the_callers_setting():
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.set_float32_matmul_precision("medium")
+    try:
+        with pytest.raises(RuntimeError):
+            with exact_matmul():
+                assert torch.backends.cuda.matmul.allow_tf32 is False
+                assert torch.get_float32_matmul_precision() == "highest"
+                raise RuntimeError("inside")
+        assert torch.backends.cuda.matmul.allow_tf32 is True and torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before[0]
+        torch.set_float32_matmul_precision(before[1])
+
+
+def test_provenance_records_the_device():
+    from symalign.provenance import provenance
+
+    rec = provenance(command="x", threads=1)
+    assert rec["device"] == "cpu" and "gpu" not in rec
+
+
+def _pair(seed=0):
+    from hf_tiny import make_model
+    from symalign.families import get_adapter
+    from symalign.spec import apply, sample
+
+    a = make_model("llama", dtype=torch.float64, seed=seed)
+    spec = get_adapter(a).spec(a)
+    sa = a.state_dict()
+    return spec, sa, apply(spec, sample(spec, seed + 5), sa)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_cuda])])
+def test_match_attention_on_a_device_equals_the_default(device):
+    pytest.importorskip("transformers")
+    from symalign.match import match_attention
+
+    spec, sa, sb = _pair()
+    ref = match_attention(spec, sa, sb)
+    got = match_attention(spec, sa, sb, device=device)
+    for k, v in ref.transform.items():
+        w = got.transform[k]
+        assert w.device.type == "cpu"
+        if device == "cpu":
+            assert torch.equal(v, w), k  # the same code on the same device: bit for bit
+        else:
+            assert torch.allclose(v, w, rtol=1e-8, atol=1e-10), k
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_cuda])])
+def test_match_whole_on_a_device_equals_the_default(device):
+    pytest.importorskip("transformers")
+    from symalign.families import get_adapter, prepare
+    from hf_tiny import make_model
+    from symalign.match.whole import match_whole
+    from symalign.spec import apply, sample
+
+    a = make_model("llama", dtype=torch.float64, seed=1)
+    ad = get_adapter(a)
+    pa = prepare(a.config, a.state_dict(), ad.spec(a.config, a.state_dict().keys()))
+    sb = apply(pa.spec, sample(pa.spec, 9), pa.state)
+    ref = match_whole(pa.spec, pa.state, sb, max_iter=3)
+    got = match_whole(pa.spec, pa.state, sb, max_iter=3, device=device)
+    assert ref.distances == got.distances if device == "cpu" else True
+    for k, v in ref.transform.items():
+        assert got.transform[k].device.type == "cpu"
+        assert torch.equal(v, got.transform[k]) if device == "cpu" else torch.allclose(v, got.transform[k])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_cuda])])
+def test_lmc_curve_on_a_device_equals_the_default(device):
+    from torch import nn
+
+    from symalign import lmc
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).double()
+    sa = lmc.full_state(model)
+    sb = {k: v + 0.1 * torch.randn_like(v) for k, v in sa.items()}
+    x, y = torch.randn(16, 4, dtype=torch.float64), torch.randint(0, 3, (16,))
+
+    def batches():
+        yield x, y
+
+    ref = lmc.curve(model, sa, sb, batches, points=4)
+    got = lmc.curve(model, sa, sb, batches, points=4, device=device)
+    assert got.loss == ref.loss if device == "cpu" else got.loss == pytest.approx(ref.loss, rel=1e-9)
