@@ -123,7 +123,8 @@ class Odd(nn.Module):
 
 
 class BasicBlock(nn.Module):
-    """torchvision's ResNet BasicBlock: conv-BN-ReLU-conv-BN, plus the identity or a 1x1-conv-BN projection."""
+    """torchvision's ResNet BasicBlock: conv-BN-ReLU-conv-BN, plus the identity or a 1x1-conv-BN projection
+    (in-place ReLU and ``out += identity``, as torchvision writes it)."""
 
     def __init__(self, cin, cout, stride=1):
         super().__init__()
@@ -134,11 +135,14 @@ class BasicBlock(nn.Module):
         self.downsample = None
         if stride != 1 or cin != cout:
             self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+        self.relu = nn.ReLU(inplace=True)
 
     def forward(self, x):
-        out = torch.relu(self.bn1(self.conv1(x)))
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return torch.relu(out + (x if self.downsample is None else self.downsample(x)))
+        out += identity
+        return self.relu(out)
 
 
 class ResNet(nn.Module):

@@ -112,7 +112,7 @@ def test_hf_models_match_adapter_spec(family):
 
 @pytest.mark.parametrize("family", ["mistral", "qwen2", "bert", "vit", "modernbert"])
 def test_more_hf_families_match_adapter_spec(family):
-    """Fused Wqkv and GLU halves (ModernBERT), post-LN (BERT), a conv patch embedding (ViT: its stream is left out)."""
+    """Fused Wqkv and GLU halves (ModernBERT), post-LN (BERT), a conv patch embedding (ViT)."""
     import hf_tiny
     from symalign.families import get_adapter
 
@@ -123,6 +123,8 @@ def test_more_hf_families_match_adapter_spec(family):
     attention = [k for k in res.spec.spaces if k.split(".")[0] in ("heads", "qk", "vo")]
     assert_same_spec(res.spec.restrict(attention), get_adapter(model.config).spec(model))
     assert res.function_change <= res.tolerance <= 1e-5
+    if family == "vit":  # the conv patch embedding, CLS token and positions: the stream is aligned too
+        assert res.spec.spaces["residual"] == Permutation(model.config.hidden_size) and res.coverage.left == []
 
 
 # -- user modules --------------------------------------------------------------------------------------------

@@ -68,6 +68,42 @@ def test_resnet_spec_is_git_rebasin_spec_and_exact():
     assert change(model, s, X, dtype=torch.float32) <= 1e-5  # float32, eval mode, no BatchNorm reset
 
 
+def rebasin_resnet_spec(widths=(16, 32, 64)) -> SymmetrySpec:
+    """git-re-basin's ResNet spec, by hand: one permutation per residual stage (stem, block outputs, projection
+    shortcuts and the next readers), one per block's inner channels."""
+    spec = SymmetrySpec()
+    bn = ("weight", "bias", "running_mean", "running_var")
+    for k, w in enumerate(widths):
+        spec.add_space(f"residual.{k}", Permutation(w))
+    for k, w in enumerate(widths):
+        spec.add_space(f"ff.{k}", Permutation(w), role="ff", layer=k)
+
+    def out(space, conv, norm):
+        spec.act_on(f"{conv}.weight", space, 0)
+        for t in bn:
+            spec.act_on(f"{norm}.{t}", space, 0)
+
+    out("residual.0", "conv1", "bn1")
+    for k in range(3):
+        blk, stream_in = f"layer{k + 1}.0", f"residual.{max(k - 1, 0)}" if k else "residual.0"
+        spec.act_on(f"{blk}.conv1.weight", stream_in, 1, "contra")
+        out(f"ff.{k}", f"{blk}.conv1", f"{blk}.bn1")
+        spec.act_on(f"{blk}.conv2.weight", f"ff.{k}", 1, "contra")
+        out(f"residual.{k}", f"{blk}.conv2", f"{blk}.bn2")
+        if k:
+            spec.act_on(f"{blk}.downsample.0.weight", stream_in, 1, "contra")
+            out(f"residual.{k}", f"{blk}.downsample.0", f"{blk}.downsample.1")
+    spec.act_on("fc.weight", "residual.2", 1, "contra")
+    return spec
+
+
+def test_resnet_trace_equals_the_hand_written_rebasin_spec():
+    """The traced spec is git-re-basin's hand-specified one: the same weight-matching objective, exactly."""
+    traced, hand = trace(model_of(M.ResNet), X).spec, rebasin_resnet_spec()
+    assert traced.describe() == hand.describe()
+    assert {t: sorted(acts(traced, t)) for t in traced.tensors} == {t: sorted(acts(hand, t)) for t in hand.tensors}
+
+
 def test_vgg_spec_flattens_blockwise_and_is_exact():
     model = model_of(M.VGG)
     res = trace(model, X)

@@ -29,6 +29,8 @@ ELEMENTWISE = {"gelu", "silu", "tanh", "sigmoid", "elu", "selu", "celu", "softpl
                "gelu_", "relu_", "silu_"}
 IDENTITY = {"clone", "contiguous", "alias", "detach", "lift_fresh_copy", "_to_copy", "to", "type_as",
             "_assert_tensor_metadata"}
+INPLACE = {f"{op}_" for op in ("add", "sub", "mul", "div", "relu", "leaky_relu", "hardtanh", "elu", "gelu", "silu",
+                                "sigmoid", "tanh", "clamp", "clamp_min", "clamp_max")}
 LAYOUT = {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "view_as", "reshape_as"}
 
 
@@ -191,6 +193,8 @@ class Walker(AttentionRule, ConvRule):
                 if out is not None:
                     return out
             return self.make_opaque(node, ins)
+        if name in INPLACE:  # ``out += identity``, ``nn.ReLU(inplace=True)``: labelled as the out-of-place op
+            name = name[:-1]
         handler = getattr(self, f"op_{name}", None)
         if name in HOMOGENEOUS or name in ELEMENTWISE:
             return self.elementwise(node, name)
