@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import copy
 
+import _trace_models as M
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-import _trace_models as M
 from symalign.errors import MatchError, SpecError
 from symalign.groups import Orthogonal, Permutation, PositiveMonomial
 from symalign.match.whole import match_whole
@@ -232,6 +232,24 @@ def test_conv1d_and_conv3d():
         y = m(x.double(), v.double())
         m.load_state_dict(apply(res.spec, sample(res.spec, 3), m.state_dict()))
         assert float((m(x.double(), v.double()) - y).abs().max() / y.abs().max()) <= 1e-10
+
+
+class Transposed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.up, self.b = nn.Conv2d(1, 6, 3, 2, 1), nn.ConvTranspose2d(6, 5, 2, 2), nn.Conv2d(5, 2, 1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.up(torch.tanh(self.a(x)))))
+
+
+def test_transposed_conv():
+    model = model_of(Transposed)
+    res = trace(model, X)
+    assert res.spec.describe() == {"ff.0": "S_6", "ff.1": "S_5 x R+^5"}
+    assert acts(res.spec, "up.weight") == [("ff.0", 0, "contra", None), ("ff.1", 1, "co", None)]
+    assert change(model, res.spec, X) <= 1e-10
+    assert change(model, with_group(res.spec, "ff.1", Orthogonal(5)), X) > 1e-5
 
 
 def test_grouped_depthwise_groupnorm_and_channel_layernorm():

@@ -10,15 +10,19 @@ mode, on the example inputs) and every axis of every tensor is labelled
   head, or ``H(r) (+) GL(d_h - r)`` when a RoPE rotation is found between the
   projections and the attention) and ``vo.i`` (``GL(d_h)``), labelled exactly as
   :func:`symalign.arch.base.layout_spec` labels them (fused projections as segments);
-* ``ff.k``: the hidden units of a Linear between elementwise nonlinearities
-  (``S_n``; positive monomials for ReLU/LeakyReLU);
-* ``residual`` (``residual.k`` if several): a stream that additions, concatenations
-  or embeddings tie together, with its norms' gains and biases (``S_D`` under affine
-  norms, ``O(D)`` under gainless RMSNorm, ``O_1(D)`` under LayerNorm without affine);
+* ``ff.k``: the hidden units of a Linear, or the output channels of a convolution, between
+  elementwise nonlinearities, norms and pooling (``S_n``; positive monomials for ReLU/LeakyReLU
+  and max pooling; the channel-group-preserving groups of :mod:`symalign.tracing.blocks` for
+  grouped convolutions and GroupNorm; see :mod:`symalign.tracing.conv`);
+* ``residual`` (``residual.k`` if several, e.g. one per ResNet stage): a stream that additions,
+  concatenations or embeddings tie together, with its norms' gains and biases (``S_D`` under affine
+  norms and BatchNorm, ``O(D)`` under gainless RMSNorm, ``O_1(D)`` under LayerNorm without affine);
 * tied weights under every name the state dict uses for them.
 
 What the tracer cannot prove exact is left out and listed in
-:attr:`TraceResult.skipped`. Before returning, a random element of the spec is
+:attr:`TraceResult.skipped`; :attr:`TraceResult.coverage` (:class:`Coverage`) gives the
+fraction of the parameters the spec moves and the parts left unchanged. Before returning,
+a random element of the spec is
 applied to the float64 copy: if the output moves by more than ``tol`` (relative),
 :class:`~symalign.errors.SpecError` names the space and its layer.
 """
@@ -26,6 +30,7 @@ applied to the float64 copy: if the output moves by more than ``tol`` (relative)
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
@@ -85,7 +90,8 @@ class Coverage:
 
     def summary(self) -> str:
         """One line: the aligned fraction and the parts left unchanged."""
-        head = f"aligned {100 * self.fraction:.1f}% of the parameters ({self.aligned} of {self.total} entries); "
+        pct = math.floor(10000 * self.fraction) / 100  # rounded down: 100% only when everything moves
+        head = f"aligned {pct:.2f}% of the parameters ({self.aligned} of {self.total} entries); "
         if not self.left:
             return head + "left unchanged: nothing" + (" but the model's output axes" if self.unchanged else "")
         shown = "; ".join(self.left[:3]) + (f"; and {len(self.left) - 3} more" if len(self.left) > 3 else "")

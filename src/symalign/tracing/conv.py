@@ -36,7 +36,14 @@ import re
 
 import torch
 
-from symalign.tracing.common import Opaque, Val, layer_of, op_name, shape_of, tensor_args
+from symalign.tracing.common import (
+    Opaque,
+    Val,
+    layer_of,
+    op_name,
+    shape_of,
+    tensor_args,
+)
 from symalign.tracing.labels import axis_size, data
 
 CONVS = {"conv1d", "conv2d", "conv3d", "convolution", "_convolution", "conv_transpose1d", "conv_transpose2d",
@@ -220,7 +227,11 @@ class ConvRule:
         """A per-channel map of the trailing spatial axes (module docstring)."""
         x = self.val(node.args[0])
         k = _spatial_dims(node, name)
-        if x is None or x.labels is None or k == 0:
+        if x is None or x.labels is None:
+            raise Opaque(name)
+        if not self.sids(x.labels) and not self.params(x.labels):  # data in, data out
+            return self.generic(node, [(node.args[0], x)])
+        if k == 0:
             raise Opaque(name)
         ch = self.channel_axis(node, x, k)
         sid = self.full_atom(x.labels[ch])
