@@ -220,20 +220,22 @@ class ConvNeXtBlock(nn.Module):
 
 
 class ConvNeXtTiny(nn.Module):
-    """A stem (patchify conv + channel LayerNorm), two ConvNeXt blocks, a GroupNorm'd grouped conv, a head."""
+    """A stem (patchify conv + channel LayerNorm), two ConvNeXt blocks; a 1x1 conv, a GroupNorm'd grouped conv
+    and a head."""
 
     def __init__(self, d=8, in_ch=1, classes=3, groups=2):
         super().__init__()
         self.stem = nn.Conv2d(in_ch, d, 2, 2)
         self.stem_norm = nn.GroupNorm(1, d)  # a LayerNorm over (C, H, W) with per-channel affine
         self.blocks = nn.Sequential(ConvNeXtBlock(d), ConvNeXtBlock(d))
-        self.grouped = nn.Conv2d(d, 2 * d, 3, padding=1, groups=groups)
+        self.expand = nn.Conv2d(d, 2 * d, 1)
+        self.grouped = nn.Conv2d(2 * d, 2 * d, 3, padding=1, groups=groups)
         self.gn = nn.GroupNorm(4, 2 * d)
         self.head = nn.Linear(2 * d, classes)
 
     def forward(self, x):
         x = self.blocks(self.stem_norm(self.stem(x)))
-        x = F.silu(self.gn(F.relu(self.grouped(x))))
+        x = F.silu(self.gn(F.relu(self.grouped(F.relu(self.expand(x))))))
         return self.head(x.mean((2, 3)))
 
 

@@ -133,8 +133,13 @@ def test_flatten_needs_the_blockwise_action():
     assert change(model, last, X) > 1e-5
 
 
-@pytest.mark.parametrize("cls", [M.ResNet, M.VGG])
-def test_planted_element_is_recovered(cls):
+PLANTED = ["ResNet", "VGG", "ConvViT", "ConvNeXtTiny", "DepthwiseNet", "Pools", "Transposed"]
+
+
+@pytest.mark.parametrize("name", PLANTED)
+def test_planted_element_is_recovered(name):
+    """B = g . A for a random element g of the traced spec: match_whole finds g^{-1} (every rule's spaces)."""
+    cls = getattr(M, name, None) or globals()[name]
     model = model_of(cls, seed=2)
     res = trace(model, X)
     a = {k: v.detach().double() for k, v in model.state_dict().items()}
@@ -144,9 +149,11 @@ def test_planted_element_is_recovered(cls):
     back = apply(res.spec, m.transform, b)
     assert max(float((back[k] - a[k]).abs().max()) for k in res.spec.tensors) <= 1e-8
     ident = compose(res.spec, m.transform, g)
-    for name, el in ident.items():
-        perm = el[0].round().long() if el.is_floating_point() else el
-        assert torch.equal(perm, torch.arange(res.spec.spaces[name].n)), name
+    for space, el in ident.items():
+        group = res.spec.spaces[space]
+        if isinstance(group, Permutation):
+            perm = group.parts(el)[0] if isinstance(group, PositiveMonomial) else el
+            assert torch.equal(perm, torch.arange(group.n)), space
 
 
 @pytest.mark.parametrize("cls", [M.ResNet, M.VGG])
@@ -252,17 +259,23 @@ def test_transposed_conv():
     assert change(model, with_group(res.spec, "ff.1", Orthogonal(5)), X) > 1e-5
 
 
-def test_grouped_depthwise_groupnorm_and_channel_layernorm():
+def test_depthwise_channel_layernorm_groupnorm_and_grouped_conv():
     model = model_of(M.ConvNeXtTiny)
     res = trace(model, X)
-    s = res.spec.spaces
-    # the stream (stem, GroupNorm(1) = LayerNorm over (C, H, W), depthwise convs, channels-last LayerNorm) is
-    # pinned because the grouped conv reads it; its output channels permute within their groups (S_8^2 would be
-    # the grouped conv alone; GroupNorm(4) refines it to S_4^4 kept in place)
-    assert s["ff.2"] == WithinBlocks(16, blocks=4)
-    assert any("grouped convolution" in r.reason and r.kind == "left" for r in res.skipped)
-    assert change(model, res.spec, X) <= 1e-10
-    assert change(model, with_group(res.spec, "ff.2", Permutation(16)), X) > 1e-5  # across groups: breaks
+    s = res.spec
+    # the stream: patchify stem, GroupNorm(1) = LayerNorm over (C, H, W), depthwise convs, channels-last LayerNorm,
+    # the inverted MLPs' outputs (added back after a permute); it is read by the 1x1 expansion
+    assert s.spaces["residual"] == Permutation(8)
+    for t, axis in (("stem.weight", 0), ("stem_norm.weight", 0), ("blocks.0.dwconv.weight", 0),
+                    ("blocks.1.norm.bias", 0), ("blocks.1.pw2.weight", 0), ("expand.weight", 1)):
+        assert ("residual", axis, "co" if t != "expand.weight" else "contra", None) in acts(s, t), t
+    # the grouped conv's outputs permute inside its 2 groups; GroupNorm(4) refines that to 4 groups kept in place
+    assert s.spaces["ff.2"] == WithinBlocks(16, blocks=4)
+    assert [r.layer for r in res.skipped if r.kind == "left"] == ["grouped"]  # expand's channels: read per group
+    assert change(model, s, X) <= 1e-10
+    assert change(model, with_group(s, "residual", Orthogonal(8)), X) > 1e-5  # gains, depthwise: no rotation
+    assert change(model, with_group(s, "residual", PositiveMonomial(8)), X) > 1e-5  # norms: no scales
+    assert change(model, with_group(s, "ff.2", Permutation(16)), X) > 1e-5  # across groups: breaks
     assert res.coverage.left and "grouped convolution" in res.coverage.summary()
 
 
@@ -344,7 +357,7 @@ def test_strict_refuses_what_is_left_and_reports_coverage():
     with pytest.raises(MatchError, match=r"strict: 1 part\(s\) of the model would be left unchanged.*grouped"):
         align_states(model, a, b, X, strict=True)
     out = align_states(model, a, b, X)
-    assert 0 < out.coverage.fraction < 1 and "stem.weight" in out.coverage.unchanged
+    assert 0 < out.coverage.fraction < 1 and out.coverage.unchanged == ["expand.bias", "head.bias"]
     assert out.to_dict()["coverage"]["left"] == out.coverage.left
 
 
