@@ -215,6 +215,25 @@ def test_pooling_keeps_the_channel_space():
     assert change(model, with_group(res.spec, "ff.0", Orthogonal(6)), X) > 1e-5  # max pool: no rotation
 
 
+class GlobalMax(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c, self.drop, self.fc = nn.Conv2d(1, 4, 3), nn.Dropout2d(0.3), nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.drop(self.c(x))
+        return self.fc(h.amax((2, 3)) - torch.max(h.flatten(2), 2)[0] * 0.5)
+
+
+def test_global_max_and_dropout2d():
+    """A maximum over the spatial axes commutes with permutations and positive scales, not with rotations."""
+    model = model_of(GlobalMax)
+    res = trace(model, X)
+    assert res.spec.describe() == {"ff.0": "S_4 x R+^4"} and res.coverage.left == []
+    assert change(model, res.spec, X) <= 1e-10
+    assert change(model, with_group(res.spec, "ff.0", Orthogonal(4)), X) > 1e-5
+
+
 class Conv1d3d(nn.Module):
     def __init__(self):
         super().__init__()

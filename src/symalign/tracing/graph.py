@@ -246,6 +246,12 @@ class Walker(AttentionRule, ConvRule):
             raise Opaque(op_name(node))
         return Val(v.labels, const=v.const)
 
+    def op_feature_dropout(self, node) -> Val:  # nn.Dropout2d/3d
+        return self.op_dropout(node)
+
+    op_alpha_dropout = op_feature_dropout
+    op_feature_alpha_dropout = op_feature_dropout
+
     def op_dropout(self, node) -> Val:
         p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
         train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
@@ -568,7 +574,26 @@ class Walker(AttentionRule, ConvRule):
         return Val(tuple(out), const=v.const)
 
     op_sum = op_mean
-    op_amax = op_mean
+
+    def op_amax(self, node) -> Val:
+        """A maximum (minimum) over axes: as a sum for the reduced axes; a space kept on another axis sees a
+        per-entry maximum, which commutes with permutations and positive scales only (as max pooling)."""
+        out = self.op_mean(node)
+        for sid in self.sids(out.labels):
+            self.sp.restrict(sid, {"posmon", "perm"})
+            self.sp.use(sid, "max")
+        return out
+
+    op_amin = op_amax
+
+    def op_max(self, node):
+        """``torch.max(x, dim)``: the values as :meth:`op_amax`, the indices as data (the same restriction)."""
+        if len(node.args) < 2 or not isinstance(node.args[1], int):
+            return self.generic(node, [(a, self.val(a)) for a in tensor_args(node)])
+        vals = self.op_amax(node)
+        return [vals, Val(vals.labels, const=vals.const)]
+
+    op_min = op_max
 
     # -- learned maps --------------------------------------------------------
     def weight(self, node, arg) -> tuple[str, tuple] | None:
