@@ -587,7 +587,8 @@ class Walker(AttentionRule, ConvRule):
     op_amin = op_amax
 
     def op_max(self, node):
-        """``torch.max(x, dim)``: the values as :meth:`op_amax`, the indices as data (the same restriction)."""
+        """``torch.max(x, dim)``: the values as :meth:`op_amax`; the indices carry the same labels (one index per
+        kept entry, so they move with its spaces)."""
         if len(node.args) < 2 or not isinstance(node.args[1], int):
             return self.generic(node, [(a, self.val(a)) for a in tensor_args(node)])
         vals = self.op_amax(node)
