@@ -30,6 +30,12 @@ FACTORY = textwrap.dedent("""
 
     def nothing():
         return M.mlp((8, 4))
+
+    def vgg():
+        return M.randomise(M.VGG(), 0).eval(), torch.randn(3, 1, 8, 8)
+
+    def convnext():
+        return M.randomise(M.ConvNeXtTiny(), 0).eval(), torch.randn(3, 1, 8, 8)
 """)
 
 
@@ -132,3 +138,41 @@ def test_attention_scope_recovers_a_planted_attention_element_through_fused_segm
     assert out.distance_before > 0.3 and out.distance_after < 1e-8
     assert out.verify.exact.rel <= 1e-10 and out.verify.passed
     assert set(out.match.transform) == set(att)
+
+
+def _pair(tmp_path, model, seeds=(1, 2)):
+    for name, seed in zip(("A.pt", "B.pt"), seeds):
+        torch.save({k: v.clone() for k, v in M.randomise(model, seed).state_dict().items()}, tmp_path / name)
+
+
+def test_coverage_in_summary_and_json(factory, tmp_path, capsys, monkeypatch):
+    from facts import vgg
+
+    model, _ = vgg()
+    _pair(tmp_path, model)
+    args = ["align", "--module", f"{factory}:vgg", tmp_path / "A.pt", tmp_path / "B.pt", "--scope", "model"]
+    code, out, err = run_symalign(monkeypatch, capsys, *args, "-o", tmp_path / "O.pt", "--strict")
+    assert code == 0, err
+    assert "of the parameters" in out and "left unchanged: nothing but the model's output axes" in out
+    code, out, err = run_symalign(monkeypatch, capsys, *args, "-o", tmp_path / "O2.pt", "--json")
+    cov = json.loads(out)["coverage"]
+    assert cov["left"] == [] and cov["unchanged"] == ["classifier.3.bias"] and 0.99 < cov["fraction"] < 1
+    assert cov["aligned"] + 10 == cov["total"]
+
+
+def test_strict_refuses_partial_alignment(factory, tmp_path, capsys, monkeypatch):
+    from facts import convnext
+
+    model, _ = convnext()
+    _pair(tmp_path, model)
+    args = ["align", "--module", f"{factory}:convnext", tmp_path / "A.pt", tmp_path / "B.pt", "-o",
+            tmp_path / "O.pt", "--scope", "model"]
+    code, out, err = run_symalign(monkeypatch, capsys, *args, "--strict")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "left unchanged" in err and "grouped" in err
+    assert not (tmp_path / "O.pt").exists()
+    code, out, err = run_symalign(monkeypatch, capsys, *args)  # without --strict: aligned, and said so
+    assert code == 0, err
+    assert "left unchanged: 1 part: " in out and "grouped convolution" in out
+    code, out, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A.pt", tmp_path / "B.pt", "-o",
+                                  tmp_path / "O3", "--strict")
+    assert code == 2 and "--strict applies to --module" in err

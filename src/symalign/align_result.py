@@ -21,6 +21,10 @@ r"""What ``symalign align`` returns and prints: one result for every scope and e
   (OUT's weights are in folded form: ``--scope model``), ``untied_head``, ``reference`` (``{"path",
   "check"}`` of ``--write-reference``, else ``null``), ``match`` (the solver's own report), ``stream``
   (streaming statistics: passes, bytes read and written, peak RSS; ``null`` in memory).
+* ``coverage`` (``--module``; else ``null``): ``{"aligned", "total", "fraction", "unchanged", "left",
+  "summary"}``, the parameter entries in tensors that the aligned spaces move, the tensors left as they
+  are, and the parts left unchanged other than the model's output axes
+  (:class:`symalign.tracing.api.Coverage`).
 """
 
 from __future__ import annotations
@@ -140,6 +144,7 @@ class AlignResult:
     reference: dict[str, Any] | None = None
     match: dict[str, Any] = field(default_factory=dict)
     stream: dict[str, Any] | None = None
+    coverage: dict[str, Any] | None = None
     transform: dict[str, Any] | None = field(default=None, repr=False)  # the group element (not in the JSON)
 
     def to_dict(self) -> dict[str, Any]:

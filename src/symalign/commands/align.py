@@ -70,6 +70,8 @@ def register(app: typer.Typer) -> None:
                                               "layer at a time (bounded memory; per-layer function check). Default: "
                                               "streamed when both checkpoints exceed a quarter of the memory."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
+        strict: bool = typer.Option(False, "--strict", help="--module: refuse (exit 2, nothing written) when any "
+                                    "part of the model would be left unchanged (docs/tracing.md)."),
         module: Optional[str] = typer.Option(None, "--module", help="pkg.mod:factory returning any nn.Module: A_DIR, B_DIR and "
                                    "OUT are then state-dict files (torch.save); spec traced (docs/tracing.md)."),
     ) -> None:
@@ -89,8 +91,13 @@ def register(app: typer.Typer) -> None:
                                   "--module")
 
             info = run_align_module(module, a_dir, b_dir, out, scope, stage2, not no_stage1, force,
-                                    max_sweeps=max_sweeps)
+                                    max_sweeps=max_sweeps, strict=strict)
         else:
+            if strict:
+                from symalign.errors import ConfigError
+
+                raise ConfigError("--strict applies to --module (a Hugging Face checkpoint is aligned whole by "
+                                  "its family's spec); drop it")
             info = run_align(a_dir, b_dir, out, scope=scope, stage2=stage2, stage1=not no_stage1, force=force,
                              max_sweeps=max_sweeps, write_reference=write_reference, say=say, stream=stream,
                              experts=experts)
@@ -102,6 +109,8 @@ def register(app: typer.Typer) -> None:
         what = "whole-model" if info.scope == "model" else "attention"
         typer.echo(f"{what} distance to A: {d0:.4g} -> {d1:.4g} (relative); output change "
                    f"{info.check.rel:.1e} ({info.check.kind} check, {info.check.dtype}); {info.timings.total_s:.1f} s")
+        if info.coverage:
+            typer.echo(info.coverage["summary"])
         for note in info.notes:
             typer.echo(f"note: {note}")
         if info.reference:

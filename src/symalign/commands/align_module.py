@@ -66,9 +66,10 @@ def load_state(path: Path, who: str) -> dict[str, torch.Tensor]:
 
 def run_align_module(module: str, a_path: Path, b_path: Path, out: Path, scope: str = "model",
                      stage2: str = "full", stage1: bool = True, force: bool = False,
-                     max_sweeps: int = 20) -> AlignResult:
+                     max_sweeps: int = 20, strict: bool = False) -> AlignResult:
     """Align B.pt to A.pt through the traced symmetries of ``module``'s model and write OUT (module docstring);
-    the result has the shape of every ``align`` (:class:`~symalign.align_result.AlignResult`, ``path="module"``)."""
+    the result has the shape of every ``align`` (:class:`~symalign.align_result.AlignResult`, ``path="module"``,
+    with ``coverage``); ``strict``: refuse when any part would be left unchanged (nothing is written)."""
     from symalign.tracing.align import align_states
 
     clock = PhaseClock()
@@ -85,7 +86,7 @@ def run_align_module(module: str, a_path: Path, b_path: Path, out: Path, scope: 
         state_a, state_b = load_state(a_path, "checkpoint A"), load_state(b_path, "checkpoint B")
     with clock("match"):  # trace (prepare), match and the function check (verify): one call
         res = align_states(model, state_a, state_b, inputs, scope=scope, stage1=stage1, stage2=stage2,
-                           max_iter=max_sweeps)
+                           max_iter=max_sweeps, strict=strict)
     with clock("write"):
         save_state_file(res.state, out)
     m = res.match
@@ -100,4 +101,5 @@ def run_align_module(module: str, a_path: Path, b_path: Path, out: Path, scope: 
         sweeps=int(sweeps), converged=bool(converged), check=res.verify,
         max_sweeps=max_sweeps if scope == "model" else None, timings=clock.timings(), threads=threads,
         provenance=provenance(threads=threads), notes=[str(s) for s in res.trace.skipped] + res.trace.notes,
+        coverage=res.coverage.to_dict() if res.coverage is not None else None,
         match={"trace": res.trace.to_dict(), **(m.to_dict() if hasattr(m, "to_dict") else {})})

@@ -10,6 +10,11 @@ r"""Align two state dicts of any traceable module: :func:`align_states`.
    ``<= max(1e-10, the trace's precision floor)``) and in B's own dtype (its entry of
    the tolerance table, :mod:`symalign.tolerance`: ``1e-5`` for float32). Otherwise
    :class:`~symalign.errors.MatchError` is raised.
+
+The result's :attr:`ModuleAlignment.coverage` says how much of the model was aligned: the
+fraction of parameter entries moved and the parts left unchanged (what the trace skipped,
+and with ``scope="attention"`` the other spaces). ``strict=True`` refuses
+(:class:`~symalign.errors.MatchError`, before matching) when any part is left.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from symalign.errors import CheckpointError, ConfigError, MatchError
 from symalign.spec import ATTENTION_ROLES, apply
 from symalign.align_result import CheckReport
 from symalign.tolerance import TOLERANCE, FunctionCheck, function_tolerance, relative_change
-from symalign.tracing.api import TraceResult, _to64, flat_tensors, split_inputs, trace
+from symalign.tracing.api import Coverage, TraceResult, _to64, coverage_of, flat_tensors, split_inputs, trace
 
 SCOPES = ("model", "attention")
 
@@ -42,10 +47,12 @@ class ModuleAlignment:
     distance_after: float = 0.0
     verify: CheckReport | None = None
     time_s: float = 0.0
+    coverage: Coverage | None = None  # the aligned fraction of the parameters and the parts left unchanged
 
     def to_dict(self) -> dict[str, Any]:
         return {"distance": {"before": {"total": self.distance_before}, "after": {"total": self.distance_after}},
                 "check": self.verify.to_dict() if self.verify is not None else None, "trace": self.trace.to_dict(),
+                "coverage": self.coverage.to_dict() if self.coverage is not None else None,
                 "match": self.match.to_dict() if hasattr(self.match, "to_dict") else None, "time_s": self.time_s}
 
 
@@ -76,10 +83,12 @@ def _outputs(model: nn.Module, state, args, kwargs) -> list[Tensor]:
 
 def align_states(model: nn.Module, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor], example_inputs,
                  example_kwargs: dict | None = None, *, scope: str = "model", stage1: bool = True,
-                 stage2: str = "full", max_iter: int = 20, traced: TraceResult | None = None) -> ModuleAlignment:
+                 stage2: str = "full", max_iter: int = 20, traced: TraceResult | None = None,
+                 strict: bool = False) -> ModuleAlignment:
     """Align ``state_b`` to ``state_a`` through the traced exact symmetries of ``model`` (module docstring).
 
     ``model`` is only used as the architecture (its own weights are not read or changed).
+    ``strict``: refuse (:class:`~symalign.errors.MatchError`) when any part would be left unchanged.
     """
     from symalign.match.distance import relative_distance
     from symalign.match.whole import attention_step, match_whole
@@ -97,6 +106,13 @@ def align_states(model: nn.Module, state_a: Mapping[str, Tensor], state_b: Mappi
             raise MatchError("the traced module has no attention layer to align; use --scope model "
                              f"(traced spaces: {', '.join(spec.spaces) or 'none'})")
         spec = spec.restrict(keep)
+    dropped = [k for k in res.spec.spaces if k not in spec.spaces]
+    cover = coverage_of(spec, sa, res.skipped, [f"spaces outside --scope {scope}: {', '.join(dropped)}"]
+                        if dropped else [])
+    if strict and cover.left:
+        raise MatchError(f"strict: {len(cover.left)} part(s) of the model would be left unchanged ("
+                         + "; ".join(cover.left[:2]) + (" ..." if len(cover.left) > 2 else "")
+                         + "); drop strict to align the rest")
     if not spec.spaces:
         raise MatchError("the traced module has no symmetry to align (every part was skipped: "
                          + "; ".join(str(s) for s in res.skipped[:3]) + ")")
@@ -110,7 +126,7 @@ def align_states(model: nn.Module, state_a: Mapping[str, Tensor], state_b: Mappi
     after = relative_distance(sa, out, spec.tensors)
     verify = verify_function(model, spec, transform, sb, out, example_inputs, example_kwargs,
                              floor=res.tolerance)
-    return ModuleAlignment(out, res, match, before, after, verify, time.perf_counter() - t0)
+    return ModuleAlignment(out, res, match, before, after, verify, time.perf_counter() - t0, cover)
 
 
 def _change(model: nn.Module, state, args, kwargs, ref: list[Tensor]) -> tuple[float, float]:

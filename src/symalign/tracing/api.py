@@ -10,15 +10,19 @@ mode, on the example inputs) and every axis of every tensor is labelled
   head, or ``H(r) (+) GL(d_h - r)`` when a RoPE rotation is found between the
   projections and the attention) and ``vo.i`` (``GL(d_h)``), labelled exactly as
   :func:`symalign.arch.base.layout_spec` labels them (fused projections as segments);
-* ``ff.k``: the hidden units of a Linear between elementwise nonlinearities
-  (``S_n``; positive monomials for ReLU/LeakyReLU);
-* ``residual`` (``residual.k`` if several): a stream that additions, concatenations
-  or embeddings tie together, with its norms' gains and biases (``S_D`` under affine
-  norms, ``O(D)`` under gainless RMSNorm, ``O_1(D)`` under LayerNorm without affine);
+* ``ff.k``: the hidden units of a Linear, or the output channels of a convolution, between
+  elementwise nonlinearities, norms and pooling (``S_n``; positive monomials for ReLU/LeakyReLU
+  and max pooling; the channel-group-preserving groups of :mod:`symalign.tracing.blocks` for
+  grouped convolutions and GroupNorm; see :mod:`symalign.tracing.conv`);
+* ``residual`` (``residual.k`` if several, e.g. one per ResNet stage): a stream that additions,
+  concatenations or embeddings tie together, with its norms' gains and biases (``S_D`` under affine
+  norms and BatchNorm, ``O(D)`` under gainless RMSNorm, ``O_1(D)`` under LayerNorm without affine);
 * tied weights under every name the state dict uses for them.
 
 What the tracer cannot prove exact is left out and listed in
-:attr:`TraceResult.skipped`. Before returning, a random element of the spec is
+:attr:`TraceResult.skipped`; :attr:`TraceResult.coverage` (:class:`Coverage`) gives the
+fraction of the parameters the spec moves and the parts left unchanged. Before returning,
+a random element of the spec is
 applied to the float64 copy: if the output moves by more than ``tol`` (relative),
 :class:`~symalign.errors.SpecError` names the space and its layer.
 """
@@ -26,6 +30,7 @@ applied to the float64 copy: if the output moves by more than ``tol`` (relative)
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
@@ -36,8 +41,10 @@ from symalign.errors import ConfigError, SpecError
 from symalign.groups import GeneralLinear, HeadPermutation, Orthogonal, PerHead, Permutation, PositiveMonomial
 from symalign.groups import CenteredOrthogonal
 from symalign.spec import SymmetrySpec, apply, sample
+from symalign.tracing.blocks import BlockWreath, WithinBlocks, WithinBlocksMonomial
 from symalign.tracing.common import layer_of, op_name
 from symalign.tracing.graph import Walker
+from symalign.tracing.labels import OUTPUT, OUTPUT_REASON
 from symalign.tolerance import TOLERANCE, tolerance
 
 F64_TOL = TOLERANCE[torch.float64]
@@ -45,13 +52,65 @@ F64_TOL = TOLERANCE[torch.float64]
 
 @dataclass
 class Skipped:
-    """A part of the model left out of the spec: ``layer`` (module path) and why."""
+    """A part of the model left out of the spec: ``layer`` (module path) and why.
+
+    ``kind``: ``"output"`` for a feature axis that is the model's output (no symmetry can move
+    it: the function is observed there), ``"left"`` for everything else (an operation the
+    tracer does not recognise, a fixed buffer along the features, a layer it cannot express).
+    """
 
     layer: str
     reason: str
+    kind: str = "left"
 
     def __str__(self) -> str:
         return f"{self.layer}: {self.reason}"
+
+
+@dataclass
+class Coverage:
+    """How much of the model an alignment moves.
+
+    ``aligned`` of ``total`` floating state-dict entries (parameters and buffers such as
+    BatchNorm statistics) lie in tensors that some declared space acts on; ``unchanged``
+    names the floating tensors no space acts on; ``left`` lists the parts left unchanged
+    that are not the model's output (:class:`Skipped` of kind ``"left"``, and spaces left
+    out by the chosen scope). Nothing is *left* when ``left`` is empty: what stays unchanged
+    then only touches the model's output axes (e.g. the last layer's bias).
+    """
+
+    aligned: int
+    total: int
+    unchanged: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+
+    @property
+    def fraction(self) -> float:
+        return self.aligned / self.total if self.total else 1.0
+
+    def summary(self) -> str:
+        """One line: the aligned fraction and the parts left unchanged."""
+        pct = math.floor(10000 * self.fraction) / 100  # rounded down: 100% only when everything moves
+        head = f"aligned {pct:.2f}% of the parameters ({self.aligned} of {self.total} entries); "
+        if not self.left:
+            return head + "left unchanged: nothing" + (" but the model's output axes" if self.unchanged else "")
+        shown = "; ".join(self.left[:3]) + (f"; and {len(self.left) - 3} more" if len(self.left) > 3 else "")
+        return head + f"left unchanged: {len(self.left)} part{'s' if len(self.left) > 1 else ''}: {shown}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"aligned": self.aligned, "total": self.total, "fraction": self.fraction,
+                "unchanged": list(self.unchanged), "left": list(self.left), "summary": self.summary()}
+
+
+def coverage_of(spec: SymmetrySpec, state: Mapping[str, Tensor], skipped: list[Skipped],
+                extra_left: list[str] | None = None) -> Coverage:
+    """The :class:`Coverage` of ``spec`` on ``state`` (``extra_left``: further parts left, e.g. by a scope)."""
+    acted = set(spec.tensors)
+    floating = {k: v for k, v in state.items() if isinstance(v, Tensor) and v.is_floating_point()}
+    aligned = sum(v.numel() for k, v in floating.items() if k in acted)
+    unchanged = sorted(k for k in floating if k not in acted)
+    left = [str(s) for s in skipped if s.kind != "output"] + list(extra_left or [])
+    return Coverage(aligned, sum(v.numel() for v in floating.values()), unchanged, left)
 
 
 @dataclass
@@ -64,11 +123,13 @@ class TraceResult:
     notes: list[str] = field(default_factory=list)
     function_change: float = 0.0  # relative output change under a random element (float64)
     tolerance: float = F64_TOL  # what the check accepted (raised when the model computes in lower precision)
+    coverage: Coverage | None = None  # how much of the model the spec moves (Coverage)
 
     def to_dict(self) -> dict[str, Any]:
         return {"spaces": self.spec.describe(), "layers": dict(self.layers),
                 "skipped": [asdict(s) for s in self.skipped], "notes": list(self.notes),
-                "function_change": self.function_change, "tolerance": self.tolerance}
+                "function_change": self.function_change, "tolerance": self.tolerance,
+                "coverage": self.coverage.to_dict() if self.coverage is not None else None}
 
 
 def split_inputs(example_inputs, example_kwargs: dict | None = None) -> tuple[tuple, dict]:
@@ -178,6 +239,7 @@ def trace(model: nn.Module, example_inputs, example_kwargs: dict | None = None, 
     walker.run()
     spec, skipped, layers, notes = build_spec(walker)
     result = TraceResult(spec, skipped, layers, notes)
+    result.coverage = coverage_of(spec, m64.state_dict(), skipped)
     if walker.low_precision:
         floor = max(tolerance(d) for d in walker.low_precision)  # the table of symalign.tolerance
         if floor > tol:
@@ -211,6 +273,10 @@ def _pin_all(walker: Walker) -> None:
         if pa in sp.bind and len({v for _, v in uses}) > 1:
             sp.restrict(sp.bind[pa], {"o", "o1", "perm"})
             sp.get(sp.bind[pa]).notes.append(f"{pa[0]} is tied and used on both sides (no scaling)")
+    laid_out = {sp.find(sid) for pa, sid in sp.bind.items() if sp.layout.get(pa)}
+    for s in sp.items.values():  # a segment of a space that is read flattened (blockwise): not expressible
+        if s.parent is not None and sp.find(s.parent) in laid_out:
+            sp.pin(s.sid, s.layer, "segment of a feature space that is also read flattened (blockwise)")
     changed = True
     while changed:  # segments of a space used whole, or of a pinned space, are pinned too
         changed = False
@@ -235,7 +301,8 @@ def _actions(walker: Walker, root: int) -> list[tuple[str, int, str, tuple | Non
             if name not in {n for n, _ in uses}:
                 uses.append((name, uses[0][1]))
         for name, var in uses:
-            out.append((name, pa[1], var, None))
+            for seg in sp.layout.get(pa) or (None,):  # a flattened convolution output: one action per block
+                out.append((name, pa[1], var, seg))
     for s in sp.items.values():  # every segment merged into this space (GLU: both halves of one projection)
         if s.parent is not None and sp.find(s.sid) == root and sp.find(s.parent) != root:
             for name, axis, var, seg in _actions(walker, sp.find(s.parent)):
@@ -326,7 +393,8 @@ def build_spec(walker: Walker) -> tuple[SymmetrySpec, list[Skipped], dict[str, s
             continue
         if s.pinned:
             layer, reason = s.pinned[0]
-            skipped.append(Skipped(layer, f"feature axis of width {s.n} ({s.layer}) not declared: {reason}"))
+            kind = "output" if all(p == (OUTPUT, OUTPUT_REASON) for p in s.pinned) else "left"
+            skipped.append(Skipped(layer, f"feature axis of width {s.n} ({s.layer}) not declared: {reason}", kind))
             continue
         (streams if s.stream else units).append((s, acts))
     for kind, items in (("residual", streams), ("ff", units)):
@@ -351,6 +419,14 @@ def build_spec(walker: Walker) -> tuple[SymmetrySpec, list[Skipped], dict[str, s
 
 def _group(s, notes: list[str], name: str):
     a = s.allowed
+    if s.blocks > 1:  # grouped convolutions / GroupNorm: permutations that keep the channel groups
+        if s.blocks == s.n and s.in_place:
+            return WithinBlocksMonomial(s.n, blocks=s.n) if "posmon" in a else None
+        if "posmon" in a and s.in_place:
+            return WithinBlocksMonomial(s.n, blocks=s.blocks)
+        if "perm" in a or "posmon" in a:
+            return WithinBlocks(s.n, blocks=s.blocks) if s.in_place else BlockWreath(s.n, blocks=s.blocks)
+        return None
     if "gl" in a:
         notes.append(f"{name}: only linear maps act on it, so GL({s.n}) is exact; O({s.n}) is declared "
                      "(the matchers solve orthogonal and permutation spaces)")

@@ -18,7 +18,8 @@ from torch import Tensor
 
 from symalign.tracing.attention import Attention, AttentionRule
 from symalign.tracing.common import LOW, Opaque, Val, flat, layer_of, op_name, shape_of, tensor_args
-from symalign.tracing.labels import Labels, Spaces, axis_size, data, regroup
+from symalign.tracing.conv import SPATIAL, ConvRule
+from symalign.tracing.labels import OUTPUT, OUTPUT_REASON, Labels, Spaces, axis_size, data, regroup
 
 HOMOGENEOUS = {"relu", "leaky_relu"}  # f(s z) = s f(z) for s > 0
 ELEMENTWISE = {"gelu", "silu", "tanh", "sigmoid", "elu", "selu", "celu", "softplus", "mish", "hardtanh", "relu6",
@@ -28,10 +29,12 @@ ELEMENTWISE = {"gelu", "silu", "tanh", "sigmoid", "elu", "selu", "celu", "softpl
                "gelu_", "relu_", "silu_"}
 IDENTITY = {"clone", "contiguous", "alias", "detach", "lift_fresh_copy", "_to_copy", "to", "type_as",
             "_assert_tensor_metadata"}
+INPLACE = {f"{op}_" for op in ("add", "sub", "mul", "div", "relu", "leaky_relu", "hardtanh", "elu", "gelu", "silu",
+                                "sigmoid", "tanh", "clamp", "clamp_min", "clamp_max")}
 LAYOUT = {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "view_as", "reshape_as"}
 
 
-class Walker(AttentionRule):
+class Walker(AttentionRule, ConvRule):
     """Labels the graph of a :class:`torch.export.ExportedProgram` (``run``), then exposes the results."""
 
     def __init__(self, ep, aliases: dict[str, list[str]], env: dict, gen: torch.Generator):
@@ -47,6 +50,7 @@ class Walker(AttentionRule):
         self.low_precision: set = set()  # dtypes below float64 that feature values are cast to
         self.failed: list[tuple[str, str]] = []  # (layer, reason) of attention calls not recognised
         self.param_of: dict[str, str] = {}
+        self.buffer_of: dict[str, tuple[str, bool]] = {}  # placeholder -> (state-dict name, persistent)
         self.unexplainable: set = set()  # in-place writes into a tensor that is also read elsewhere
 
     # -- helpers -------------------------------------------------------------
@@ -107,6 +111,27 @@ class Walker(AttentionRule):
                 return s.sid
         return None
 
+    def blockwise(self, ax) -> tuple[int, tuple] | None:
+        """``(space, segments)`` when ``ax`` is one whole space times data axes on one side: the flattened
+        ``(C, H, W)`` of a convolution output (C-major: channel ``c`` is the block ``c HW .. (c+1) HW - 1``,
+        the segments ``(j, 1, HW)``, one per spatial position ``j``) or a channels-last ``(H, W, C)``
+        (the segments ``(j C, C)``). Else None."""
+        feats = [i for i, a in enumerate(ax) if a[0] != "d"]
+        if len(feats) != 1 or ax[feats[0]][0] != "f":
+            return None
+        i = feats[0]
+        a = ax[i]
+        n = self.sp.get(a[1]).n
+        if a[2] != 1 or a[3] != n:
+            return None
+        before = axis_size(ax[:i])
+        after = axis_size(ax[i + 1:])
+        if before == 1:
+            return self.sp.find(a[1]), tuple((j, 1, after) for j in range(after))
+        if after == 1:
+            return self.sp.find(a[1]), tuple((j * n, n) for j in range(before))
+        return None
+
     def param_atom(self, ax):
         if len(ax) == 1 and ax[0][0] == "p":
             return ax[0]
@@ -133,6 +158,8 @@ class Walker(AttentionRule):
                 self.param_of[node.name] = spec.target
                 return Val(tuple((("p", frozenset({(spec.target, i)}), int(s)),) for i, s in enumerate(shape)))
             if spec is not None and spec.kind.name in ("BUFFER", "CONSTANT_TENSOR"):
+                if spec.kind.name == "BUFFER":
+                    self.buffer_of[node.name] = (spec.target, bool(getattr(spec, "persistent", True)))
                 return Val(data(shape), const=True)
             return Val(data(shape))
         if node.op == "output":
@@ -146,7 +173,7 @@ class Walker(AttentionRule):
                           if self.vals.get(r) is not None and self.vals[r].labels])
                     continue
                 for sid in self.sids(v.labels):
-                    self.sp.pin(sid, "(output)", "is an axis of the model's output")
+                    self.sp.pin(sid, OUTPUT, OUTPUT_REASON)
                 for pa in self.params(v.labels):
                     self.sp.fix(pa, "is returned by the model")
             return None
@@ -166,6 +193,8 @@ class Walker(AttentionRule):
                 if out is not None:
                     return out
             return self.make_opaque(node, ins)
+        if name in INPLACE:  # ``out += identity``, ``nn.ReLU(inplace=True)``: labelled as the out-of-place op
+            name = name[:-1]
         handler = getattr(self, f"op_{name}", None)
         if name in HOMOGENEOUS or name in ELEMENTWISE:
             return self.elementwise(node, name)
@@ -173,6 +202,8 @@ class Walker(AttentionRule):
             return self.identity(node)
         if name in LAYOUT:
             return self.layout(node)
+        if name in SPATIAL:
+            return self.spatial(node, name)
         if handler is not None:
             return handler(node)
         return self.generic(node, ins)
@@ -214,6 +245,12 @@ class Walker(AttentionRule):
         if shape_of(node) != shape_of(node.args[0]):
             raise Opaque(op_name(node))
         return Val(v.labels, const=v.const)
+
+    def op_feature_dropout(self, node) -> Val:  # nn.Dropout2d/3d
+        return self.op_dropout(node)
+
+    op_alpha_dropout = op_feature_dropout
+    op_feature_alpha_dropout = op_feature_dropout
 
     def op_dropout(self, node) -> Val:
         p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
@@ -537,7 +574,27 @@ class Walker(AttentionRule):
         return Val(tuple(out), const=v.const)
 
     op_sum = op_mean
-    op_amax = op_mean
+
+    def op_amax(self, node) -> Val:
+        """A maximum (minimum) over axes: as a sum for the reduced axes; a space kept on another axis sees a
+        per-entry maximum, which commutes with permutations and positive scales only (as max pooling)."""
+        out = self.op_mean(node)
+        for sid in self.sids(out.labels):
+            self.sp.restrict(sid, {"posmon", "perm"})
+            self.sp.use(sid, "max")
+        return out
+
+    op_amin = op_amax
+
+    def op_max(self, node):
+        """``torch.max(x, dim)``: the values as :meth:`op_amax`; the indices carry the same labels (one index per
+        kept entry, so they move with its spaces)."""
+        if len(node.args) < 2 or not isinstance(node.args[1], int):
+            return self.generic(node, [(a, self.val(a)) for a in tensor_args(node)])
+        vals = self.op_amax(node)
+        return [vals, Val(vals.labels, const=vals.const)]
+
+    op_min = op_max
 
     # -- learned maps --------------------------------------------------------
     def weight(self, node, arg) -> tuple[str, tuple] | None:
@@ -552,9 +609,14 @@ class Walker(AttentionRule):
         wname, wshape = w
         ax = x.labels[-1]
         sid = self.full_atom(ax)
+        blocked = self.blockwise(ax) if sid is None else None
         if sid is not None:
             self.sp.bind_param((wname, w_in), sid, self.name_for(wname, node), "contra", wshape[w_in], layer)
             self.sp.use(sid, "linear_in")
+        elif blocked is not None:  # a flattened convolution output: the space acts blockwise
+            self.sp.bind_param((wname, w_in), blocked[0], self.name_for(wname, node), "contra", wshape[w_in],
+                               layer, layout=blocked[1])
+            self.sp.use(blocked[0], "linear_in")
         elif self.sids((ax,)) or self.params((ax,)):
             raise Opaque(op_name(node))
         else:
@@ -619,22 +681,38 @@ class Walker(AttentionRule):
         return Val(idx.labels + ((("f", out, 1, wshape[1]),),))
 
     def norm(self, node, x: Val, shape, w, b, kinds) -> Val:
-        if len(shape) != 1:
+        """LayerNorm / RMSNorm over the last ``len(shape)`` axes. At most one of them is a feature axis
+        (a whole space: a channel LayerNorm over ``(C, H, W)`` or a channels-last ``C``); the statistics are
+        taken over all of them, so permutations (and, without a gain, the rotations ``kinds``) of that space
+        keep them, and the gain and bias are permuted along their matching axis. A space on an axis that is
+        not normalised is normalised row by row: permutations only."""
+        k = len(shape)
+        if k < 1 or k > len(x.labels):
             raise Opaque(op_name(node))
         layer = layer_of(node)
-        sid = self.full_atom(x.labels[-1])
-        if sid is None:
-            if self.sids((x.labels[-1],)):
-                raise Opaque(op_name(node))
+        normed = x.labels[-k:]
+        rows = x.labels[:-k]
+        feat = [i for i, ax in enumerate(normed) if self.sids((ax,)) or self.params((ax,))]
+        if len(feat) > 1 or self.params(rows):
+            raise Opaque(op_name(node))
+        for sid in self.sids(rows):
+            self.sp.restrict(sid, {"perm"})
+            self.sp.use(sid, "norm")
+        if not feat:
             for p in (w, b):
                 if p is not None:
-                    self.sp.fix((p[0], 0), "normalises a data axis")
+                    for i in range(len(p[1])):
+                        self.sp.fix((p[0], i), "normalises a data axis")
             return Val(x.labels, const=x.const)
+        i = feat[0]
+        sid = self.full_atom(normed[i])
+        if sid is None:
+            raise Opaque(op_name(node))
         self.sp.restrict(sid, kinds if w is None else {"perm"})
         self.sp.use(sid, "norm")
         for p in (w, b):
             if p is not None:
-                self.sp.bind_param((p[0], 0), sid, self.name_for(p[0], node), "co", p[1][0], layer)
+                self.sp.bind_param((p[0], i), sid, self.name_for(p[0], node), "co", p[1][i], layer)
         return Val(x.labels, const=x.const)
 
     def op_layer_norm(self, node) -> Val:

@@ -17,10 +17,14 @@ narrows the set of groups that can act on it exactly (``allowed``):
 ====================================  ===========================================
 operation on the feature axis         groups that commute with it
 ====================================  ===========================================
-Linear in/out, addition, scalar mul   ``GL(n)``
-ReLU / LeakyReLU                      positive monomials ``S_n x R_{>0}^n``
+Linear or convolution in/out,         ``GL(n)``
+addition, scalar mul, average pooling
+ReLU / LeakyReLU, max pooling         positive monomials ``S_n x R_{>0}^n``
 other elementwise nonlinearity,       permutations ``S_n``
-gain (elementwise product), sum
+gain (elementwise product), sum,
+BatchNorm, depthwise convolution
+grouped convolution (g groups) out    ``(S_m)^g`` (x positive scales), see :mod:`.blocks`
+GroupNorm (g groups)                  ``S_m wr S_g``
 RMSNorm without gain                  ``O(n)`` (and its subgroups)
 LayerNorm without affine, adding a    ``O_1(n) = {O : O 1 = 1}``
 constant to every feature
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+OUTPUT, OUTPUT_REASON = "(output)", "is an axis of the model's output"  # the pin of an output feature axis
 KINDS = ("gl", "o", "o1", "posmon", "perm")  # groups a space may still carry, largest first
 
 Atom = tuple
@@ -72,6 +77,8 @@ class Space:
     split: bool = False
     stream: bool = False
     order: int = 0
+    blocks: int = 1  # grouped convolution / GroupNorm: the g contiguous channel groups a permutation must keep
+    in_place: bool = False  # the blocks must stay in place ((S_m)^g); else they may move (S_m wr S_g)
 
 
 class Spaces:
@@ -83,6 +90,7 @@ class Spaces:
         self.bind: dict[tuple[str, int], int] = {}
         self.bind_uses: dict[tuple[str, int], list[tuple[str, str]]] = {}  # -> [(tensor name, variance)]
         self.fixed: dict[tuple[str, int], str] = {}  # parameter axes that must not move (reason)
+        self.layout: dict[tuple[str, int], tuple | None] = {}  # segments of a blockwise binding (bind_param)
 
     def new(self, n: int, layer: str, kind: str, parent: int | None = None, offset: int = 0) -> int:
         sid = len(self.items)
@@ -114,8 +122,17 @@ class Spaces:
         keep.notes += drop.notes
         keep.split = keep.split or drop.split
         keep.stream = keep.stream or drop.stream or stream
+        keep.blocks, keep.in_place = combine_blocks(keep.n, (keep.blocks, keep.in_place),
+                                                    (drop.blocks, drop.in_place))
         self.up[drop.sid] = keep.sid
         return keep.sid
+
+    def blockify(self, sid: int, blocks: int, in_place: bool) -> None:
+        """Only permutations (and positive scales) that keep ``blocks`` contiguous groups act on ``sid``
+        (``in_place``: each group stays where it is)."""
+        s = self.get(sid)
+        s.allowed &= {"posmon", "perm"}
+        s.blocks, s.in_place = combine_blocks(s.n, (s.blocks, s.in_place), (blocks, in_place))
 
     def restrict(self, sid: int, kinds, why: str = "") -> None:
         self.get(sid).allowed &= set(kinds)
@@ -127,8 +144,15 @@ class Spaces:
         self.get(sid).uses.append(kind)
 
     def bind_param(self, pa: tuple[str, int], sid: int | None, name: str, variance: str, n: int, layer: str,
-                   kind: str = "param") -> int:
-        """Tie parameter axis ``pa`` (canonical name, axis) to ``sid`` (or to a new space); returns the space."""
+                   kind: str = "param", layout: tuple | None = None) -> int:
+        """Tie parameter axis ``pa`` (canonical name, axis) to ``sid`` (or to a new space); returns the space.
+
+        ``layout``: the segments (:class:`symalign.spec.AxisAction`) through which the space indexes the
+        axis when the axis is the space times data (a convolution's output flattened: ``(j, 1, HW)`` for
+        each spatial position ``j``); ``None``: the whole axis."""
+        if self.layout.get(pa, layout) != layout:
+            self.fix(pa, "is read with two different layouts of its feature space")
+        self.layout.setdefault(pa, layout)
         if pa in self.bind:
             cur = self.bind[pa]
             sid = cur if sid is None else self.union(cur, sid)
@@ -145,6 +169,24 @@ class Spaces:
 
     def roots(self) -> list[Space]:
         return [s for s in self.items.values() if self.find(s.sid) == s.sid]
+
+
+def combine_blocks(n: int, a: tuple[int, bool], b: tuple[int, bool]) -> tuple[int, bool]:
+    """The block structure ``(blocks, in_place)`` whose permutations keep both ``a`` and ``b``.
+
+    Equal blocks: the stricter of the two. Nested blocks (one count divides the other): the
+    finer blocks, kept in place -- a subgroup of both. Otherwise ``(n, True)``: no permutation.
+    """
+    (ga, fa), (gb, fb) = a, b
+    if ga == 1:
+        return gb, fb
+    if gb == 1:
+        return ga, fa
+    if ga == gb:
+        return ga, fa or fb
+    if ga % gb == 0 or gb % ga == 0:
+        return max(ga, gb), True
+    return n, True
 
 
 def simplify(ax: list) -> Axis:
