@@ -133,3 +133,18 @@ def test_resolve_leaves_other_arguments_alone(tmp_path, monkeypatch):
     assert is_hub_id("org/name") and is_hub_id("org/name@v1.0")
     assert resolve(tmp_path / "missing") == tmp_path / "missing"  # the command's own check speaks
     assert resolve("plain-name") == Path("plain-name")
+
+
+def test_online_failures_name_their_cause(monkeypatch, tmp_path):
+    """Online (HF_HUB_OFFLINE unset) the line says what went wrong: unreachable, unknown id or revision."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from symalign.checkpoint.hub import _failure
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    line = _failure("checkpoint", "org/x", "org/x", "main", tmp_path, LocalEntryNotFoundError("no connection"))
+    assert "could not be reached" in line and "HF_HUB_OFFLINE is set" not in line
+    missing = type("RepositoryNotFoundError", (Exception,), {})
+    assert "does not exist on the Hub" in _failure("checkpoint", "org/x", "org/x", "main", tmp_path, missing())
+    rev = type("RevisionNotFoundError", (Exception,), {})
+    assert "no such revision" in _failure("checkpoint", "org/x", "org/x", "v9", tmp_path, rev())

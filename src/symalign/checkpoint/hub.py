@@ -132,10 +132,14 @@ def _failure(what: str, arg: str, repo: str, rev: str, cache: Path, exc: Excepti
     name = type(exc).__name__
     head = f"{what} {arg}: no such local folder, and the Hub model {repo} at revision {rev!r}"
     get = f"`hf download {repo} --revision {rev}`"
-    if offline() or name in ("LocalEntryNotFoundError", "OfflineModeIsEnabled"):
+    if offline() or name == "OfflineModeIsEnabled":
         return (f"{head} is not in the Hugging Face cache {cache} (HF_HUB_OFFLINE is set); download it once with "
                 f"network access ({get}), point HF_HUB_CACHE or HF_HOME at a cache that holds it, or pass a local "
                 "folder")
+    if name == "LocalEntryNotFoundError":  # online, but the Hub could not be reached
+        return (f"{head} could not be reached on the Hub (no network?) and is not in the Hugging Face cache "
+                f"{cache}; check the network, point HF_HUB_CACHE or HF_HOME at a cache that holds it, or pass a "
+                "local folder")
     if name == "RevisionNotFoundError":
         return f"{head}: the Hub has no such revision; pass an existing branch, tag or commit with --revision"
     if name in ("RepositoryNotFoundError", "GatedRepoError"):
