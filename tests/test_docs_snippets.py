@@ -26,3 +26,36 @@ def test_scaling_stream_examples_write_different_folders():
     block = re.search(r"```console\n(.*?)```", section, re.S).group(1)  # the section's first example
     outs = re.findall(r"^\$ symalign align .*? -o (\S+)", block, flags=re.M)
     assert len(outs) == 2 and len(set(outs)) == 2, outs
+
+
+def _probe_rows(text: str) -> dict[str, str]:
+    """quantity -> value of the probe's table as printed: a line with an empty first cell continues the
+    value above; one whose first cell starts with "(" continues the label above (e.g. "(rad)")."""
+    rows: list[list[str]] = []
+    for line in text.splitlines():
+        if not line.startswith("│"):
+            continue
+        left, right = (c.strip() for c in line.strip("│").split("│"))
+        if rows and (not left or left.startswith("(")):
+            rows[-1] = [f"{rows[-1][0]} {left}".strip(), f"{rows[-1][1]} {right}".strip()]
+        else:
+            rows.append([left, right])
+    return dict((k, v) for k, v in rows)
+
+
+def test_readme_probe_output_is_what_the_command_prints(monkeypatch, capsys):
+    """README's probe block shows every row the command prints now, with the same machine-independent
+    values (the gap, near-null spectrum and seconds vary with the machine; their rows must be there)."""
+    from _cli_util import run_symalign
+
+    readme = (ROOT / "README.md").read_text()
+    command = "symalign probe --pe rope --d-model 16 --heads 2 --head-dim 8 --bias"
+    shown = readme.split(f"$ {command}\n", 1)[1].split("```", 1)[0]
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_symalign(monkeypatch, capsys, *command.split()[1:])
+    assert code == 0, err
+    want, have = _probe_rows(out), _probe_rows(shown)
+    assert list(have) == list(want)
+    for key in ("nullity (measured)", "nullity (predicted)", "parameters / outputs", "method", "tol",
+                "declared group", "head permutations preserved", "verdict"):
+        assert have[key] == want[key], key
