@@ -109,7 +109,7 @@ def test_the_same_pair_in_two_runs_of_one_config_counts_once_with_a_note(tmp_pat
     _experiment(runs, "c", [3, 4], "test", {"full": 20.0})
     _experiment(runs, "d", [5, 6], "test", {"full": 90.0}, steps=50)  # another config: never pooled
     text = write_report(runs).read_text()
-    row = [line for line in _section(text, "stage 2 `full`)").splitlines() if line.startswith("| vit")][0]
+    row = next(line for line in _section(text, "stage 2 `full`)").splitlines() if line.startswith("| vit"))
     assert "1-2, 3-4 |" in row and "10.0, 20.0" in row and "12.0" not in row and "90.0" not in row
     assert "measured in `a/vit-digits-rope` and `b/vit-digits-rope` (10.0 % and 12.0 %)" in text
 
