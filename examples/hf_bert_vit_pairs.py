@@ -1,7 +1,7 @@
 """Two tiny Hugging Face BERT masked LMs and two tiny ViTs trained from different seeds, offline.
 
     python examples/hf_bert_vit_pairs.py OUT_DIR [--only bert|vit] [--seeds 0 1] [--bert-steps 2000]
-                                                [--vit-epochs 30]
+                                                [--vit-epochs 30] [--threads N]
 
 BERT (``BertForMaskedLM``): a WordPiece tokenizer is trained with the
 ``tokenizers`` library on the training split of the built-in Shakespeare corpus
@@ -21,7 +21,9 @@ images go through that processor exactly as ``symalign interpolate --data
 digits`` feeds them.
 
 Training: AdamW, warm-up then cosine schedule; only the initialisation, the masks
-and the batch order differ between seeds.
+and the batch order differ between seeds. Threads: ``--threads``, else ``$SYMALIGN_THREADS``, else 1 (as
+every ``symalign`` command); the count torch ran with is recorded in ``OUT_DIR/bert-pair.json`` and
+``OUT_DIR/vit-pair.json`` with the arguments and provenance (:mod:`hf_bert_vit_results` copies it).
 """
 
 from __future__ import annotations
@@ -148,7 +150,9 @@ def train_vit(seed: int, processor, args):
     return model.eval()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import _threads
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
     p.add_argument("--only", choices=["bert", "vit"], default=None)
@@ -162,7 +166,10 @@ def main() -> None:
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=2e-3)
-    args = p.parse_args()
+    _threads.add_option(p)
+    args = p.parse_args(argv)
+    threads = _threads.use(p, args.threads)
+    print(f"torch threads: {threads}", flush=True)
     if args.only in (None, "bert"):
         text = train_text()
         tok = wordpiece_tokenizer(text, args.vocab)
@@ -173,6 +180,8 @@ def main() -> None:
             model = train_bert(seed, ids, tok, args)
             model.save_pretrained(args.out / f"bert-s{seed}")
             tok.save_pretrained(args.out / f"bert-s{seed}")
+        _threads.record(args.out / "bert-pair.json", "examples/hf_bert_vit_pairs.py", args, threads,
+                        checkpoints=[f"bert-s{seed}" for seed in args.seeds])
     if args.only in (None, "vit"):
         from transformers import ViTImageProcessor
 
@@ -182,6 +191,8 @@ def main() -> None:
             model = train_vit(seed, processor, args)
             model.save_pretrained(args.out / f"vit-s{seed}")
             processor.save_pretrained(args.out / f"vit-s{seed}")
+        _threads.record(args.out / "vit-pair.json", "examples/hf_bert_vit_pairs.py", args, threads,
+                        checkpoints=[f"vit-s{seed}" for seed in args.seeds])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Two tiny Hugging Face GPT-2 checkpoints trained from different seeds, with a BPE tokenizer trained offline.
 
-    python examples/hf_gpt2_pair.py OUT_DIR [--steps 600] [--seeds 0 1] [--vocab 1024]
+    python examples/hf_gpt2_pair.py OUT_DIR [--steps 600] [--seeds 0 1] [--vocab 1024] [--threads N]
 
 Writes ``OUT_DIR/tokenizer`` (byte-level BPE trained with the ``tokenizers``
 library on the training split of the built-in Shakespeare corpus) and one
@@ -9,7 +9,9 @@ tokenizer files beside the weights -- ready for ``symalign align``,
 ``symalign interpolate --data shakespeare`` (evaluated on the test split) and
 ``symalign merge``. Training: AdamW, cosine schedule, random windows of
 ``--context`` tokens of the token stream; only the initialisation and batch
-order differ between seeds.
+order differ between seeds. Threads: ``--threads``, else ``$SYMALIGN_THREADS``, else 1 (as every
+``symalign`` command); the count torch ran with is recorded in ``OUT_DIR/gpt2-pair.json`` with the
+arguments and provenance.
 """
 
 from __future__ import annotations
@@ -70,7 +72,9 @@ def train(seed: int, ids: torch.Tensor, tok, args) -> "torch.nn.Module":
     return model.eval()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    import _threads
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -82,7 +86,10 @@ def main() -> None:
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=3e-3)
-    args = p.parse_args()
+    _threads.add_option(p)
+    args = p.parse_args(argv)
+    threads = _threads.use(p, args.threads)
+    print(f"torch threads: {threads}", flush=True)
     text = train_text()
     tok = bpe_tokenizer(text, args.vocab)
     tok.save_pretrained(args.out / "tokenizer")
@@ -92,6 +99,8 @@ def main() -> None:
         model = train(seed, ids, tok, args)
         model.save_pretrained(args.out / f"gpt2-s{seed}")
         tok.save_pretrained(args.out / f"gpt2-s{seed}")
+    _threads.record(args.out / "gpt2-pair.json", "examples/hf_gpt2_pair.py", args, threads,
+                    checkpoints=[f"gpt2-s{seed}" for seed in args.seeds])
 
 
 if __name__ == "__main__":

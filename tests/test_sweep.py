@@ -210,7 +210,7 @@ def test_killed_sweep_resumes_every_run_once(local_sweep):
     assert len(stored_results(out / STORE_FILE)) == 4
     r = cli("report", str(out))  # report reads the sweep (results.json + store, deduplicated)
     assert r.returncode == 0, r.stderr
-    assert "4 runs under" in (out / "report.md").read_text()
+    assert "4 experiment results (one per run and scope) under" in (out / "report.md").read_text()
 
 
 # ---------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from symalign.checkpoint.config import check_same_architecture
 from symalign.checkpoint.hf import HFCheckpoint, load_checkpoint
 from symalign.checkpoint.output import stage_checkpoint, verify_and_commit
 from symalign.io.folder import check_output_dir
+from symalign.io.hub import marker_fields
 from symalign.errors import ConfigError
 from symalign.match.experts import expert_units
 from symalign.provenance import provenance
@@ -165,6 +166,7 @@ def finish(res: AlignResult, job: AlignJob, out_path: Path, clock: PhaseClock) -
         res.max_sweeps = job.max_sweeps
     res.threads = torch.get_num_threads()
     res.provenance = provenance(threads=res.threads)
+    res.provenance.update(marker_fields({"inputs": [str(job.a_dir), str(job.b_dir)]}))  # Hub ids: their snapshots
     res.timings = clock.timings()
     return res
 

@@ -139,14 +139,14 @@ class RunCheckpoint:
             raise CheckpointError(f"{self.path / CONFIG_FILE}: invalid model config ({exc})") from exc
 
     def optim_state(self, map_location="cpu") -> dict | None:
-        """``optim.pt`` contents, or ``None`` if absent."""
+        """``optim.pt`` contents (optimizer and RNG state: tensors and plain containers), or ``None`` if
+        absent; read without running pickled code (:func:`~symalign.io.statedict.load_plain`)."""
         p = self.path / OPTIM_FILE
         if not p.exists():
             return None
-        try:
-            return torch.load(p, map_location=map_location, weights_only=False)
-        except Exception as exc:
-            raise CheckpointError(f"{p}: cannot be read ({type(exc).__name__}: {exc})") from exc
+        from symalign.io.statedict import load_plain
+
+        return load_plain(p, map_location)  # weights_only: a crafted pickle is refused, nothing in it runs
 
 
 Checkpoint = RunCheckpoint  # the name this class had before the checkpoint package

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from symalign.align_result import AlignResult
+from symalign.io.hub import REVISION_HELP, resolve_all
 from symalign.pipeline import SCOPES, STAGE2, AlignJob, align
 
 __all__ = ["SCOPES", "STAGE2", "run_align", "register"]
@@ -44,7 +45,7 @@ def register(app: typer.Typer) -> None:
     @app.command("align")
     def align(
         a_dir: Path = typer.Argument(..., metavar="A_DIR", help="Reference checkpoint A (save_pretrained "
-                                                                  "directory)."),
+                                                                  "directory, or a Hub id org/name)."),
         b_dir: Path = typer.Argument(..., metavar="B_DIR", help="Checkpoint B, to be aligned to A."),
         out: Path = typer.Option(..., "-o", "--out", help="Output directory: B aligned to A."),
         scope: str = typer.Option("attention", help="attention | model (model: residual stream, FF units and "
@@ -72,6 +73,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
         strict: bool = typer.Option(False, "--strict", help="--module: refuse (exit 2, nothing written) when any "
                                     "part of the model would be left unchanged (docs/tracing.md)."),
+        revision: Optional[str] = typer.Option(None, "--revision", help=REVISION_HELP),
         module: Optional[str] = typer.Option(None, "--module", help="pkg.mod:factory returning any nn.Module: A_DIR, B_DIR and "
                                    "OUT are then state-dict files (torch.save); spec traced (docs/tracing.md)."),
     ) -> None:
@@ -98,6 +100,7 @@ def register(app: typer.Typer) -> None:
 
                 raise ConfigError("--strict applies to --module (a Hugging Face checkpoint is aligned whole by "
                                   "its family's spec); drop it")
+            a_dir, b_dir = resolve_all([a_dir, b_dir], revision, "checkpoint")  # Hub ids -> cached snapshots
             info = run_align(a_dir, b_dir, out, scope=scope, stage2=stage2, stage1=not no_stage1, force=force,
                              max_sweeps=max_sweeps, write_reference=write_reference, say=say, stream=stream,
                              experts=experts)

@@ -16,6 +16,8 @@ from typing import Iterator, Optional
 
 import typer
 
+from symalign.io.hub import REVISION_HELP
+
 DATA_HELP = ("A built-in dataset (shakespeare, bible, wordnet, fortunes, digits, fashion-mnist, synthetic, ...), "
              "a plain text file, a .jsonl file (--text-field), a folder of images in class sub-folders, or a "
              "dataset saved with datasets' save_to_disk (or in its offline cache).")
@@ -96,6 +98,7 @@ def interpolate_command(
                                           "when the checkpoints exceed a quarter of the memory."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    revision: Optional[str] = typer.Option(None, "--revision", help=REVISION_HELP),
 ) -> None:
     """Evaluate (1-t) A + t B on held-out data with the checkpoint's own tokenizer and objective:
     loss and accuracy curves, barriers, PNG plot."""
@@ -121,7 +124,9 @@ def interpolate_command(
     if points < 2:
         raise ConfigError(f"--points must be at least 2 (the two endpoints), got {points}")
     from symalign.checkpoint.config import load_config
+    from symalign.io.hub import resolve_all, sources
 
+    a_dir, b_dir, baseline = resolve_all([a_dir, b_dir, baseline], revision, "checkpoint")  # Hub ids -> snapshots
     for path in [a_dir, b_dir] + ([baseline] if baseline is not None else []):
         load_config(path)  # a missing folder or a typo fails here, not after the first curve
     check_evaluable(a_dir)  # a head symalign cannot evaluate is refused before any weights are loaded
@@ -155,6 +160,8 @@ def interpolate_command(
     else:
         res.update(naive=curve.to_dict(), naive_label=f"A → {b_dir.name}", variants={})
     res["curve"] = curve.to_dict()
+    if sources([a_dir, b_dir, baseline]):
+        res["hub"] = sources([a_dir, b_dir, baseline])  # id, revision, commit and snapshot of Hub-id inputs
     write_json(out / "results.json", res)
     plot_curves(res, out / "curves.png")
     if as_json:

@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 import typer
 
+from symalign.io.hub import REVISION_HELP, resolve_all
 from symalign.errors import ConfigError
 
 
@@ -191,8 +192,8 @@ def _streams(dirs: list[Path], stream: bool | None, universe: bool) -> bool:
 def register(app: typer.Typer) -> None:
     @app.command("merge")
     def merge(
-        models: list[Path] = typer.Argument(..., help="Two or more save_pretrained checkpoints of one family; "
-                                                      "all are aligned to the first."),
+        models: list[Path] = typer.Argument(..., help="Two or more save_pretrained checkpoints (or Hub ids "
+                                                      "org/name) of one family; all are aligned to the first."),
         out: Path = typer.Option(..., "-o", "--out", help="Output directory: the merged checkpoint."),
         weights: Optional[str] = typer.Option(None, "--weights", help="Comma-separated weights, one per model "
                                                                       "(normalised to sum 1; default uniform)."),
@@ -229,6 +230,7 @@ def register(app: typer.Typer) -> None:
                                               "(as `symalign align --experts`; default exact, paired: approximate "
                                               "and much cheaper on Mixtral-like shapes)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
+        revision: Optional[str] = typer.Option(None, "--revision", help=REVISION_HELP),
     ) -> None:
         """Align checkpoints to the first and write their weighted average as a loadable checkpoint."""
         from symalign.evaluate import EvalOptions
@@ -236,6 +238,7 @@ def register(app: typer.Typer) -> None:
         opts = EvalOptions(split=split, text_field=text_field, label_field=label_field, eval_items=eval_items,
                            eval_tokens=eval_tokens, context=context, tokenizer=tokenizer,
                            image_processor=image_processor)
+        models = resolve_all(models, revision, "checkpoint")  # Hub ids -> cached snapshots
         res = run_merge(list(models), out, _parse_weights(weights), scope=scope, stage2=stage2, align=not no_align,
                         force=force, eval_data=eval_data, eval_opts=opts, universe=universe, rounds=rounds,
                         stream=stream, max_sweeps=max_sweeps, experts=experts)

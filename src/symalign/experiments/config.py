@@ -211,3 +211,32 @@ def read_toml(path: str | Path, what: str = "config") -> dict:
 def load_config(path: str | Path) -> ExperimentConfig:
     """Read and validate a TOML experiment config."""
     return parse_config(read_toml(path), str(path))
+
+
+RUN_KEYS = ("scopes", "seeds", "eval_split")  # protocol keys a report shows as columns beside the config hash
+WHICH_KEYS = ("variants", "stage1_ablation", "methods")  # which measurements ran, not how: each has its columns
+
+
+def config_hash(config: dict) -> str:
+    """A short (8 hex digits) SHA-256 of a recorded config (:meth:`ExperimentConfig.to_dict`) without
+    the protocol's :data:`RUN_KEYS` (``scopes``, ``seeds``, ``eval_split``: a report shows the scope,
+    seed pair and split as columns) and :data:`WHICH_KEYS` (which stage-2 variants and methods ran: a
+    variant's number does not depend on which others ran beside it). Two results with the same hash,
+    split and scope measured the same thing on different seed pairs, so they may be averaged; every
+    other setting (model, data, training, points, learned-matching steps, ...) is in the hash.
+    Optional protocol keys at their defaults are dropped first, so configs recorded before those
+    keys existed hash alike."""
+    import hashlib
+    import json
+
+    d = json.loads(json.dumps(config, default=str))
+    proto = d.get("protocol") if isinstance(d.get("protocol"), dict) else {}
+    defaults = asdict(Protocol())
+    for k in RUN_KEYS + WHICH_KEYS:
+        proto.pop(k, None)
+    for k in OPTIONAL_PROTOCOL_KEYS:
+        if k in proto and proto[k] == defaults[k]:
+            del proto[k]
+    if isinstance(d.get("protocol"), dict):
+        d["protocol"] = proto
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]

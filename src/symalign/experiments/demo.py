@@ -47,9 +47,11 @@ DATA_OPTIONS = {"test_fraction": 0.25}  # 449 test images (the default split kee
 
 def demo_config(pe: str, steps: int = 300, scopes: tuple[str, ...] = SCOPES,
                 variants: tuple[str, ...] = VARIANTS, learned_steps: int = 100, suffix: str = "") -> dict:
-    """The experiment config of one encoding (see the module docstring)."""
+    """The experiment config of one encoding (see the module docstring). Named ``demo-vit-digits-<pe>``:
+    its D=48 model is not the one of ``configs/vit-digits-<pe>.toml`` (D=32), and reports across run
+    folders name experiments by these names."""
     return {
-        "name": f"vit-digits-{pe}{suffix}",
+        "name": f"demo-vit-digits-{pe}{suffix}",
         "data": "digits",
         "data_options": dict(DATA_OPTIONS),
         "model": {**MODEL, "pe": pe},

@@ -6,7 +6,8 @@ r"""What the protocol measures: the function check, the LMC curves, stage-1 metr
   ``(1 - t) theta_A + t theta_B`` (on the configured device), naive and aligned;
 * :func:`stage1_metrics`: per layer, the stage-1 objective of the chosen head permutation,
   its rank among all ``h!`` and ``Lhat``;
-* :func:`summary_row`: one line of the summary table for a scope's results.
+* :func:`summary_row`: one line of the summary table for a scope's results, keyed by
+  :func:`run_columns` (config hash, evaluation split, seed pair).
 """
 
 from __future__ import annotations
@@ -98,11 +99,26 @@ def stage1_metrics(spec: SymmetrySpec, state_a: dict, state_b: dict, transform: 
 
 
 
-def summary_row(name: str, res: dict) -> dict:
-    """One line of the summary table for a scope's results."""
-    row = {"experiment": name, "family": res["family"], "data": res["data"], "pe": res["pe"],
-           "scope": res["scope"],
-           **({"eval_split": res["eval_split"]} if res.get("eval_split", "test") != "test" else {}),
+def run_columns(res: dict, config: dict | None = None, seeds: tuple[int, ...] | None = None) -> dict:
+    """What tells one run's rows from another's: the config hash
+    (:func:`~symalign.experiments.config.config_hash` of ``res["config"]``, else of ``config``, the run
+    folder's ``config.json``; ``?`` when neither was recorded), the evaluation split (older results
+    without one: the test split) and the seed pair (``res["seeds"]``, else ``seeds``)."""
+    from symalign.experiments.config import config_hash
+
+    recorded = res.get("config") or config
+    pair = res.get("seeds") or seeds
+    return {"config": config_hash(recorded) if isinstance(recorded, dict) else "?",
+            "eval_split": res.get("eval_split", "test"),
+            "seeds": "-".join(str(int(s)) for s in pair) if pair else "?"}
+
+
+
+def summary_row(name: str, res: dict, run: dict | None = None) -> dict:
+    """One line of the summary table for a scope's results, keyed by :func:`run_columns` (or ``run``,
+    the columns a report computed, e.g. with the run folder)."""
+    row = {"experiment": name, **(run if run is not None else run_columns(res)),
+           "family": res["family"], "data": res["data"], "pe": res["pe"], "scope": res["scope"],
            "acc_A": res["endpoints"]["A"]["acc"], "acc_B": res["endpoints"]["B"]["acc"],
            "naive_loss_barrier": res["naive"]["loss_barrier"], "naive_acc_barrier": res["naive"]["acc_barrier"]}
     for key, v in res["variants"].items():

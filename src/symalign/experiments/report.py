@@ -11,6 +11,7 @@ import json
 import math
 import os
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -71,25 +72,95 @@ def _result_files(root: Path) -> list[Path]:
     return sorted(found)
 
 
-def collect(runs_dir: Path) -> list[dict]:
-    """Every scope's ``results.json`` under ``runs_dir`` (any depth, linked folders too), sorted by path, then the results of a
-    sweep store ``runs_dir/sweep.sqlite`` (if any) that no results.json already gave."""
-    out = []
-    for p in _result_files(Path(runs_dir)):
+def result_kind(res: object) -> str | None:
+    """What a ``results.json`` holds: ``"experiment"`` (one scope of ``symalign experiment``: naive and
+    aligned curves, endpoints), ``"interpolate"`` (``symalign interpolate``: a curve between two
+    checkpoints, with ``--baseline`` a second one) or ``None`` (anything else, e.g. the demo's summary)."""
+    if not isinstance(res, dict):
+        return None
+    if all(k in res for k in ("curve", "points", "A", "B")):
+        return "interpolate"
+    if all(k in res for k in ("naive", "variants", "scope")):
+        return "experiment"
+    return None
+
+
+@dataclass
+class Collected:
+    """The results under a runs directory, by kind, and the files skipped (path, why)."""
+
+    experiments: list[dict] = field(default_factory=list)
+    interpolations: list[dict] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _why_skipped(res: object) -> str:
+    if isinstance(res, dict) and "encodings" in res and "rows" in res:
+        return "the summary of `symalign demo` (its runs, in the folder `runs/` beside it, are reported)"
+    return "not a result of `symalign experiment` or `symalign interpolate`"
+
+
+def _recorded_config(run_dir: Path) -> dict | None:
+    """The run folder's ``config.json`` (what ``symalign experiment`` last ran there), if readable."""
+    try:
+        cfg = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def _identify(res: dict, runs_dir: Path) -> None:
+    """``res["_run"]``: the run folder (relative to ``runs_dir``) and the columns that tell runs apart
+    (:func:`~symalign.experiments.metrics.run_columns`: config hash, split, seeds)."""
+    from symalign.experiments.metrics import run_columns
+
+    folder = Path(res["_path"]).parent if "_path" in res else None
+    run = os.path.relpath(folder, runs_dir) if folder is not None else "?"
+    config = _recorded_config(folder) if folder is not None and "config" not in res else None
+    res["_run"] = {"run": run, **run_columns(res, config, _pair_of(res))}
+
+
+def collect_all(runs_dir: Path) -> Collected:
+    """Every ``results.json`` under ``runs_dir`` (any depth, linked folders too), sorted by path and
+    sorted by kind (:func:`result_kind`; other files are listed as skipped), then the results of a
+    sweep store ``runs_dir/sweep.sqlite`` (if any) that no results.json already gave. Each experiment
+    result gets ``_path`` (its folder) and ``_run`` (:func:`_identify`)."""
+    runs_dir = Path(runs_dir)
+    out = Collected()
+    for p in _result_files(runs_dir):
         try:
             res = json.loads(p.read_text())
         except json.JSONDecodeError as exc:
             raise SymalignError(f"{p}: not valid JSON ({exc}); delete it to recompute that run") from exc
-        if isinstance(res, dict) and "naive" in res and "variants" in res:
-            res["_path"] = str(p.parent)
-            out.append(res)
-    store = Path(runs_dir) / "sweep.sqlite"
+        kind = result_kind(res)
+        if kind is None:
+            out.skipped.append((os.path.relpath(p, runs_dir), _why_skipped(res)))
+            continue
+        res["_path"] = str(p.parent)
+        (out.experiments if kind == "experiment" else out.interpolations).append(res)
+    store = runs_dir / "sweep.sqlite"
     if store.exists():
         from symalign.experiments.sweep.store import stored_results
 
-        seen = {(r.get("experiment"), r.get("scope")) for r in out}
-        out += [r for r in stored_results(store) if (r.get("experiment"), r.get("scope")) not in seen]
+        seen = {(r.get("experiment"), r.get("scope")) for r in out.experiments}
+        out.experiments += [r for r in stored_results(store) if (r.get("experiment"), r.get("scope")) not in seen]
+    for r in out.experiments:
+        _identify(r, runs_dir)
     return out
+
+
+def collect(runs_dir: Path) -> list[dict]:
+    """The experiment results under ``runs_dir`` (:func:`collect_all`)."""
+    return collect_all(runs_dir).experiments
+
+
+def _run(r: dict) -> dict:
+    """The identifying columns of an experiment result (run folder, config hash, split, seeds)."""
+    if "_run" in r:
+        return r["_run"]
+    from symalign.experiments.metrics import run_columns
+
+    return {"run": "?", **run_columns(r, None, _pair_of(r))}
 
 
 def _fmt(v) -> str:
@@ -99,9 +170,10 @@ def _fmt(v) -> str:
 
 
 def summary_rows(results: list[dict]) -> list[dict]:
+    """One row per experiment result, keyed by run folder, config hash, split and seeds."""
     from symalign.experiments.metrics import summary_row
 
-    return [summary_row(r.get("experiment", Path(r["_path"]).parent.name), r) for r in results]
+    return [summary_row(r.get("experiment", Path(r["_path"]).parent.name), r, _run(r)) for r in results]
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -135,7 +207,7 @@ def compact_rows(results: list[dict]) -> list[dict]:
     (aligned / naive, %) of every stage-2 variant (and of stage 1 switched off)."""
     rows = []
     for r in results:
-        row = {"experiment": r.get("experiment", ""), "scope": r["scope"],
+        row = {"experiment": r.get("experiment", ""), **_run(r), "scope": r["scope"],
                "acc A / B": f"{r['endpoints']['A']['acc']:.3f} / {r['endpoints']['B']['acc']:.3f}",
                "naive loss barrier": r["naive"]["loss_barrier"], "naive acc barrier": r["naive"]["acc_barrier"]}
         for key, v in r["variants"].items():
@@ -152,7 +224,7 @@ def stage1_table(results: list[dict]) -> list[dict]:
     rows = []
     for r in results:
         for e in r.get("stage1", []):
-            rows.append({"experiment": r.get("experiment", ""), "pe": r["pe"], "scope": r["scope"],
+            rows.append({"experiment": r.get("experiment", ""), **_run(r), "pe": r["pe"], "scope": r["scope"],
                          "layer": e["layer"], "rank": e.get("rank", "-"), "of": e.get("n_permutations", "-"),
                          "Lhat": e.get("lhat", float("nan"))})
     return rows
@@ -168,55 +240,113 @@ def _pair_of(r: dict) -> tuple[int, ...] | None:
     return tuple(found) if len(found) == 2 else None
 
 
-def pairs_table(results: list[dict], variant: str = "full") -> list[dict]:
-    """Experiments x scopes measured on two or more seed pairs (e.g. ``symalign experiment --seeds 3
+def pairs_table(results: list[dict], variant: str = "full", notes: list[str] | None = None) -> list[dict]:
+    """Runs of one config measured on two or more seed pairs (e.g. ``symalign experiment --seeds 3
     --seeds 4`` into another runs directory): the ``variant``'s barrier ratio per pair, its mean and
-    sample standard deviation (``n - 1``)."""
-    groups: dict[tuple[str, str], dict[tuple[int, ...], float]] = {}
+    sample standard deviation (``n - 1``).
+
+    Results are pooled only when experiment, config hash, evaluation split and scope agree
+    (:func:`_run`): runs of another config or split are never averaged in. One pair measured by two
+    runs of the same config counts once (the first run by path); ``notes`` receives a line naming both.
+    """
+    groups: dict[tuple[str, str, str, str], dict[tuple[int, ...], tuple[float, str]]] = {}
     for r in results:
         pair = _pair_of(r)
         if pair is None or variant not in r["variants"]:
             continue
-        key = (r.get("experiment", ""), r["scope"])
-        groups.setdefault(key, {})[pair] = r["variants"][variant]["loss_barrier_ratio_percent"]
+        run = _run(r)
+        key = (r.get("experiment", ""), run["config"], run["eval_split"], r["scope"])
+        value = (r["variants"][variant]["loss_barrier_ratio_percent"], run["run"])
+        have = groups.setdefault(key, {})
+        if pair in have:
+            if notes is not None:
+                same = "the same ratio" if have[pair][0] == value[0] else f"{have[pair][0]:.1f} % and {value[0]:.1f} %"
+                notes.append(f"seed pair {'-'.join(map(str, pair))} of {key[0]} (config {key[1]}, {key[2]} split, "
+                             f"{key[3]}, stage 2 `{variant}`) was measured in `{have[pair][1]}` and `{value[1]}` "
+                             f"({same}); the table counts it once, from `{have[pair][1]}`")
+            continue
+        have[pair] = value
     rows = []
-    for (exp, scope), by_pair in sorted(groups.items()):
+    for (exp, config, split, scope), by_pair in sorted(groups.items()):
         if len(by_pair) < 2:
             continue
-        vals = [by_pair[k] for k in sorted(by_pair)]
-        rows.append({"experiment": exp, "scope": scope,
+        vals = [by_pair[k][0] for k in sorted(by_pair)]
+        rows.append({"experiment": exp, "config": config, "eval_split": split, "scope": scope,
                      "seed pairs": ", ".join("-".join(map(str, k)) for k in sorted(by_pair)),
+                     "runs": ", ".join(by_pair[k][1] for k in sorted(by_pair)),
                      f"{variant} % per pair": ", ".join(f"{v:.1f}" for v in vals),
                      f"mean {variant} %": statistics.mean(vals), "std": statistics.stdev(vals)})
     return rows
 
 
+def interpolate_rows(results: list[dict], runs_dir: Path) -> list[dict]:
+    """One row per ``symalign interpolate`` result: the two checkpoints, the evaluation, the curve's
+    endpoint losses and barriers and (with ``--baseline``) the baseline's barrier and the ratio."""
+    rows = []
+    for r in results:
+        c, ev = r["curve"], r.get("evaluation", {})
+        row = {"run": os.path.relpath(r["_path"], runs_dir), "A": r["A"], "B": r["B"], "model": r.get("family", ""),
+               "data": ev.get("data", r.get("data", "")), "objective": ev.get("objective", r.get("task", "")),
+               "items": ev.get("items", ""), "points": len(c["t"]), "loss A": c["loss"][0], "loss B": c["loss"][-1],
+               "loss barrier": c["loss_barrier"], "acc barrier": c["acc_barrier"]}
+        if r.get("variants"):
+            row.update({"baseline": r.get("naive_label", ""), "baseline loss barrier": r["naive"]["loss_barrier"],
+                        "ratio %": r.get("barrier_ratio_percent", float("nan"))})
+        rows.append(row)
+    return rows
+
+
 def write_report(runs_dir: str | Path, out: str | Path | None = None) -> Path:
-    """One Markdown report with the tables across runs and the plots; returns its path."""
+    """One Markdown report with the tables across runs and the plots; returns its path.
+
+    Every experiment row carries its run folder, config hash, evaluation split and seed pair, and
+    only rows that agree on all but the seed pair are averaged (:func:`pairs_table`);
+    ``symalign interpolate`` results get their own table; other ``results.json`` files are listed
+    as skipped, with the reason.
+    """
     runs_dir = Path(runs_dir)
     if not runs_dir.is_dir():
         raise SymalignError(f"{runs_dir}: no such directory")
-    results = collect(runs_dir)
-    if not results:
-        raise SymalignError(f"{runs_dir}: no results.json found; run `symalign experiment CONFIG.toml` first")
+    found = collect_all(runs_dir)
+    results = found.experiments
+    if not results and not found.interpolations:
+        raise SymalignError(f"{runs_dir}: no results.json of symalign experiment or interpolate found; run "
+                            "`symalign experiment CONFIG.toml` first")
     out = Path(out) if out else runs_dir / "report.md"
-    rows = summary_rows(results)
-    parts = ["# symalign report\n", f"{len(results)} runs under `{runs_dir}`.\n",
-             "Barriers are `max_t [L(t) - ((1-t) L_A + t L_B)]` on held-out data (accuracy: sign flipped); "
-             "the ratio is aligned / naive in percent.\n", "## Barrier ratios (aligned / naive, %)\n",
-             markdown_table(compact_rows(results)), "## All barriers\n", markdown_table(rows)]
-    for variant in STAGE2_VARIANTS:
-        pairs = pairs_table(results, variant)
-        if pairs:
-            parts += [f"## Seed pairs: the barrier ratio across pairs (stage 2 `{variant}`)\n", markdown_table(pairs)]
-    s1 = stage1_table(results)
-    if s1:
-        parts += ["## Stage 1: rank of the chosen head permutation\n", markdown_table(s1)]
+    counts = [f"{len(results)} experiment results (one per run and scope)"] if results else []
+    counts += [f"{len(found.interpolations)} interpolate results"] if found.interpolations else []
+    parts = ["# symalign report\n", f"{' and '.join(counts)} under `{runs_dir}`.\n"]
+    notes: list[str] = []
+    if results:
+        parts += ["Barriers are `max_t [L(t) - ((1-t) L_A + t L_B)]` on held-out data (accuracy: sign flipped); "
+                  "the ratio is aligned / naive in percent. `run` is the run folder, `config` a hash of its "
+                  "config without the seeds, split and scopes, so rows with the same `config` differ only in "
+                  "`eval_split`, `seeds` and `scope`.\n", "## Barrier ratios (aligned / naive, %)\n",
+                  markdown_table(compact_rows(results)), "## All barriers\n", markdown_table(summary_rows(results))]
+        for variant in STAGE2_VARIANTS:
+            pairs = pairs_table(results, variant, notes)
+            if pairs:
+                parts += [f"## Seed pairs: the barrier ratio across pairs (stage 2 `{variant}`)\n",
+                          "Pooled only within one experiment, config, split and scope.\n", markdown_table(pairs)]
+        s1 = stage1_table(results)
+        if s1:
+            parts += ["## Stage 1: rank of the chosen head permutation\n", markdown_table(s1)]
+    if found.interpolations:
+        parts += ["## Interpolations (`symalign interpolate`)\n",
+                  "The curve A -> B of each run; with `--baseline`, the baseline's barrier and the ratio.\n",
+                  markdown_table(interpolate_rows(found.interpolations, runs_dir))]
+    if notes or found.skipped:
+        parts.append("## Notes\n")
+        parts += [f"- {n}" for n in notes]
+        parts += [f"- skipped `{path}`: {why}" for path, why in found.skipped]
+        parts.append("")
     parts.append("## Curves\n")
-    for r in results:
+    for r in results + found.interpolations:
         png = Path(r["_path"]) / "curves.png"
         if png.exists():
             rel = os.path.relpath(png, out.parent)
-            parts.append(f"### {r.get('experiment', '')} · {r['scope']}\n\n![curves]({rel})\n")
+            title = " · ".join(str(x) for x in (_run(r)["run"], r["scope"])) if "naive" in r and "endpoints" in r \
+                else os.path.relpath(r["_path"], runs_dir)
+            parts.append(f"### {title}\n\n![curves]({rel})\n")
     _write_text_atomic(out, "\n".join(parts))
     return out

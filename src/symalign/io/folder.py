@@ -73,7 +73,8 @@ def copy_non_weights(like: str | os.PathLike, dest: Path, config_edits: Mapping[
                      marker: Mapping[str, Any] | None = None) -> None:
     """Copy ``like``'s files other than weights into ``dest`` (config, tokenizer, processor...), merge
     ``config_edits`` into ``config.json`` and write the marker :data:`MARKER_NAME`
-    (``{"tool": "symalign", **marker}``, replacing a marker ``like`` had)."""
+    (``{"tool": "symalign", **marker}``, replacing a marker ``like`` had; inputs it names that were
+    resolved from Hub ids add ``"hub"``, :func:`symalign.io.hub.marker_fields`)."""
     for entry in Path(like).iterdir():
         if is_weight_file(entry.name):
             continue
@@ -84,7 +85,11 @@ def copy_non_weights(like: str | os.PathLike, dest: Path, config_edits: Mapping[
     if config_edits:
         cfg_file = dest / "config.json"
         cfg_file.write_text(json.dumps({**json.loads(cfg_file.read_text()), **config_edits}, indent=2))
-    (dest / MARKER_NAME).write_text(json.dumps({"tool": "symalign", **(marker or {})}, indent=2) + "\n")
+    from symalign.io.hub import marker_fields
+
+    marker = dict(marker or {})
+    marker.update(marker_fields(marker))  # inputs resolved from Hub ids: id, revision, commit, snapshot
+    (dest / MARKER_NAME).write_text(json.dumps({"tool": "symalign", **marker}, indent=2) + "\n")
 
 
 def write_tensors(folder: Path, state: Mapping[str, Tensor], layout: Mapping[str, str] | None) -> None:

@@ -96,7 +96,8 @@ from symalign.match.latents import Latents, proj_perm
 from symalign.match.objective import (LAM, Batch, LossFn, default_loss, floating, functional_state,
                                       interpolated_objective, mean_loss, mix_states, restore_ties, tied_names)
 from symalign.match.optimise import (SCHEDULES, BatchSource, _Bar, _check_data, batch_source, check_recipe,
-                                     compare_recipe, lam_at, lr_factor, optimise, recipe_of, save_checkpoint)
+                                     compare_recipe, lam_at, load_resume, lr_factor, optimise, recipe_of,
+                                     save_checkpoint)
 from symalign.match.whole import WholeMatch, align_whole
 from symalign.spec import apply
 
@@ -163,7 +164,7 @@ def learn_matching(model_a: nn.Module, model_b: nn.Module, batches: BatchSource,
     check_recipe(schedule, warmup, steps)
     loss_fn = loss or default_loss
     ckpt = Path(checkpoint) if checkpoint is not None else None
-    saved = torch.load(ckpt, weights_only=False) if ckpt is not None and ckpt.exists() else None
+    saved = load_resume(ckpt)
     if init is None and saved is None:
         init = align_whole(model_a, model_b)
     spec = init.spec if init is not None else model_a.symmetry_spec()

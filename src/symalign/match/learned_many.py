@@ -48,7 +48,7 @@ from symalign.errors import MatchError
 from symalign.match.latents import Latents
 from symalign.match.objective import Batch, LossFn, default_loss, floating, functional_state, mean_loss, restore_ties
 from symalign.match.optimise import BatchSource, _Bar, _check_data, batch_source, check_recipe, compare_recipe, \
-    optimise, recipe_of, save_checkpoint
+    load_resume, optimise, recipe_of, save_checkpoint
 from symalign.match.universe import UniverseMatch, check_models, mean_state, match_universe
 from symalign.spec import SymmetrySpec, Transform, apply
 
@@ -114,7 +114,7 @@ def learn_many(models: Sequence[nn.Module], batches: BatchSource, *, steps: int 
     loss_fn = loss or default_loss
     m_count = len(models)
     ckpt = Path(checkpoint) if checkpoint is not None else None
-    saved = torch.load(ckpt, weights_only=False) if ckpt is not None and ckpt.exists() else None
+    saved = load_resume(ckpt)
     if saved is not None and len(saved["init"]) != m_count:
         raise MatchError(f"{ckpt} was written for {len(saved['init'])} models, not {m_count}; "
                          "delete it to start afresh")

@@ -94,6 +94,21 @@ def save_checkpoint(path: Path, payload: dict) -> None:
 
 
 
+def load_resume(path: Path | None) -> dict | None:
+    """A resume file :func:`save_checkpoint` wrote (``None`` when there is none): tensors and plain
+    containers only, read with ``weights_only=True`` -- a crafted pickle is refused in one line naming
+    the file, before anything in it runs (:func:`symalign.io.statedict.load_plain`)."""
+    if path is None or not path.exists():
+        return None
+    from symalign.io.statedict import load_plain
+
+    saved = load_plain(path)
+    if not isinstance(saved, dict) or not {"step", "latents", "init", "optim", "losses"} <= set(saved):
+        raise MatchError(f"{path}: not a learned-matching resume file; delete it to start afresh")
+    return saved
+
+
+
 def lam_at(seed: int, step: int, lam: tuple[float, float]) -> float:
     """The ``lambda`` of a step: a pure function of ``(seed, step)``."""
     return float(np.random.default_rng([seed, step]).uniform(lam[0], lam[1]))
