@@ -60,6 +60,7 @@ from torch import Tensor, nn
 from symalign.arch.base import AttentionLayout, Proj, _AllKeys, find_prefix
 from symalign.errors import ConfigError
 from symalign.families.base import Family
+from symalign.families.declared import Scopes
 from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_group, headless_note, to_f64
 from symalign.groups import GeneralLinear, Permutation
 from symalign.spec import SymmetrySpec
@@ -84,6 +85,7 @@ class T5Family(Family):
     model_types = ("t5",)
     pairing = None  # relative position bias, no RoPE
     auto_classes = ("AutoModelForSeq2SeqLM", "AutoModel")
+    scopes = Scopes(stream=())
     no_stream = ("T5 shares one head permutation across all self-attention layers of a stack (their common "
                  "relative position bias), so its layers cannot be aligned one at a time; align without --stream")
 
