@@ -13,7 +13,7 @@ Everything else is derived here, once for every family:
   and :class:`~symalign.groups.PlaneSigns` under QK-norm, whose gains then carry a
   space ``qkgain.i`` of :class:`~symalign.groups.PlaneScales` (docs/symmetry.md,
   "QK-norm"; Phi's centring ``qk_layernorm``: :class:`~symalign.groups.PlaneIdentity`,
-  the gains' scales acting on the norms' biases too, :mod:`symalign.families.phi`).
+  the gains' scales acting on the norms' biases too: Phi's ``qk_layernorm``).
   V-O is ``GL(d)`` (:meth:`Family.vo_group`; OLMoE's ``clip_qkv`` narrows it to signed
   permutations and drops ``qkgain.i``). Fused Q|K|V tensors are labelled by segments:
   ``[Q | K | V]`` blocks (Phi-3 ``qkv_proj``) or per-head interleaved

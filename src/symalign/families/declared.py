@@ -29,7 +29,10 @@ DECODER: Mapping[str, Any] = {"hidden_size": 32, "num_hidden_layers": 2, "num_at
 """The tiny decoder every family's :class:`Tiny` starts from (D = 32, 2 layers, 4 heads, vocabulary 64)."""
 
 PROBE: Mapping[str, Any] = {"hidden_size": 16, "num_attention_heads": 2, "intermediate_size": 16}
-"""Probe widths (the Jacobian of layer 0 is dense): a family adds its own (:attr:`Family.probe_kw`)."""
+"""Probe widths (the Jacobian of layer 0 is dense): a family adds its own (``Family.probe_kw``). Under QK-norm
+a family raises ``rms_norm_eps``: scaling one head's ``W_Q`` (or ``W_K``) rows is undone by the norm up to its
+eps, a near-symmetry with singular values ~ eps that the probe rightly refuses to classify at eps = 1e-6; a
+larger eps (1e-2) separates it."""
 
 STREAM_CHECKS = ("float32", "big", "merge")
 """Streamed checks beyond float64 equality a :class:`Case` may ask for: one float32 file, the big-tensor

@@ -73,7 +73,7 @@ class Gemma3Family(Family):
     tiny = Tiny("Gemma3ForCausalLM", "Gemma3TextConfig", {
         **DECODER, "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 4, "query_pre_attn_scalar": 16,
         "layer_types": ["sliding_attention", "full_attention"]})
-    probe_kw = {"head_dim": 4, "num_key_value_heads": 1, "rms_norm_eps": 1e-2}  # eps: see symalign.families.qwen3
+    probe_kw = {"head_dim": 4, "num_key_value_heads": 1, "rms_norm_eps": 1e-2}  # eps: declared.PROBE
     cases = (Case(probe=True, row="Gemma 3 (QK-norm, 1 + w gains)"),
              Case({"tie_word_embeddings": True}, exact=False, residual="S_32"),
              # layer 1 (full attention) rotates 1 of the head's 2 planes (proportional RoPE), layer 0 (sliding) both

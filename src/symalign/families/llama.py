@@ -47,7 +47,7 @@ class MistralFamily(LlamaFamily):
     family = "Mistral"
     model_types = ("mistral",)
     tiny = Tiny("MistralForCausalLM", "MistralConfig", {**DECODER, "num_key_value_heads": 2})
-    cases = (Case(probe=True, row="Mistral (GQA)"),)
+    cases = (Case(probe=True, residual="O(32)", row="Mistral (GQA)"),)
     experiment = Experiment("rope", {"lm": "MistralForCausalLM"})
 
 
@@ -56,5 +56,5 @@ class Qwen2Family(LlamaFamily):
     model_types = ("qwen2",)
     decl = Decoder(qkv_bias=True)
     tiny = Tiny("Qwen2ForCausalLM", "Qwen2Config", {**DECODER, "num_key_value_heads": 2})
-    cases = (Case(probe=True, row="Qwen2 (GQA, Q/K/V biases)"), Case({"tie_word_embeddings": True}))
+    cases = (Case(probe=True, residual="O(32)", row="Qwen2 (GQA, Q/K/V biases)"), Case({"tie_word_embeddings": True}))
     experiment = Experiment("rope", {"lm": "Qwen2ForCausalLM"})

@@ -27,7 +27,7 @@ class Olmo2Family(Family):
                    pre_attn_norm=None, pre_ff_norm=None, post_attn_norm="post_attention_layernorm",
                    post_ff_norm="post_feedforward_layernorm")
     tiny = Tiny("Olmo2ForCausalLM", "Olmo2Config", {**DECODER, "num_key_value_heads": 2})
-    probe_kw = {"num_key_value_heads": 1, "rms_norm_eps": 1e-2}  # eps: see symalign.families.qwen3
+    probe_kw = {"num_key_value_heads": 1, "rms_norm_eps": 1e-2}  # eps: declared.PROBE
     cases = (Case(probe=True, groups={"qk.0": "signs(Z2^4,half)^2", "qkgain.0": "scales(R+^4,half)^2"},
                   residual="S_32", row="OLMo 2 (QK-norm over all heads)"),
              Case({"attention_bias": True}),

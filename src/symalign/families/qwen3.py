@@ -21,9 +21,7 @@ class Qwen3Family(Family):
     model_types = ("qwen3",)
     decl = Decoder(q_norm="self_attn.q_norm", k_norm="self_attn.k_norm", qk_norm_over="head")
     tiny = Tiny("Qwen3ForCausalLM", "Qwen3Config", {**DECODER, "num_key_value_heads": 2, "head_dim": 8})
-    # QK-norm: scaling one head's W_Q (or W_K) rows is undone by the norm up to its eps, a near-symmetry with
-    # singular values ~ eps that the probe rightly refuses to classify at eps = 1e-6; a larger eps separates it
-    probe_kw = {"head_dim": 4, "num_key_value_heads": 1, "rms_norm_eps": 1e-2}
+    probe_kw = {"head_dim": 4, "num_key_value_heads": 1, "rms_norm_eps": 1e-2}  # eps: declared.PROBE
     cases = (Case(probe=True, groups={"qk.0": "signs(Z2^4,half)^2", "qkgain.0": "scales(R+^4,half)^1"},
                   residual="O(32)", streamed=("float32", "merge"), row="Qwen3 (QK-norm per head)"),
              Case({"attention_bias": True}, probe=True, row="Qwen3 + attention_bias"),
