@@ -103,5 +103,5 @@ def test_every_family_with_a_tiny_model_is_covered_by_the_generic_tests():
             continue
         if any(c.exact for c in f.cases):
             assert any(c.probe for c in f.cases), f.family
-        if "model" in f.scopes.stream:
-            assert any(c.residual for c in f.cases), f.family
+            if "model" in f.scopes.stream:
+                assert any(c.residual for c in f.cases), f.family

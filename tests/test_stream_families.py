@@ -15,6 +15,9 @@ import pytest
 import torch
 
 from _cli_util import run_symalign
+from symalign.families import get_adapter
+from symalign.families.encoder import EncoderFamily
+
 from hf_families import case_id, cases, float64_numerics, make as make_family, registered
 from hf_tiny import T, make_model
 from test_stream import _nothing_written, _state
@@ -326,12 +329,13 @@ def test_layer_check_refuses_a_residual_that_moves_ones(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("family", IN_MEMORY_ONLY)
-def test_encoders_refused_in_one_line(family, tmp_path, capsys, monkeypatch):
-    """The families whose declared streamed scopes lack ``model`` (the encoders) are refused in one line."""
+def test_in_memory_only_families_refused_in_one_line(family, tmp_path, capsys, monkeypatch):
+    """The families whose declared streamed scopes lack ``model`` (the encoders, T5) are refused in one line."""
     for seed, name in ((0, "A"), (1, "B")):
         make_model(family, dtype=torch.float32, seed=seed).save_pretrained(tmp_path / name)
     code, out, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",
                                   tmp_path / "OUT", "--stream", "--scope", "model")
     lines = [x for x in err.strip().splitlines() if x.strip()]
-    assert code == 2 and len(lines) == 1 and "encoder" in lines[0] and "--no-stream" in lines[0], err
+    assert code == 2 and len(lines) == 1 and ("--no-stream" in lines[0] or "without --stream" in lines[0]), err
+    assert "encoder" in lines[0] or not isinstance(get_adapter({"model_type": family}), EncoderFamily)
     assert _nothing_written(tmp_path)

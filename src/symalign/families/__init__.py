@@ -114,5 +114,6 @@ def prepare(config: Any, state: Mapping[str, Tensor], attention_spec: SymmetrySp
     return get_adapter(config).prepare(config, state, attention_spec, arch or architecture(config))
 
 
-__all__ = ["Adapter", "Decoder", "Encoder", "FAMILIES", "REGISTRY", "Family", "Head", "LLAMA_LIKE", "Prepared", "UNSUPPORTED",
+__all__ = ["Adapter", "Decoder", "Encoder", "FAMILIES", "REGISTRY",
+           "Family", "Head", "LLAMA_LIKE", "Prepared", "UNSUPPORTED",
            "architecture", "get_adapter", "get_family", "model_types", "prepare", "supported"]
