@@ -1,4 +1,5 @@
-"""Tiny random models of the families in :mod:`symalign.families` (D=32, 2 layers), and their probe."""
+"""Tiny random models of the registered families (declared by each family module), the cases the generic
+tests run, and planted pairs."""
 
 from __future__ import annotations
 
@@ -7,47 +8,37 @@ from typing import Any
 
 import torch
 
-from hf_tiny import randomize
+from hf_tiny import family, randomize
 
 transformers = __import__("pytest").importorskip("transformers")
 T = transformers
 
-_TOK = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+def registered():
+    """``(model_type, family)`` of every registered family with a tiny model, in registry order."""
+    from symalign.families import FAMILIES as REGISTERED
+
+    return [(f.model_types[0], f) for f in REGISTERED if f.tiny is not None]
 
 
-def _configs():
-    base = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32, vocab_size=64,
-                max_position_embeddings=64)
-
-    def cfg(cls, **fixed):
-        return lambda **kw: cls(**{**base, **_TOK, **fixed, **kw})
-
-    return {
-        "llama": (T.LlamaForCausalLM, cfg(T.LlamaConfig, num_key_value_heads=2)),
-        "mistral": (T.MistralForCausalLM, cfg(T.MistralConfig, num_key_value_heads=2)),
-        "qwen2": (T.Qwen2ForCausalLM, cfg(T.Qwen2Config, num_key_value_heads=2)),
-        "gpt_neox": (T.GPTNeoXForCausalLM, cfg(T.GPTNeoXConfig, rotary_pct=0.5)),
-        "qwen3": (T.Qwen3ForCausalLM, cfg(T.Qwen3Config, num_key_value_heads=2, head_dim=8)),
-        "phi3": (T.Phi3ForCausalLM, cfg(T.Phi3Config, num_key_value_heads=2)),
-        "olmo2": (T.Olmo2ForCausalLM, cfg(T.Olmo2Config, num_key_value_heads=2)),
-        "gemma": (T.GemmaForCausalLM, cfg(T.GemmaConfig, num_key_value_heads=2, head_dim=16)),
-        "gemma2": (T.Gemma2ForCausalLM, cfg(T.Gemma2Config, num_key_value_heads=2, head_dim=16, sliding_window=4,
-                                            query_pre_attn_scalar=16)),
-        "gemma3_text": (T.Gemma3ForCausalLM, cfg(T.Gemma3TextConfig, num_key_value_heads=2, head_dim=16,
-                                                 sliding_window=4, query_pre_attn_scalar=16,
-                                                 layer_types=["sliding_attention", "full_attention"])),
-        "gptj": (T.GPTJForCausalLM, cfg(T.GPTJConfig, rotary_dim=4)),
-        "phi": (T.PhiForCausalLM, cfg(T.PhiConfig)),
-        "falcon": (T.FalconForCausalLM, cfg(T.FalconConfig, tie_word_embeddings=False)),  # multi-query, parallel
-    }
+def cases(keep=lambda case: True):
+    """``(model_type, case)`` of every declared :class:`~symalign.families.declared.Case` that ``keep`` keeps."""
+    return [(mt, c) for mt, f in registered() for c in f.cases if keep(c)]
 
 
-FAMILIES = tuple(_configs())
+def case_id(name: str, kw) -> str:
+    return name + "".join(f"-{k}={v if not isinstance(v, dict) else v.get('rope_type', 'dict')}" for k, v in kw.items())
+
+
+# the families the generic tests of test_families.py run (a case checked for exactness)
+FAMILIES = tuple(mt for mt, f in registered() if any(c.exact for c in f.cases))
 
 
 def make(name: str, dtype=torch.float64, seed: int = 0, attn: str = "eager", **overrides):
-    cls, cfg_fn = _configs()[name]
-    cfg = cfg_fn(**overrides)
+    """The family's tiny model (:attr:`~symalign.families.base.Family.tiny`; ``overrides`` given to the config
+    class), random O(1) weights of ``seed``, ``dtype``, eager attention."""
+    cls, cfg_cls = family(name).tiny.classes()
+    cfg = cfg_cls(**{**family(name).tiny.kwargs, **overrides})
     torch.manual_seed(seed)
     model = cls._from_config(cfg, attn_implementation=attn).to(dtype)
     randomize(model, seed)

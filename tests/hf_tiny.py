@@ -1,4 +1,5 @@
-"""Tiny random Hugging Face models of every supported family (shared by the HF tests)."""
+"""Tiny random Hugging Face models of the registered families (shared by the HF tests): each family module
+declares its tiny config (``Family.tiny``); ``config``/``make_model`` set overrides on the built config."""
 
 from __future__ import annotations
 
@@ -9,45 +10,30 @@ T = transformers
 T.utils.logging.disable_progress_bar()
 T.utils.logging.set_verbosity_error()
 
-_TOK = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+def family(name: str):
+    """The registered family of ``model_type`` ``name`` (:data:`symalign.families.FAMILIES`)."""
+    from symalign.families import get_family
+
+    fam = get_family({"model_type": name})
+    if fam is None or fam.tiny is None:
+        raise KeyError(f"no registered family with a tiny model for model_type {name!r}")
+    return fam
 
 
-def _configs():
-    return {
-        "gpt2": (T.GPT2LMHeadModel, lambda: T.GPT2Config(n_embd=16, n_layer=2, n_head=4, vocab_size=64,
-                                                        n_positions=32, **_TOK)),
-        "llama": (T.LlamaForCausalLM, lambda: T.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                            num_key_value_heads=2, intermediate_size=32,
-                                                            vocab_size=64, max_position_embeddings=64, **_TOK)),
-        "mistral": (T.MistralForCausalLM, lambda: T.MistralConfig(hidden_size=32, num_hidden_layers=2,
-                                                                  num_attention_heads=4, num_key_value_heads=2,
-                                                                  intermediate_size=32, vocab_size=64,
-                                                                  max_position_embeddings=64, **_TOK)),
-        "qwen2": (T.Qwen2ForCausalLM, lambda: T.Qwen2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                            num_key_value_heads=2, intermediate_size=32,
-                                                            vocab_size=64, max_position_embeddings=64, **_TOK)),
-        "bert": (T.BertModel, lambda: T.BertConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=4,
-                                                   intermediate_size=32, vocab_size=64, max_position_embeddings=32,
-                                                   pad_token_id=0)),
-        "vit": (T.ViTForImageClassification, lambda: T.ViTConfig(hidden_size=16, num_hidden_layers=2,
-                                                                 num_attention_heads=4, intermediate_size=32,
-                                                                 image_size=8, patch_size=4, num_labels=3)),
-        "roformer": (T.RoFormerModel, lambda: T.RoFormerConfig(hidden_size=32, num_hidden_layers=2,
-                                                               num_attention_heads=4, intermediate_size=32,
-                                                               vocab_size=64, embedding_size=32,
-                                                               max_position_embeddings=64, pad_token_id=0)),
-        "modernbert": (T.ModernBertForMaskedLM, lambda: T.ModernBertConfig(
-            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32, vocab_size=64,
-            max_position_embeddings=64, global_attn_every_n_layers=2, local_attention=4,
-            cls_token_id=1, sep_token_id=2, **_TOK)),
-    }
+def _registered():
+    from symalign.families import FAMILIES as REGISTERED
+
+    return REGISTERED
 
 
-FAMILIES = tuple(_configs())
+# the hf: experiment families (the first adapters): the adapter tests of test_arch.py and test_align_cli.py
+FAMILIES = tuple(f.model_types[0] for f in _registered() if f.tiny is not None and f.experiment is not None)
 
 
 def config(name: str, **overrides):
-    cfg = _configs()[name][1]()
+    """The family's tiny config (:attr:`symalign.families.base.Family.tiny`), ``overrides`` set afterwards."""
+    tiny = family(name).tiny
+    cfg = tiny.classes()[1](**tiny.kwargs)
     for k, v in overrides.items():
         setattr(cfg, k, v)
     return cfg
@@ -67,7 +53,7 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
 
 
 def make_model(name: str, dtype=torch.float64, seed: int = 0, attn: str = "eager", **overrides):
-    cls, _ = _configs()[name]
+    cls = family(name).tiny.classes()[0]
     cfg = config(name, **overrides)
     torch.manual_seed(seed)
     model = cls._from_config(cfg, attn_implementation=attn)

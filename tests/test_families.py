@@ -21,7 +21,7 @@ import dataclasses
 import pytest
 import torch
 
-from hf_families import FAMILIES, float64_numerics, make
+from hf_families import FAMILIES, case_id, cases, family, float64_numerics, make, registered
 from hf_tiny import output, rel
 
 from symalign.arch import layout_spec
@@ -31,37 +31,9 @@ from symalign.groups import GeneralLinear, Orthogonal, PlaneSigns, RotaryPlanes
 from symalign.families import prepare
 from symalign.spec import apply, sample
 
-VARIANTS = [
-    ("llama", {}), ("llama", {"attention_bias": True}), ("llama", {"tie_word_embeddings": True}), ("mistral", {}),
-    ("qwen2", {}), ("qwen2", {"tie_word_embeddings": True}),
-    ("llama", {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 10000.0,
-                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                   "original_max_position_embeddings": 16}}),
-    ("gpt_neox", {}), ("gpt_neox", {"attention_bias": False}), ("gpt_neox", {"use_parallel_residual": False}),
-    ("gpt_neox", {"hidden_act": "relu"}), ("gpt_neox", {"tie_word_embeddings": True}),
-    ("qwen3", {}), ("qwen3", {"attention_bias": True}), ("qwen3", {"tie_word_embeddings": True}),
-    ("qwen3", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
-    ("phi3", {}), ("phi3", {"tie_word_embeddings": True}),
-    ("olmo2", {}), ("olmo2", {"attention_bias": True}),
-    ("gemma", {}), ("gemma", {"tie_word_embeddings": False}), ("gemma2", {}), ("gemma3_text", {}),
-    ("gemma2", {"attn_logit_softcapping": None, "final_logit_softcapping": None}),
-    ("gptj", {}), ("gptj", {"tie_word_embeddings": True}), ("phi", {}), ("phi", {"partial_rotary_factor": 1.0}),
-    ("falcon", {}), ("falcon", {"tie_word_embeddings": True}),
-    ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2}),
-    ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "num_ln_in_parallel_attn": 1}),
-    ("falcon", {"multi_query": False, "bias": True}), ("falcon", {"parallel_attn": False}),
-    # ALiBi: heads pinned by their slopes, GL(d) on Q-K (tests/test_family_falcon.py)
-    ("falcon", {"alibi": True}), ("falcon", {"alibi": True, "new_decoder_architecture": True, "num_kv_heads": 2}),
-    ("falcon", {"alibi": True, "multi_query": False, "bias": True}),
-    ("falcon", {"alibi": True, "parallel_attn": False}),
-    # RoPE width and scaling: the declared planes follow the model's own rotary module
-    ("gpt_neox", {"rotary_pct": 1.0}), ("phi3", {"partial_rotary_factor": 0.5}),
-    ("gpt_neox", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0,
-                                      "partial_rotary_factor": 0.25}}),
-    ("qwen3", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}),
-]
-IDS = [f + "".join(f"-{k}={v if not isinstance(v, dict) else v.get('rope_type')}" for k, v in kw.items())
-       for f, kw in VARIANTS]
+# every declared case of every registered family (its module's ``cases``)
+VARIANTS = [(f, c.kw) for f, c in cases(lambda c: c.exact)]
+IDS = [case_id(f, kw) for f, kw in VARIANTS]
 
 
 def _ids(seed=0, batch=2, seq=8):
@@ -82,9 +54,9 @@ def _loaded(model, state):
     return m
 
 
-@pytest.mark.parametrize("family,kw", VARIANTS, ids=IDS)
-def test_declared_groups_are_exact(family, kw):
-    model = make(family, **kw)
+@pytest.mark.parametrize("name,kw", VARIANTS, ids=IDS)
+def test_declared_groups_are_exact(name, kw):
+    model = make(name, **kw)
     fam = get_adapter(model)
     assert isinstance(fam, Family) and get_family(model) is fam
     x = _ids()
@@ -97,7 +69,7 @@ def test_declared_groups_are_exact(family, kw):
         head = [k for k in prep.state if k.endswith(fam.decl.heads[0] + ".weight")][0]
         prep.state["lm_head.weight"] = prep.state.pop(head)
         prep.spec.tensors["lm_head.weight"] = prep.spec.tensors.pop(head)
-    untied = make(family, **{**kw, "tie_word_embeddings": False}) if prep.untied else model
+    untied = make(name, **{**kw, "tie_word_embeddings": False}) if prep.untied else model
     for seed in (1, 2):
         a = apply(att, sample(att, seed), model.state_dict())
         w = apply(prep.spec, sample(prep.spec, seed), prep.state)
@@ -116,9 +88,9 @@ def _widened(lays, how):
     return [dataclasses.replace(lay, qk=Orthogonal(d)) for lay in lays]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_larger_groups_are_not_symmetries(family):
-    model = float64_numerics(make(family))
+@pytest.mark.parametrize("name", FAMILIES)
+def test_larger_groups_are_not_symmetries(name):
+    model = float64_numerics(make(name))
     fam = get_adapter(model)
     x = _ids()
     y = output(model, x)
@@ -133,53 +105,46 @@ def test_larger_groups_are_not_symmetries(family):
         assert rel(output(m2, x), y) >= 1e-3, how
 
 
-PROBE = [("llama", {}), ("mistral", {}), ("qwen2", {}), ("gpt_neox", {}), ("gpt_neox", {"attention_bias": False}),
-         ("qwen3", {}), ("phi3", {}), ("olmo2", {}),
-         ("qwen3", {"attention_bias": True}), ("gemma", {}), ("gemma2", {}), ("gemma3_text", {}),
-         ("gptj", {}), ("phi", {}), ("falcon", {}), ("falcon", {"new_decoder_architecture": True, "num_kv_heads": 1}),
-         ("falcon", {"multi_query": False, "bias": True}), ("falcon", {"alibi": True}),
-         ("falcon", {"alibi": True, "new_decoder_architecture": True, "num_kv_heads": 1}),
-         ("falcon", {"alibi": True, "multi_query": False, "bias": True})]
+PROBE = [(f, c.kw) for f, c in cases(lambda c: c.probe)]
 
 
-@pytest.mark.parametrize("family,kw", PROBE, ids=[f + "".join(f"-{k}={v}" for k, v in kw.items()) for f, kw in PROBE])
-def test_declared_dimension_equals_probe_nullity(family, kw):
+@pytest.mark.parametrize("name,kw", PROBE, ids=[case_id(f, kw) for f, kw in PROBE])
+def test_declared_dimension_equals_probe_nullity(name, kw):
     """Layer 0 of the real transformers model, float64, generic weights and inputs (small widths: the
-    Jacobian is dense)."""
-    small = dict(hidden_size=16, num_attention_heads=2, intermediate_size=16)
-    if family in ("qwen3", "gemma", "gemma2", "gemma3_text", "llama", "mistral", "qwen2"):
-        small.update(head_dim=4, num_key_value_heads=1)
-    elif family == "gptj":
-        small.update(rotary_dim=4)
-    elif family in ("phi3", "olmo2"):
-        small.update(num_key_value_heads=1)
-    if family in ("qwen3", "gemma3_text", "olmo2"):
-        # QK-norm: scaling one head's W_Q (or W_K) rows is undone by the norm except for its eps, so it is
-        # a near-symmetry with singular values ~ eps; with the default 1e-6 they fall inside the probe's
-        # ambiguity band (1e-11..1e-7 relative) and the probe rightly refuses. A larger eps separates them.
-        small.update(rms_norm_eps=1e-2)
+    Jacobian is dense; the family's ``probe_kw`` on top, e.g. a larger eps under QK-norm)."""
+    from symalign.families.declared import PROBE as WIDTHS
     from symalign.probe.families import probe_layer
 
-    model = make(family, **small, **kw)
+    model = make(name, **{**WIDTHS, **family(name).probe_kw, **kw})
     res = probe_layer(get_adapter(model), model, 0)
     assert res.match, res
     assert res.gap > 1e4
 
 
-@pytest.mark.parametrize("family,kw,qk", [
-    ("gpt_neox", {}, "H(4,half)+GL(4)^4"), ("gpt_neox", {"rotary_pct": 1.0}, "H(8,half)^4"),
-    ("phi3", {"partial_rotary_factor": 0.5}, "H(4,half)+GL(4)^2"), ("phi3", {}, "H(8,half)^2"),
-    ("gptj", {}, "H(4,interleaved)+GL(4)^4"), ("phi", {}, "H(4,half)+GL(4)^4"), ("qwen3", {}, "signs(Z2^4,half)^2"),
-    ("olmo2", {}, "signs(Z2^4,half)^2"), ("gemma2", {}, "H(16,half)^2"),
-])
-def test_declared_groups_follow_the_options(family, kw, qk):
-    """The Q-K group read from the model's own rotary module and QK-norm (the exactness of each is above)."""
-    spec = get_adapter(make(family, **kw)).spec(make(family, **kw))
-    assert spec.describe()["qk.0"] == qk
-    if family in ("qwen3", "olmo2"):
-        n_blocks = 1 if family == "qwen3" else 2  # shared gains: one element per layer; all-heads: per K/V head
-        assert spec.spaces["qkgain.0"].n_blocks == n_blocks and spec.spaces["qkgain.0"].dim == 4 * n_blocks
+GROUPS = [(f, c.kw, c.groups) for f, c in cases(lambda c: bool(c.groups))]
 
+
+@pytest.mark.parametrize("name,kw,groups", GROUPS, ids=[case_id(f, kw) for f, kw, _ in GROUPS])
+def test_declared_groups_follow_the_options(name, kw, groups):
+    """The Q-K group read from the model's own rotary module and QK-norm, the gain scales' blocks (shared gains:
+    one element per layer; a norm over all heads: one per K/V head) (the exactness of each is above)."""
+    model = make(name, **kw)
+    described = get_adapter(model).spec(model).describe()
+    assert {site: described.get(site) for site in groups} == dict(groups)
+
+
+REFUSED = [(f, kw) for f, fam in registered() for kw in fam.refusals]
+
+
+@pytest.mark.parametrize("name,kw", REFUSED, ids=[case_id(f, kw) for f, kw in REFUSED])
+def test_declared_refusals_are_one_line(name, kw):
+    """A config option a family declares it refuses (``Family.refusals``): one line naming the option."""
+    from symalign.arch.base import UnsupportedArchitectureError
+
+    model = make(name, **kw)
+    with pytest.raises(UnsupportedArchitectureError, match=next(iter(kw))) as e:
+        get_adapter(model).spec(model)
+    assert len(str(e.value).splitlines()) == 1
 
 
 OLDER = {"gpt2": dict(n_embd=8, n_head=2), "vit": dict(hidden_size=8, num_attention_heads=2)}
@@ -223,13 +188,19 @@ def test_older_families_declared_dimension_equals_probe_nullity(family):
 
 
 
-@pytest.mark.parametrize("cls_name,note", [("Qwen3Model", "outputs the stream itself"),
-                                           ("Qwen3ForSequenceClassification", "is not mapped")])
-def test_models_without_an_lm_head_get_no_residual_space(cls_name, note):
+# the first registered causal LM with a QK-norm shared by the heads (its gains carry qkgain.i)
+QK_NORMED = next(f for f, fam in registered() if fam.decl.q_norm and fam.decl.qk_norm_over == "head"
+                 and fam.tiny.model.endswith("ForCausalLM") and fam.cases)
+
+
+@pytest.mark.parametrize("suffix,note", [("Model", "outputs the stream itself"),
+                                         ("ForSequenceClassification", "is not mapped")])
+def test_models_without_an_lm_head_get_no_residual_space(suffix, note):
     """The stream is the output of a bare model (a residual map would change it); other heads are not mapped."""
     import transformers
 
-    model = getattr(transformers, cls_name)._from_config(make("qwen3").config).double().eval()
+    cls_name = family(QK_NORMED).tiny.model.replace("ForCausalLM", suffix)
+    model = getattr(transformers, cls_name)._from_config(make(QK_NORMED).config).double().eval()
     fam = get_adapter(model)
     st = _state(model)
     prep = prepare(model.config, st, fam.spec(model.config, st.keys()), cls_name)

@@ -40,20 +40,15 @@ from symalign.spec import SymmetrySpec, apply, invert, sample
 
 T = pytest.importorskip("transformers")
 
-BASE = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-            max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, num_experts_per_tok=2)
-
-
 def _configs():
-    return {
-        "mixtral": (T.MixtralForCausalLM, lambda **kw: T.MixtralConfig(
-            **{**BASE, "intermediate_size": 8, "num_local_experts": 4, **kw})),
-        "qwen2_moe": (T.Qwen2MoeForCausalLM, lambda **kw: T.Qwen2MoeConfig(
-            **{**BASE, "intermediate_size": 12, "moe_intermediate_size": 8, "shared_expert_intermediate_size": 6,
-               "num_experts": 4, **kw})),
-        "olmoe": (T.OlmoeForCausalLM, lambda **kw: T.OlmoeConfig(
-            **{**BASE, "intermediate_size": 8, "num_experts": 4, **kw})),
-    }
+    """``model_type -> (model class, config(**overrides))`` of the registered mixtures of experts (their tiny
+    models, declared by symalign.families.moe)."""
+    from symalign.families import FAMILIES as REGISTERED
+
+    def config(tiny):
+        return lambda **kw: tiny.classes()[1](**{**tiny.kwargs, **kw})
+
+    return {f.model_types[0]: (f.tiny.classes()[0], config(f.tiny)) for f in REGISTERED if isinstance(f, MoEFamily)}
 
 
 FAMILIES = tuple(_configs())

@@ -41,8 +41,7 @@ from symalign.probe.families import float64_numerics, probe_layer
 from symalign.spec import apply, sample
 
 T = pytest.importorskip("transformers")
-BASE = dict(vocab_size=64, d_model=16, d_kv=4, d_ff=24, num_layers=2, num_decoder_layers=3, num_heads=4,
-            decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+BASE = dict(T5Family.tiny.kwargs)  # the tiny T5 its family module declares
 
 
 def make(cls=None, dtype=torch.float64, seed=0, **kw):

@@ -30,6 +30,7 @@ from symalign.experiments.config import load_config  # noqa: E402
 from symalign.experiments.protocol import match_scope, relative_output_change, scope_spaces, summary_row  # noqa: E402
 from symalign.lmc import full_state  # noqa: E402
 from symalign.models import HFConfig, build_model  # noqa: E402
+from symalign.families import FAMILIES as REGISTERED  # noqa: E402
 from symalign.models.hf import FAMILIES, HFModel, fit_hf_config, whole_model_refusal  # noqa: E402
 from symalign.reinit import SCOPES, reinit  # noqa: E402
 from symalign.spec import apply, sample  # noqa: E402
@@ -276,11 +277,15 @@ def test_run_experiment_whole_model_scopes(family, tmp_path):
 # ----------------------------------------------------------------------------
 
 
+# registered families without an hf: experiment model (they align, interpolate and probe)
+NOT_EXPERIMENT = [f.model_types[0] for f in REGISTERED if f.experiment is None]
+
+
 @pytest.mark.parametrize("model, msg", [
     ({"family": "hf:mamba"}, r"no adapter for 'mamba'; supported: hf:gpt2, hf:llama"),
-    ({"family": "hf:t5"}, r"'t5' has an adapter.*not an hf: experiment family"),
+    *[({"family": f"hf:{mt}"}, rf"'{mt}' has an adapter.*not an hf: experiment family; supported: hf:gpt2")
+      for mt in NOT_EXPERIMENT],
     ({"family": "hf:bloom"}, r"ALiBi.*supported: hf:gpt2"),
-    ({"family": "hf:qwen3"}, r"has an adapter.*not an hf: experiment family; supported: hf:gpt2"),
     ({"family": "hf:gpt2", "n_embed": 16}, r"unknown key \[model\] 'n_embed'.*GPT2Config"),
     ({"family": "hf:llama", "hidden_size": 16, "num_hidden_layer": 2}, r"'num_hidden_layer'"),
     ({"family": "hf:gpt2", "dtype": "float64"}, r"'dtype' cannot be set.*float32"),

@@ -15,44 +15,39 @@ import pytest
 import torch
 
 from _cli_util import run_symalign
-from hf_families import float64_numerics, make as make_family
+from symalign.families import get_adapter
+from symalign.families.encoder import EncoderFamily
+
+from hf_families import case_id, cases, float64_numerics, make as make_family, registered
 from hf_tiny import T, make_model
 from test_stream import _nothing_written, _state
 
-# (family, config overrides, residual group the rewrite declares)
-DENSE = [
-    ("llama", {"tie_word_embeddings": True}, "S_32"),
-    ("qwen3", {"tie_word_embeddings": False}, "O(32)"),
-    ("phi3", {"tie_word_embeddings": False}, "O(32)"),
-    ("gemma", {"tie_word_embeddings": False}, "O(32)"),
-    ("gemma", {"tie_word_embeddings": True}, "S_32"),
-    ("olmo2", {"tie_word_embeddings": False}, "S_32"),
-    ("gemma2", {"tie_word_embeddings": True}, "S_32"),
-    ("gemma3_text", {"tie_word_embeddings": True}, "S_32"),
-    ("gpt_neox", {"tie_word_embeddings": False}, "O_1(32)"),
-    ("gptj", {"tie_word_embeddings": False}, "O_1(32)"),
-    ("phi", {"tie_word_embeddings": False}, "O_1(32)"),
-    ("phi", {"tie_word_embeddings": False, "qk_layernorm": True}, "O_1(32)"),
-    ("falcon", {"tie_word_embeddings": False}, "O_1(32)"),
-    ("gpt2", {"tie_word_embeddings": False}, "O_1(16)"),
-    ("gpt2", {"tie_word_embeddings": False, "activation_function": "relu"}, "O_1(16)"),  # ReLU units: scales
-    # a LayerNorm stream with a tied head: the rewrite unties it (a head tensor appended to B's last shard)
-    ("gpt2", {"tie_word_embeddings": True}, "O_1(16)"),
-    ("falcon", {"tie_word_embeddings": True}, "O_1(32)"),
-    ("gpt_neox", {"tie_word_embeddings": True}, "O_1(32)"),
-]
-IDS = [f"{f}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for f, kw, _ in DENSE]
+# (family, config overrides, residual group the rewrite declares): every declared case with a residual group
+DENSE = [(f, c.kw, c.residual) for f, c in cases(lambda c: c.residual is not None)]
+IDS = [case_id(f, kw) for f, kw, _ in DENSE]
 
 
-def _make(family: str, dtype, seed: int, **kw):
-    if family == "gpt2":
-        return make_model("gpt2", dtype=dtype, seed=seed, **kw)
-    return make_family(family, dtype=dtype, seed=seed, **kw)
+def streamed(check: str, keep=lambda c: True) -> list[tuple[str, dict]]:
+    """The declared cases asking for the streamed ``check`` (``Case.streamed``)."""
+    return [(f, c.kw) for f, c in cases(lambda c: check in c.streamed and keep(c))]
+
+
+def _untied(case) -> bool:
+    """A LayerNorm stream with a tied head: the rewrite unties it."""
+    return bool(case.kw.get("tie_word_embeddings")) and (case.residual or "").startswith("O_1")
+
+
+FLOAT32, BIG = streamed("float32"), streamed("big")
+MERGE, MERGE_UNTIED = streamed("merge", lambda c: not _untied(c)), streamed("merge", _untied)
+# a LayerNorm family's plain case (its residual group O_1(D) must fix 1)
+LAYER_NORM = next(f for f, c in cases(lambda c: (c.residual or "").startswith("O_1") and not c.kw))
+# families aligned in memory only at --scope model (their declared streamed scopes lack it)
+IN_MEMORY_ONLY = [f for f, fam in registered() if "model" in fam.scopes.memory and "model" not in fam.scopes.stream]
 
 
 def _pair(tmp: Path, family: str, dtype=torch.float64, shard: str | None = "20KB", **kw):
     for seed, name in ((0, "A"), (1, "B")):
-        m = _make(family, dtype, seed, **kw)
+        m = make_family(family, dtype=dtype, seed=seed, **kw)
         if shard:
             m.save_pretrained(tmp / name, max_shard_size=shard)
         else:
@@ -117,7 +112,8 @@ def test_streamed_model_scope_equals_in_memory_float64(family, kw, group, tmp_pa
     check = s.check.to_dict()
     assert check["passed"] and check["exact"]["rel"] < 1e-12
     assert _worst(_state(tmp_path / "S"), _state(tmp_path / "M")) <= 1e-10  # the same tensors, an untied head too
-    assert s.untied_head == m.untied_head == (kw["tie_word_embeddings"] and group.startswith("O_1"))
+    tied = bool(json.loads((da / "config.json").read_text()).get("tie_word_embeddings"))
+    assert s.untied_head == m.untied_head == (tied and group.startswith("O_1"))
     if s.untied_head:
         assert json.loads((tmp_path / "S" / "config.json").read_text())["tie_word_embeddings"] is False
         index = json.loads((tmp_path / "S" / "model.safetensors.index.json").read_text())
@@ -125,8 +121,7 @@ def test_streamed_model_scope_equals_in_memory_float64(family, kw, group, tmp_pa
     assert _function_change(db, tmp_path / "S", torch.float64) <= 1e-10
 
 
-@pytest.mark.parametrize("family,kw", [("llama", {"tie_word_embeddings": True}), ("gpt_neox", {}),
-                                       ("gemma2", {}), ("falcon", {}), ("qwen3", {"tie_word_embeddings": False})])
+@pytest.mark.parametrize("family,kw", FLOAT32, ids=[case_id(f, kw) for f, kw in FLOAT32])
 def test_streamed_model_scope_float32_single_file(family, kw, tmp_path):
     """float32, one file: OUT stays float32, equals the in-memory output to a few float32 ulps of the largest
     weight (the streamed passes fold in float64 where the in-memory rewrite stores the folded float32 state),
@@ -143,9 +138,7 @@ def test_streamed_model_scope_float32_single_file(family, kw, tmp_path):
     assert _function_change(db, tmp_path / "S", torch.float32) <= 1e-5
 
 
-@pytest.mark.parametrize("family,kw", [("gpt2", {}), ("gptj", {}), ("falcon", {}), ("phi", {"qk_layernorm": True}),
-                                       ("llama", {"tie_word_embeddings": True}),
-                                       ("gpt2", {"tie_word_embeddings": True})])  # the untied head in row chunks
+@pytest.mark.parametrize("family,kw", BIG, ids=[case_id(f, kw) for f, kw in BIG])  # a tied head: in row chunks
 def test_big_tensor_path_equals_in_memory(family, kw, monkeypatch, tmp_path):
     """At scale every weight is folded on its own (the gains and biases held) and the embedding and head in row
     chunks: forced here on tiny models. A LayerNorm reader's bias ``c + W b`` comes from the call given ``W``
@@ -168,8 +161,7 @@ def _merge(monkeypatch, capsys, *args):
     return run_symalign(monkeypatch, capsys, "merge", *map(str, args))
 
 
-@pytest.mark.parametrize("family,kw", [("gpt_neox", {}), ("gemma2", {}), ("qwen3", {"tie_word_embeddings": False}),
-                                       ("phi", {"qk_layernorm": True})])
+@pytest.mark.parametrize("family,kw", MERGE, ids=[case_id(f, kw) for f, kw in MERGE])
 def test_streamed_model_scope_merge_equals_in_memory(family, kw, tmp_path, capsys, monkeypatch):
     """merge --stream --scope model = the in-memory merge --scope model (A averaged in its folded form, B aligned
     by the streamed passes), float64; the merge loads with from_pretrained."""
@@ -185,8 +177,8 @@ def test_streamed_model_scope_merge_equals_in_memory(family, kw, tmp_path, capsy
     load_hf_model(tmp_path / "STR")
 
 
-@pytest.mark.parametrize("family", ["gpt2", "falcon"])
-def test_merge_with_an_untied_head_equals_in_memory(family, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("family,kw", MERGE_UNTIED, ids=[case_id(f, kw) for f, kw in MERGE_UNTIED])
+def test_merge_with_an_untied_head_equals_in_memory(family, kw, tmp_path, capsys, monkeypatch):
     """A LayerNorm stream with a tied head: the rewrite unties it, in both checkpoints. The streamed merge reads
     the first checkpoint's head as the folded rows of its embedding, appends it to the last shard (row chunks
     here), sets tie_word_embeddings false: the in-memory merge, loadable by from_pretrained."""
@@ -195,7 +187,7 @@ def test_merge_with_an_untied_head_equals_in_memory(family, tmp_path, capsys, mo
 
     chunks = smerge.row_chunks
     monkeypatch.setattr(smerge, "row_chunks", lambda shape: chunks(shape, 100))
-    da, db = _pair(tmp_path, family, tie_word_embeddings=True)
+    da, db = _pair(tmp_path, family, **kw)
     args = [da, db, "--scope", "model", "--max-sweeps", "2", "--json"]
     code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "MEM", "--no-stream")
     assert code == 0, err
@@ -322,7 +314,7 @@ def test_layer_check_refuses_a_residual_that_moves_ones(tmp_path, monkeypatch):
     from symalign.errors import SymalignError
     from symalign.groups import Orthogonal
 
-    da, db = _pair(tmp_path, "gpt_neox", shard=None)
+    da, db = _pair(tmp_path, LAYER_NORM, shard=None)
     real = sm.StreamedWhole.match
 
     def moved(self, *a, **k):
@@ -336,12 +328,14 @@ def test_layer_check_refuses_a_residual_that_moves_ones(tmp_path, monkeypatch):
     assert _nothing_written(tmp_path)
 
 
-@pytest.mark.parametrize("family", ["vit", "modernbert"])
-def test_encoders_refused_in_one_line(family, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("family", IN_MEMORY_ONLY)
+def test_in_memory_only_families_refused_in_one_line(family, tmp_path, capsys, monkeypatch):
+    """The families whose declared streamed scopes lack ``model`` (the encoders, T5) are refused in one line."""
     for seed, name in ((0, "A"), (1, "B")):
         make_model(family, dtype=torch.float32, seed=seed).save_pretrained(tmp_path / name)
     code, out, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",
                                   tmp_path / "OUT", "--stream", "--scope", "model")
     lines = [x for x in err.strip().splitlines() if x.strip()]
-    assert code == 2 and len(lines) == 1 and "encoder" in lines[0] and "--no-stream" in lines[0], err
+    assert code == 2 and len(lines) == 1 and ("--no-stream" in lines[0] or "without --stream" in lines[0]), err
+    assert "encoder" in lines[0] or not isinstance(get_adapter({"model_type": family}), EncoderFamily)
     assert _nothing_written(tmp_path)

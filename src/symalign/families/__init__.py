@@ -7,9 +7,12 @@ norms on the stream, heads per model class) -- and a
 :class:`~symalign.families.base.Family` subclass (T5, an encoder-decoder, lists its own layouts; the
 mixtures of experts Mixtral, Qwen2-MoE and OLMoE share :mod:`symalign.families.moe`) with its ``model_type`` values; the
 attention scope, the whole-model scope (:func:`prepare`), ``probe --hf`` and the folded
-reference of ``interpolate`` read it from there. :func:`get_family` (alias
-:func:`get_adapter`) finds the family of a config; :data:`FAMILIES` lists them. Adding a
-family: one module here, one line in :data:`FAMILIES`, its tests (docs/adapters.md).
+reference of ``interpolate`` read it from there. Each module also declares, as data
+(:mod:`symalign.families.declared`), its tiny test models, the cases the generic tests run, its
+scopes and its ``hf:`` experiment model. :func:`get_family` (alias :func:`get_adapter`) finds
+the family of a config; :data:`FAMILIES` lists them, read from the modules named in
+:data:`REGISTRY`. Adding a family: one module here and its line in :data:`REGISTRY`
+(docs/adapters.md); the generic tests, the families table and the docs pick it up.
 """
 
 from __future__ import annotations
@@ -18,35 +21,45 @@ from typing import Any, Mapping
 
 from torch import Tensor
 
+import importlib
+
 from symalign.arch.base import DOCS, Adapter, UnsupportedArchitectureError
 from symalign.families.base import Decoder, Family
-from symalign.families.bert import BertFamily
 from symalign.families.common import Prepared
 from symalign.families.encoder import Encoder, Head
-from symalign.families.falcon import FalconFamily
-from symalign.families.gemma import Gemma2Family, Gemma3Family, GemmaFamily
-from symalign.families.gpt_neox import GPTNeoXFamily
-from symalign.families.gpt2 import GPT2Family
-from symalign.families.gptj import GPTJFamily
-from symalign.families.llama import LLAMA_LIKE, LlamaFamily, MistralFamily, Qwen2Family
-from symalign.families.modernbert import ModernBertFamily
-from symalign.families.moe import MixtralFamily, OlmoeFamily, Qwen2MoeFamily
-from symalign.families.olmo2 import Olmo2Family
-from symalign.families.phi import PhiFamily
-from symalign.families.phi3 import Phi3Family
-from symalign.families.qwen3 import Qwen3Family
-from symalign.families.roformer import RoFormerFamily
-from symalign.families.t5 import T5Family
-from symalign.families.vit import ViTFamily
+from symalign.families.llama import LLAMA_LIKE
 from symalign.spec import SymmetrySpec
 
-FAMILIES: tuple[Family, ...] = (
-    GPT2Family(), BertFamily(), ViTFamily(), RoFormerFamily(), ModernBertFamily(),
-    LlamaFamily(), MistralFamily(), Qwen2Family(), GPTNeoXFamily(), GPTJFamily(), PhiFamily(), Phi3Family(),
-    Qwen3Family(), Olmo2Family(), GemmaFamily(), Gemma2Family(), Gemma3Family(), FalconFamily(),
-    T5Family(),
-    MixtralFamily(), Qwen2MoeFamily(), OlmoeFamily(),
+REGISTRY: tuple[str, ...] = (
+    "gpt2",
+    "bert",
+    "vit",
+    "roformer",
+    "modernbert",
+    "llama",
+    "gpt_neox",
+    "gptj",
+    "phi",
+    "phi3",
+    "qwen3",
+    "olmo2",
+    "gemma",
+    "falcon",
+    "t5",
+    "moe",
+    "stablelm",
 )
+"""The family modules of :mod:`symalign.families`, one line each: a new family is its module plus its line here."""
+
+
+def _declared(module: str) -> list[Family]:
+    """The families a module defines: its :class:`Family` subclasses with ``model_types``, in definition order."""
+    mod = importlib.import_module(f"{__name__}.{module}")
+    return [obj() for obj in vars(mod).values() if isinstance(obj, type) and issubclass(obj, Family)
+            and obj.__module__ == mod.__name__ and getattr(obj, "model_types", ())]
+
+
+FAMILIES: tuple[Family, ...] = tuple(f for module in REGISTRY for f in _declared(module))
 
 
 def get_family(model_or_config: Any) -> Family | None:
@@ -101,5 +114,6 @@ def prepare(config: Any, state: Mapping[str, Tensor], attention_spec: SymmetrySp
     return get_adapter(config).prepare(config, state, attention_spec, arch or architecture(config))
 
 
-__all__ = ["Adapter", "Decoder", "Encoder", "FAMILIES", "Family", "Head", "LLAMA_LIKE", "Prepared", "UNSUPPORTED",
+__all__ = ["Adapter", "Decoder", "Encoder", "FAMILIES", "REGISTRY",
+           "Family", "Head", "LLAMA_LIKE", "Prepared", "UNSUPPORTED",
            "architecture", "get_adapter", "get_family", "model_types", "prepare", "supported"]

@@ -13,7 +13,7 @@ Everything else is derived here, once for every family:
   and :class:`~symalign.groups.PlaneSigns` under QK-norm, whose gains then carry a
   space ``qkgain.i`` of :class:`~symalign.groups.PlaneScales` (docs/symmetry.md,
   "QK-norm"; Phi's centring ``qk_layernorm``: :class:`~symalign.groups.PlaneIdentity`,
-  the gains' scales acting on the norms' biases too, :mod:`symalign.families.phi`).
+  the gains' scales acting on the norms' biases too: Phi's ``qk_layernorm``).
   V-O is ``GL(d)`` (:meth:`Family.vo_group`; OLMoE's ``clip_qkv`` narrows it to signed
   permutations and drops ``qkgain.i``). Fused Q|K|V tensors are labelled by segments:
   ``[Q | K | V]`` blocks (Phi-3 ``qkv_proj``) or per-head interleaved
@@ -53,6 +53,7 @@ from symalign.arch.rope import rotary_dims
 from symalign.errors import ConfigError
 from symalign.groups import GeneralLinear, MatrixGroup, OffsetPerHead, Orthogonal, Permutation, PlaneIdentity, \
     PlaneScales, PlaneSigns, RotaryPlanes
+from symalign.families.declared import Case, Experiment, Scopes, Tiny
 from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_group, fold_layernorm, meet, to_f64
 from symalign.groups import CenteredOrthogonal
 from symalign.nn.sites import ActivationSite, linear_heads_site
@@ -66,7 +67,7 @@ NORMS = ("rms", "rms1p", "layer")
 class Decoder:
     """Declared layout of one decoder-only family.
 
-    Names are relative to the base model's prefix (``model.``, ``gpt_neox.``) and the
+    Names are relative to the base model's prefix (``model.``, ``transformer.``) and the
     layer's ``layer`` (``{i}`` = index); each names a module (``.weight``/``.bias`` are
     appended). ``None`` = absent. ``heads``: top-level names of the LM head, the name
     written when a tied head is untied first. ``norm``: ``"rms"`` (gain ``g``),
@@ -140,6 +141,13 @@ class Family(Adapter):
     decl: ClassVar[Decoder] = Decoder()
     pairing: ClassVar[str | None] = "half"
     auto_classes: ClassVar[tuple[str, ...]] = ("AutoModelForCausalLM", "AutoModel")
+    # what the tests, benchmarks, docs tables and experiments read (symalign.families.declared)
+    tiny: ClassVar[Tiny | None] = None
+    probe_kw: ClassVar[Mapping[str, Any]] = {}
+    cases: ClassVar[tuple[Case, ...]] = ()
+    scopes: ClassVar[Scopes] = Scopes()
+    experiment: ClassVar[Experiment | None] = None
+    refusals: ClassVar[tuple[Mapping[str, Any], ...]] = ()  # config overrides refused in one line
 
     @property
     def precision_floor(self) -> float:  # type: ignore[override]

@@ -24,6 +24,7 @@ Declared layout (``bert.`` prefix or none, layer ``encoder.layer.{i}.``, ``nn.Li
 
 from __future__ import annotations
 
+from symalign.families.declared import Experiment, Tiny
 from symalign.families.encoder import Encoder, EncoderFamily, Head
 
 MLM = Head(transform="cls.predictions.transform.dense", transform_norm="cls.predictions.transform.LayerNorm",
@@ -40,6 +41,10 @@ BERT_LAYOUT = dict(
 class BertFamily(EncoderFamily):
     family = "BERT"
     model_types = ("bert",)
+    tiny = Tiny("BertModel", "BertConfig", {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                            "intermediate_size": 32, "vocab_size": 64, "max_position_embeddings": 32,
+                                            "pad_token_id": 0})
+    experiment = Experiment("learned", {"text": "BertForSequenceClassification"})
     decl = Encoder(
         **BERT_LAYOUT, base="bert.",
         embeds=(("embeddings.word_embeddings.weight", 1), ("embeddings.position_embeddings.weight", 1),

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from symalign.families.base import Decoder, Family
+from symalign.families.declared import DECODER, Case, Tiny
 
 _BASE = Decoder(layer="h.{i}.", q=None, k=None, v=None, o="self_attention.dense", qkv="self_attention.query_key_value",
                 gate=None, up=None, ff_in="mlp.dense_h_to_4h", down="mlp.dense_4h_to_h", ff_act="activation",
@@ -51,6 +52,23 @@ class FalconFamily(Family):
     family = "Falcon"
     model_types = ("falcon",)
     decl = _BASE
+    tiny = Tiny("FalconForCausalLM", "FalconConfig", {**DECODER, "tie_word_embeddings": False})  # multi-query
+    cases = (Case(probe=True, residual="O_1(32)", streamed=("float32", "big"), row="Falcon (multi-query, parallel)"),
+             Case({"tie_word_embeddings": True}, residual="O_1(32)", streamed=("merge",)),
+             Case({"new_decoder_architecture": True, "num_kv_heads": 2}),
+             Case({"new_decoder_architecture": True, "num_kv_heads": 2, "num_ln_in_parallel_attn": 1}),
+             Case({"multi_query": False, "bias": True}, probe=True, row="Falcon (per-head fused, biases)"),
+             Case({"parallel_attn": False}),
+             Case({"new_decoder_architecture": True, "num_kv_heads": 1}, exact=False, probe=True,
+                  row="Falcon (new decoder, 1 K/V head)"),
+             # ALiBi: heads pinned by their slopes, GL(d) on Q-K (tests/test_family_falcon.py)
+             Case({"alibi": True}, probe=True, row="Falcon ALiBi (multi-query)"),
+             Case({"alibi": True, "new_decoder_architecture": True, "num_kv_heads": 2}),
+             Case({"alibi": True, "new_decoder_architecture": True, "num_kv_heads": 1}, exact=False, probe=True,
+                  row="Falcon ALiBi (new decoder, 1 K/V head)"),
+             Case({"alibi": True, "multi_query": False, "bias": True}, probe=True,
+                  row="Falcon ALiBi (per-head fused, biases)"),
+             Case({"alibi": True, "parallel_attn": False}))
 
     def declaration(self, config: Any) -> Decoder:
         alibi = bool(getattr(config, "alibi", False))  # no RoPE, every head pinned by its slope

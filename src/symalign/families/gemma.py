@@ -36,6 +36,7 @@ from torch import Tensor, nn
 
 from symalign.arch.rope import rotary_module
 from symalign.families.base import Decoder, Family, refuse
+from symalign.families.declared import DECODER, Case, Tiny
 from symalign.groups import PlaneSigns
 
 _POST = dict(pre_attn_norm="input_layernorm", post_attn_norm="post_attention_layernorm",
@@ -46,18 +47,40 @@ class GemmaFamily(Family):
     family = "Gemma"
     model_types = ("gemma",)
     decl = Decoder(norm="rms1p")
+    tiny = Tiny("GemmaForCausalLM", "GemmaConfig", {**DECODER, "num_key_value_heads": 2, "head_dim": 16})
+    probe_kw = {"head_dim": 4, "num_key_value_heads": 1}
+    cases = (Case(probe=True, row="Gemma"), Case({"tie_word_embeddings": False}, residual="O(32)"),
+             Case({"tie_word_embeddings": True}, exact=False, residual="S_32"))
 
 
 class Gemma2Family(Family):
     family = "Gemma 2"
     model_types = ("gemma2",)
     decl = Decoder(norm="rms1p", **_POST)
+    tiny = Tiny("Gemma2ForCausalLM", "Gemma2Config", {**DECODER, "num_key_value_heads": 2, "head_dim": 16,
+                                                       "sliding_window": 4, "query_pre_attn_scalar": 16})
+    probe_kw = {"head_dim": 4, "num_key_value_heads": 1}
+    cases = (Case(probe=True, groups={"qk.0": "H(16,half)^2"}, streamed=("float32", "merge"),
+                  row="Gemma 2 (soft-capping)"),
+             Case({"attn_logit_softcapping": None, "final_logit_softcapping": None}),
+             Case({"tie_word_embeddings": True}, exact=False, residual="S_32"))
 
 
 class Gemma3Family(Family):
     family = "Gemma 3"
     model_types = ("gemma3_text",)
     decl = Decoder(norm="rms1p", q_norm="self_attn.q_norm", k_norm="self_attn.k_norm", **_POST)
+    tiny = Tiny("Gemma3ForCausalLM", "Gemma3TextConfig", {
+        **DECODER, "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 4, "query_pre_attn_scalar": 16,
+        "layer_types": ["sliding_attention", "full_attention"]})
+    probe_kw = {"head_dim": 4, "num_key_value_heads": 1, "rms_norm_eps": 1e-2}  # eps: declared.PROBE
+    cases = (Case(probe=True, row="Gemma 3 (QK-norm, 1 + w gains)"),
+             Case({"tie_word_embeddings": True}, exact=False, residual="S_32"),
+             # layer 1 (full attention) rotates 1 of the head's 2 planes (proportional RoPE), layer 0 (sliding) both
+             Case({"rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                       "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
+                                                          "rope_theta": 1e6}}},
+                  exact=False, row="Gemma 3, full layer: proportional RoPE 0.5", layer=1))
 
     def rotary_layers(self, config: Any, d: int) -> list[int | None]:
         """Each layer's rotated width: that of its layer type's RoPE table (module doc).

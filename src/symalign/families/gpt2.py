@@ -25,6 +25,7 @@ Declared layout (``transformer.`` prefix, layer ``h.{i}.``; ``Conv1D`` stores ``
 from __future__ import annotations
 
 from symalign.families.base import Decoder, Family
+from symalign.families.declared import TOKENS, Case, Experiment, Tiny
 
 
 class GPT2Family(Family):
@@ -37,3 +38,12 @@ class GPT2Family(Family):
                    ff_act="activation_function", ff_size="n_inner", norm="layer", pre_attn_norm="ln_1",
                    pre_ff_norm="ln_2", embed="wte", positions=("wpe",), final_norm="ln_f", heads=("lm_head",),
                    base="transformer.")
+    tiny = Tiny("GPT2LMHeadModel", "GPT2Config", {"n_embd": 16, "n_layer": 2, "n_head": 4, "vocab_size": 64,
+                                                  "n_positions": 32, **TOKENS})
+    # its attention group and exactness: tests/test_arch.py, tests/test_families.py (older families)
+    cases = (Case({"tie_word_embeddings": False}, exact=False, residual="O_1(16)", streamed=("big",)),
+             Case({"tie_word_embeddings": False, "activation_function": "relu"}, exact=False,
+                  residual="O_1(16)"),  # ReLU units: scales
+             # a LayerNorm stream with a tied head: the rewrite unties it (a head tensor appended to B's last shard)
+             Case({"tie_word_embeddings": True}, exact=False, residual="O_1(16)", streamed=("big", "merge")))
+    experiment = Experiment("learned", {"lm": "GPT2LMHeadModel"}, "n_positions")

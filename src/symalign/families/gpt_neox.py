@@ -24,6 +24,7 @@ from typing import Any
 
 from symalign.errors import ConfigError
 from symalign.families.base import Decoder, Family
+from symalign.families.declared import DECODER, Case, Tiny
 
 
 class GPTNeoXFamily(Family):
@@ -35,6 +36,15 @@ class GPTNeoXFamily(Family):
                    ff_in="mlp.dense_h_to_4h", down="mlp.dense_4h_to_h", norm="layer",
                    pre_attn_norm="input_layernorm", pre_ff_norm="post_attention_layernorm", embed="embed_in",
                    final_norm="final_layer_norm", heads=("embed_out", "lm_head"), base="gpt_neox.")
+    tiny = Tiny("GPTNeoXForCausalLM", "GPTNeoXConfig", {**DECODER, "rotary_pct": 0.5})
+    cases = (Case(probe=True, groups={"qk.0": "H(4,half)+GL(4)^4"}, residual="O_1(32)",
+                  streamed=("float32", "merge"), row="GPT-NeoX (rotary_pct 0.5, biases)"),
+             Case({"attention_bias": False}, probe=True, row="GPT-NeoX (no biases)"),
+             Case({"use_parallel_residual": False}), Case({"hidden_act": "relu"}),
+             Case({"tie_word_embeddings": True}, residual="O_1(32)"),
+             Case({"rotary_pct": 1.0}, groups={"qk.0": "H(8,half)^4"}),
+             Case({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0,
+                                       "partial_rotary_factor": 0.25}}))
 
     def rotary(self, config: Any, d: int) -> int | None:
         try:

@@ -15,6 +15,7 @@ from typing import Any
 
 from symalign.errors import ConfigError
 from symalign.families.base import Decoder, Family
+from symalign.families.declared import DECODER, Case, Tiny
 from symalign.tolerance import FLOAT32_COMPUTE_FLOOR
 
 
@@ -26,6 +27,11 @@ class GPTJFamily(Family):
                    gate=None, up=None, ff_in="mlp.fc_in", down="mlp.fc_out", ff_act="activation_function",
                    norm="layer", pre_attn_norm="ln_1", pre_ff_norm="ln_1", embed="wte", final_norm="ln_f",
                    heads=("lm_head",), base="transformer.")
+    tiny = Tiny("GPTJForCausalLM", "GPTJConfig", {**DECODER, "rotary_dim": 4})
+    probe_kw = {"rotary_dim": 4}
+    cases = (Case(probe=True, groups={"qk.0": "H(4,interleaved)+GL(4)^4"}, residual="O_1(32)", streamed=("big",),
+                  row="GPT-J (rotary_dim 4)"),
+             Case({"tie_word_embeddings": True}))
 
     @property
     def precision_floor(self) -> float:  # type: ignore[override]

@@ -23,6 +23,7 @@ that is also the embedding).
 from __future__ import annotations
 
 from symalign.families.base import Decoder, Family
+from symalign.families.declared import DECODER, Case, Experiment, Tiny
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2")
 """The Llama-style families the streamed ``--scope model`` handles (RMSNorm gains folded, residual ``O(D)``)."""
@@ -32,14 +33,28 @@ class LlamaFamily(Family):
     family = "Llama"
     model_types = ("llama",)
     decl = Decoder()
+    tiny = Tiny("LlamaForCausalLM", "LlamaConfig", {**DECODER, "num_key_value_heads": 2})
+    probe_kw = {"head_dim": 4, "num_key_value_heads": 1}
+    cases = (Case(probe=True, row="Llama (GQA)"), Case({"attention_bias": True}),
+             Case({"tie_word_embeddings": True}, residual="S_32", streamed=("float32", "big")),
+             Case({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 10000.0,
+                                       "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 16}}))
+    experiment = Experiment("rope", {"lm": "LlamaForCausalLM"})
 
 
 class MistralFamily(LlamaFamily):
     family = "Mistral"
     model_types = ("mistral",)
+    tiny = Tiny("MistralForCausalLM", "MistralConfig", {**DECODER, "num_key_value_heads": 2})
+    cases = (Case(probe=True, residual="O(32)", row="Mistral (GQA)"),)
+    experiment = Experiment("rope", {"lm": "MistralForCausalLM"})
 
 
 class Qwen2Family(LlamaFamily):
     family = "Qwen2"
     model_types = ("qwen2",)
     decl = Decoder(qkv_bias=True)
+    tiny = Tiny("Qwen2ForCausalLM", "Qwen2Config", {**DECODER, "num_key_value_heads": 2})
+    cases = (Case(probe=True, residual="O(32)", row="Qwen2 (GQA, Q/K/V biases)"), Case({"tie_word_embeddings": True}))
+    experiment = Experiment("rope", {"lm": "Qwen2ForCausalLM"})

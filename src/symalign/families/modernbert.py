@@ -33,6 +33,7 @@ from typing import Any
 
 from symalign.arch.base import AttentionLayout
 from symalign.arch.rope import rotary_dims
+from symalign.families.declared import TOKENS, Experiment, Tiny
 from symalign.families.encoder import Encoder, EncoderFamily, Head
 from symalign.groups import RotaryPlanes
 from symalign.tolerance import FLOAT32_ROTARY_FLOOR
@@ -43,6 +44,11 @@ HEAD = dict(transform="head.dense", transform_norm="head.norm")
 class ModernBertFamily(EncoderFamily):
     family = "ModernBERT"
     model_types = ("modernbert",)
+    tiny = Tiny("ModernBertForMaskedLM", "ModernBertConfig", {
+        "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 32, "vocab_size": 64,
+        "max_position_embeddings": 64, "global_attn_every_n_layers": 2, "local_attention": 4, "cls_token_id": 1,
+        "sep_token_id": 2, **TOKENS})
+    experiment = Experiment("rope", {"text": "ModernBertForSequenceClassification"})
     pairing = "half"
     auto_classes = ("AutoModelForMaskedLM", "AutoModel")
     decl = Encoder(

@@ -59,6 +59,7 @@ from symalign.errors import CheckpointError
 from symalign.arch.base import AttentionLayout
 from symalign.families.base import Decoder, Family
 from symalign.families.common import RESIDUAL, Prepared, meet
+from symalign.families.declared import TOKENS, Case, Tiny
 from symalign.groups import BlockPermutations, GeneralLinear, MatrixGroup, Orthogonal, Permutation, \
     SignedPermutations
 from symalign.spec import SymmetrySpec
@@ -267,11 +268,23 @@ class MoEFamily(Family):
         return {"router softmax shift": int(config.hidden_size), "gated unit rescaling (up row, down column)": units}
 
 
+# tiny mixtures of experts (the special-case tests, tests/test_family_moe.py): D = 16, 4 experts, top-2
+_TINY = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 256, "max_position_embeddings": 64, "num_experts_per_tok": 2, **TOKENS}
+# the docs tables' rows: layer 0's attention at probe widths (one K/V head), and layer 0's MoE block at D = 8
+_PROBE = {"head_dim": 4, "num_key_value_heads": 1}
+_BLOCK = {"hidden_size": 8, "intermediate_size": 4}
+
+
 class MixtralFamily(MoEFamily):
     family = "Mixtral"
     model_types = ("mixtral",)
     decl = Decoder()
     moe = Experts(disk_block="block_sparse_moe", disk_ffn=("w1", "w3", "w2"), n_experts="num_local_experts")
+    tiny = Tiny("MixtralForCausalLM", "MixtralConfig", {**_TINY, "intermediate_size": 8, "num_local_experts": 4})
+    probe_kw = _PROBE
+    cases = (Case(exact=False, row="Mixtral (GQA)"),
+             Case(_BLOCK, exact=False, moe=True, row="Mixtral (renormalised top-2)"))
 
 
 class Qwen2MoeFamily(MoEFamily):
@@ -279,6 +292,12 @@ class Qwen2MoeFamily(MoEFamily):
     model_types = ("qwen2_moe",)
     decl = Decoder(qkv_bias=True)
     moe = Experts(shared="mlp.shared_expert", shared_gate="mlp.shared_expert_gate")
+    tiny = Tiny("Qwen2MoeForCausalLM", "Qwen2MoeConfig", {**_TINY, "intermediate_size": 12, "moe_intermediate_size": 8,
+                                                           "shared_expert_intermediate_size": 6, "num_experts": 4})
+    probe_kw = {**_PROBE, "moe_intermediate_size": 4, "shared_expert_intermediate_size": 4}
+    cases = (Case(exact=False, row="Qwen2-MoE (GQA, Q/K/V biases)"),
+             Case(_BLOCK, exact=False, moe=True, row="Qwen2-MoE (shared expert F_s = 4)"),
+             Case({**_BLOCK, "norm_topk_prob": True}, exact=False, moe=True, row="Qwen2-MoE, norm_topk_prob"))
 
     def declaration(self, config: Any) -> Decoder:
         """Q/K/V biases follow ``qkv_bias`` (not ``attention_bias``)."""
@@ -289,6 +308,10 @@ class OlmoeFamily(MoEFamily):
     family = "OLMoE"
     model_types = ("olmoe",)
     decl = Decoder(q_norm="self_attn.q_norm", k_norm="self_attn.k_norm", qk_norm_over="all")
+    tiny = Tiny("OlmoeForCausalLM", "OlmoeConfig", {**_TINY, "intermediate_size": 8, "num_experts": 4})
+    probe_kw = {"num_key_value_heads": 1, "rms_norm_eps": 1e-2}  # eps: declared.PROBE
+    cases = (Case(exact=False, row="OLMoE (QK-norm over all heads)"),
+             Case(_BLOCK, exact=False, moe=True, row="OLMoE"))
 
     def vo_group(self, config: Any, d: int) -> MatrixGroup:
         """``clip_qkv`` clamps every V entry: only signed permutations of a head's ``d`` value coordinates commute."""

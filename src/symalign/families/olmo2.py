@@ -17,6 +17,7 @@ permutations; ``S_D`` is declared (gains permuted with the stream).
 from __future__ import annotations
 
 from symalign.families.base import Decoder, Family
+from symalign.families.declared import DECODER, Case, Tiny
 
 
 class Olmo2Family(Family):
@@ -25,3 +26,9 @@ class Olmo2Family(Family):
     decl = Decoder(q_norm="self_attn.q_norm", k_norm="self_attn.k_norm", qk_norm_over="all",
                    pre_attn_norm=None, pre_ff_norm=None, post_attn_norm="post_attention_layernorm",
                    post_ff_norm="post_feedforward_layernorm")
+    tiny = Tiny("Olmo2ForCausalLM", "Olmo2Config", {**DECODER, "num_key_value_heads": 2})
+    probe_kw = {"num_key_value_heads": 1, "rms_norm_eps": 1e-2}  # eps: declared.PROBE
+    cases = (Case(probe=True, groups={"qk.0": "signs(Z2^4,half)^2", "qkgain.0": "scales(R+^4,half)^2"},
+                  residual="S_32", row="OLMo 2 (QK-norm over all heads)"),
+             Case({"attention_bias": True}),
+             Case({"num_key_value_heads": 2}, exact=False, row="OLMo 2, h_kv = h"))

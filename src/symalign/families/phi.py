@@ -33,6 +33,7 @@ from torch import Tensor
 from symalign.arch.base import AttentionLayout, find_prefix
 from symalign.families.base import Decoder, Family
 from symalign.families.common import Prepared
+from symalign.families.declared import DECODER, Case, Tiny
 from symalign.groups import MatrixGroup, PlaneIdentity
 from symalign.spec import SymmetrySpec
 
@@ -48,6 +49,12 @@ class PhiFamily(Family):
     model_types = ("phi",)
     decl = Decoder(o="self_attn.dense", gate=None, up=None, ff_in="mlp.fc1", down="mlp.fc2", norm="layer",
                    pre_attn_norm="input_layernorm", pre_ff_norm="input_layernorm", final_norm="final_layernorm")
+    tiny = Tiny("PhiForCausalLM", "PhiConfig", dict(DECODER))
+    cases = (Case(probe=True, groups={"qk.0": "H(4,half)+GL(4)^4"}, residual="O_1(32)",
+                  row="Phi (partial 0.5, biases)"),
+             Case({"partial_rotary_factor": 1.0}),
+             Case({"qk_layernorm": True}, exact=False, residual="O_1(32)", streamed=("big", "merge"),
+                  row="Phi + qk_layernorm (affine QK-norm)"))
 
     def declaration(self, config: Any) -> Decoder:
         """With ``qk_layernorm``, the Q/K norms are declared (``q_norm``/``k_norm``; over ``head_dim``, shared)."""

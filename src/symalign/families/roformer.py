@@ -26,6 +26,7 @@ from typing import Any
 
 from symalign.arch.base import AttentionLayout
 from symalign.families.bert import BERT_LAYOUT, MLM
+from symalign.families.declared import Experiment, Tiny
 from symalign.families.encoder import Encoder, EncoderFamily, Head
 from symalign.groups import RotaryPlanes
 
@@ -33,6 +34,10 @@ from symalign.groups import RotaryPlanes
 class RoFormerFamily(EncoderFamily):
     family = "RoFormer"
     model_types = ("roformer",)
+    tiny = Tiny("RoFormerModel", "RoFormerConfig", {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                    "intermediate_size": 32, "vocab_size": 64, "embedding_size": 32,
+                                                    "max_position_embeddings": 64, "pad_token_id": 0})
+    experiment = Experiment("rope", {"text": "RoFormerForSequenceClassification"})
     pairing = "interleaved"
     decl = Encoder(
         **BERT_LAYOUT, base="roformer.", embed_project="embeddings_project",

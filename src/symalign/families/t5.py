@@ -60,6 +60,7 @@ from torch import Tensor, nn
 from symalign.arch.base import AttentionLayout, Proj, _AllKeys, find_prefix
 from symalign.errors import ConfigError
 from symalign.families.base import Family
+from symalign.families.declared import Case, Scopes, Tiny
 from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_group, headless_note, to_f64
 from symalign.groups import GeneralLinear, Permutation
 from symalign.spec import SymmetrySpec
@@ -84,6 +85,14 @@ class T5Family(Family):
     model_types = ("t5",)
     pairing = None  # relative position bias, no RoPE
     auto_classes = ("AutoModelForSeq2SeqLM", "AutoModel")
+    scopes = Scopes(stream=())
+    tiny = Tiny("T5ForConditionalGeneration", "T5Config", {
+        "vocab_size": 64, "d_model": 16, "d_kv": 4, "d_ff": 24, "num_layers": 2, "num_decoder_layers": 3,
+        "num_heads": 4, "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1})  # its tests: tests/test_family_t5.py
+    probe_kw = {"num_heads": 2, "d_ff": 16, "num_layers": 1, "num_decoder_layers": 1}
+    # docs/symmetry.md's rows: every attention site of a one-block encoder-decoder (probe_sites' order)
+    cases = tuple(Case(exact=False, row=f"T5 ({site})", layer=i) for i, site in enumerate(
+        ["encoder self-attention", "decoder self-attention, causal", "cross-attention"]))
     no_stream = ("T5 shares one head permutation across all self-attention layers of a stack (their common "
                  "relative position bias), so its layers cannot be aligned one at a time; align without --stream")
 

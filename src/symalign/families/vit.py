@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from symalign.families.base import Decoder
+from symalign.families.declared import Experiment, Tiny
 from symalign.families.encoder import Encoder, EncoderFamily, Head
 
 LEGACY = dict(layer="encoder.layer.{i}.", q="attention.attention.query", k="attention.attention.key",
@@ -41,6 +42,10 @@ LEGACY = dict(layer="encoder.layer.{i}.", q="attention.attention.query", k="atte
 class ViTFamily(EncoderFamily):
     family = "ViT"
     model_types = ("vit",)
+    tiny = Tiny("ViTForImageClassification", "ViTConfig", {"hidden_size": 16, "num_hidden_layers": 2,
+                                                           "num_attention_heads": 4, "intermediate_size": 32,
+                                                           "image_size": 8, "patch_size": 4, "num_labels": 3})
+    experiment = Experiment("learned", {"image": "ViTForImageClassification"}, None)
     auto_classes = ("AutoModelForImageClassification", "AutoModel")
     decl = Encoder(
         layer="layers.{i}.", q="attention.q_proj", k="attention.k_proj", v="attention.v_proj",

@@ -10,7 +10,7 @@ with an adapter in :mod:`symalign.arch`) and put the transformers config fields 
 
 * **Head** (from the dataset's modality): a byte/token LM corpus -> ``...ForCausalLM``
   (``GPT2LMHeadModel``); labelled text -> ``...ForSequenceClassification``; images ->
-  ``ViTForImageClassification`` (table :data:`FAMILIES`).
+  ``ViTForImageClassification``: each family module's ``experiment``, collected in :data:`FAMILIES`).
 * **Dataset-derived fields** (:func:`fit_hf_config`), filled in when absent and checked
   when given: ``vocab_size`` (the dataset's vocabulary: 256 for bytes, the tokenizer's
   otherwise; a larger one is allowed), the position limit (``n_positions`` /
@@ -45,13 +45,15 @@ from __future__ import annotations
 import inspect
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 from torch import Tensor, nn
 
 from symalign.arch.base import Adapter
 from symalign.errors import ConfigError, SymalignError
+from symalign.families import FAMILIES as REGISTERED
+from symalign.families.declared import Experiment
 from symalign.spec import SymmetrySpec
 
 HF_PREFIX = "hf:"
@@ -72,31 +74,43 @@ INSTALL = "pip install 'symalign[hf]' (transformers)"
 
 
 @dataclass(frozen=True)
-class Family:
-    """One transformers family: its positional encoding, its heads per data modality
-    (transformers class names) and the config field bounding the sequence length."""
+class ExperimentFamily:
+    """A registered family as an ``hf:`` experiment family: its ``model_type`` and what its module declares
+    (:class:`~symalign.families.declared.Experiment`: positional encoding, heads per data modality as
+    transformers class names, the config field bounding the sequence length)."""
 
     model_type: str
-    pe: str
-    heads: dict[str, str]
-    positions: str | None
+    experiment: Experiment
 
     @property
     def name(self) -> str:
         return HF_PREFIX + self.model_type
 
+    @property
+    def pe(self) -> str:
+        return self.experiment.pe
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (
-    Family("gpt2", "learned", {"lm": "GPT2LMHeadModel"}, "n_positions"),
-    Family("llama", "rope", {"lm": "LlamaForCausalLM"}, "max_position_embeddings"),
-    Family("mistral", "rope", {"lm": "MistralForCausalLM"}, "max_position_embeddings"),
-    Family("qwen2", "rope", {"lm": "Qwen2ForCausalLM"}, "max_position_embeddings"),
-    Family("bert", "learned", {"text": "BertForSequenceClassification"}, "max_position_embeddings"),
-    Family("roformer", "rope", {"text": "RoFormerForSequenceClassification"}, "max_position_embeddings"),
-    Family("modernbert", "rope", {"text": "ModernBertForSequenceClassification"}, "max_position_embeddings"),
-    Family("vit", "learned", {"image": "ViTForImageClassification"}, None),
-)}
+    @property
+    def heads(self) -> Mapping[str, str]:
+        return self.experiment.heads
+
+    @property
+    def positions(self) -> str | None:
+        return self.experiment.positions
+
+
 MODALITY = {"lm": "a language-modelling corpus", "text": "a labelled text dataset", "image": "an image dataset"}
+
+
+def _by_modality(f) -> int:
+    return min(list(MODALITY).index(h) for h in f.experiment.heads)
+
+
+FAMILIES: dict[str, ExperimentFamily] = {
+    f.model_types[0]: ExperimentFamily(f.model_types[0], f.experiment)
+    for f in sorted((f for f in REGISTERED if f.experiment is not None), key=_by_modality)}
+"""The ``hf:`` experiment families: every registered family declaring an ``experiment``, listed by data
+modality (language models, labelled text, images), registry order within one."""
 
 
 def is_hf_family(family: Any) -> bool:
@@ -112,8 +126,8 @@ def _transformers():
     return transformers
 
 
-def family_of(family: str) -> Family:
-    """The :class:`Family` of ``"hf:<model_type>"``; a family without an adapter is a
+def family_of(family: str) -> ExperimentFamily:
+    """The :class:`ExperimentFamily` of ``"hf:<model_type>"``; a family without an adapter is a
     :class:`ConfigError` listing the supported ones (and why, for known refusals)."""
     from symalign.families import UNSUPPORTED
 
@@ -130,11 +144,11 @@ def family_of(family: str) -> Family:
     return FAMILIES[mt]
 
 
-def config_class(fam: Family) -> type:
+def config_class(fam: ExperimentFamily) -> type:
     return _transformers().CONFIG_MAPPING[fam.model_type]
 
 
-def allowed_keys(fam: Family) -> list[str]:
+def allowed_keys(fam: ExperimentFamily) -> list[str]:
     """``[model]`` keys of a family: its transformers config fields (constructor arguments,
     attribute aliases such as GPT-2's ``hidden_size``, ``num_labels``) and :data:`SYMALIGN_KEYS`."""
     cls = config_class(fam)
@@ -143,7 +157,7 @@ def allowed_keys(fam: Family) -> list[str]:
     return sorted(keys - set(RESERVED))
 
 
-def whole_model_refusal(fam: Family, fields: dict) -> str | None:
+def whole_model_refusal(fam: ExperimentFamily, fields: dict) -> str | None:
     """Why ``first-block``/``full`` cannot run for this family and config (``None``: they can)."""
     from symalign.families import LLAMA_LIKE, supported
 
@@ -159,7 +173,7 @@ def whole_model_refusal(fam: Family, fields: dict) -> str | None:
     return None
 
 
-def activation_refusal(fam: Family) -> str | None:
+def activation_refusal(fam: ExperimentFamily) -> str | None:
     """Why activation matching cannot run for this family (``None``: it can): its adapter declares no
     activation sites (:meth:`symalign.arch.base.Adapter.activation_sites`)."""
     from symalign.families import get_adapter
@@ -171,7 +185,7 @@ def activation_refusal(fam: Family) -> str | None:
             "head outputs), so activation matching cannot read its activations; use the methods weight or learned")
 
 
-def check_model_section(model: dict, scopes: list[str] | tuple[str, ...] = ()) -> Family:
+def check_model_section(model: dict, scopes: list[str] | tuple[str, ...] = ()) -> ExperimentFamily:
     """Validate an ``hf:`` ``[model]`` section before anything runs: the family has an adapter,
     every key is a field of its transformers config, ``attn_implementation`` is known, the
     fields build a config, and the scopes asked for are supported by the family."""
@@ -196,7 +210,7 @@ def check_model_section(model: dict, scopes: list[str] | tuple[str, ...] = ()) -
     return fam
 
 
-def _build_config(fam: Family, fields: dict):
+def _build_config(fam: ExperimentFamily, fields: dict):
     """The transformers config of ``fields``; its own refusals become a :class:`ConfigError`.
 
     transformers' warnings are silenced here: out-of-vocabulary special-token defaults are
@@ -246,7 +260,7 @@ class HFConfig:
 
     # -- what the protocol reads ------------------------------------------------
     @property
-    def fam(self) -> Family:
+    def fam(self) -> ExperimentFamily:
         return family_of(self.family)
 
     @property
@@ -517,5 +531,5 @@ def build_hf_model(cfg: HFConfig | dict, seed: int | None = 0) -> HFModel:
     return HFModel(cfg, seed=seed)
 
 
-__all__ = ["FAMILIES", "Family", "HFConfig", "HFModel", "build_hf_model", "check_model_section", "fit_hf_config",
+__all__ = ["ExperimentFamily", "FAMILIES", "HFConfig", "HFModel", "build_hf_model", "check_model_section", "fit_hf_config",
            "is_hf_family", "family_of", "whole_model_refusal", "HF_PREFIX", "PREFIX"]
