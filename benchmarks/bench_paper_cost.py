@@ -93,11 +93,11 @@ def timed(fn, trials: int) -> float:
 
 def measure(path: Path, batch: int, trials: int, gpu_tflops: float) -> dict:
     from symalign.data import train_batch
-    from symalign.experiments.config import load_config
+    from symalign.experiments.config import load_experiment_config
     from symalign.models import build_model
     from symalign.train import TrainConfig, fit_config
 
-    cfg = load_config(path)
+    cfg = load_experiment_config(path)
     tc = TrainConfig(**cfg.train)
     ds = stand_in(cfg.data)
     model = build_model(fit_config(cfg.model, ds, tc.context), seed=0)

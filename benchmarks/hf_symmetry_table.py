@@ -1,6 +1,6 @@
 """Print the Hugging Face families table of docs/symmetry.md: each family's real attention layer, measured vs declared.
 
-For every ``model_type`` with an adapter (``symalign.families.supported()``: new families appear
+For every ``model_type`` with an adapter (``symalign.families.model_types()``: new families appear
 without touching this script) the probe builds a tiny random config with transformers' own
 config class (D=16, 4 heads of d_h=4, 2 K/V heads where the family has GQA, 8 tokens), measures
 the Jacobian nullity of layer 0's attention in float64 (forward- and reverse-mode Jacobians,
@@ -36,10 +36,10 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.set_verbosity_error()
     from symalign.errors import ConfigError
-    from symalign.families import get_adapter, supported
+    from symalign.families import get_adapter, model_types
     from symalign.probe.hf import hf_config, probe_hf
 
-    types = args.only or supported()
+    types = args.only or model_types()
     rows, failures = [], 0
     for mt in types:
         try:  # layer 0 of every kind of attention site the adapter has (T5: encoder, decoder, cross)

@@ -12,9 +12,12 @@ T.utils.logging.set_verbosity_error()
 
 def family(name: str):
     """The registered family of ``model_type`` ``name`` (:data:`symalign.families.FAMILIES`)."""
-    from symalign.families import get_family
+    from symalign.families import get_adapter
 
-    fam = get_family({"model_type": name})
+    try:
+        fam = get_adapter({"model_type": name})
+    except Exception:
+        fam = None
     if fam is None or fam.tiny is None:
         raise KeyError(f"no registered family with a tiny model for model_type {name!r}")
     return fam

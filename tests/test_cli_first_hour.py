@@ -123,12 +123,12 @@ def test_json_with_zero_baseline_is_valid(tmp_path):
 
 def test_outputs_follow_the_umask(tmp_path):
     from symalign.atomic import write_json
-    from symalign.checkpoint import save_checkpoint
+    from symalign.checkpoint import save_run
 
     old = os.umask(0o022)
     try:
         write_json(tmp_path / "r.json", {"a": 1})
-        save_checkpoint(tmp_path / "run", torch.nn.Linear(2, 2), {"model": {}, "step": 3})
+        save_run(tmp_path / "run", torch.nn.Linear(2, 2), {"model": {}, "step": 3})
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == 0o644

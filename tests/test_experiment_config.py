@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from symalign.errors import ConfigError, SymalignError
-from symalign.experiments.config import load_config, parse_config
+from symalign.experiments.config import load_experiment_config, parse_config
 
 CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_shipped_configs_parse(path):
-    cfg = load_config(path)
+    cfg = load_experiment_config(path)
     assert cfg.name == path.stem
     assert cfg.protocol.points == 25
 
@@ -47,11 +47,11 @@ def test_bad_configs_name_the_key(patch, msg):
 
 def test_missing_and_invalid_files(tmp_path):
     with pytest.raises(ConfigError, match="no such config"):
-        load_config(tmp_path / "nope.toml")
+        load_experiment_config(tmp_path / "nope.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("name = [unclosed")
     with pytest.raises(ConfigError, match="invalid TOML"):
-        load_config(bad)
+        load_experiment_config(bad)
 
 
 def test_model_scope_is_full_and_methods_default_off():

@@ -26,7 +26,7 @@ from hf_tiny import output, rel
 
 from symalign.arch import layout_spec
 from symalign.families import get_adapter
-from symalign.families import Family, get_family
+from symalign.families import Family, get_adapter
 from symalign.groups import GeneralLinear, Orthogonal, PlaneSigns, RotaryPlanes
 from symalign.families import prepare
 from symalign.spec import apply, sample
@@ -58,7 +58,7 @@ def _loaded(model, state):
 def test_declared_groups_are_exact(name, kw):
     model = make(name, **kw)
     fam = get_adapter(model)
-    assert isinstance(fam, Family) and get_family(model) is fam
+    assert isinstance(fam, Family) and get_adapter(model) is fam
     x = _ids()
     exact = float64_numerics(copy.deepcopy(model))
     y, y64 = output(model, x), output(exact, x)

@@ -22,11 +22,11 @@ from hf_tiny import randomize  # noqa: E402
 from _whole_util import check_whole_model_scopes  # noqa: E402
 from _match_util import rel  # noqa: E402
 
-from symalign.checkpoint import load_model, save_checkpoint  # noqa: E402
+from symalign.checkpoint import load_model, save_run  # noqa: E402
 from symalign.data import load_dataset  # noqa: E402
 from symalign.errors import ConfigError  # noqa: E402
 from symalign.experiments import parse_config, run_experiment  # noqa: E402
-from symalign.experiments.config import load_config  # noqa: E402
+from symalign.experiments.config import load_experiment_config  # noqa: E402
 from symalign.experiments.protocol import match_scope, relative_output_change, scope_spaces, summary_row  # noqa: E402
 from symalign.lmc import full_state  # noqa: E402
 from symalign.models import HFConfig, build_model  # noqa: E402
@@ -92,11 +92,11 @@ def batch(family: str, model, n: int = 4):
 
 
 def test_every_adapted_family_is_available():
-    from symalign.families import supported
+    from symalign.families import model_types
 
     # every hf: protocol family has an adapter; the later families of symalign.families (GPT-NeoX, Qwen3,
     # Gemma...) are available to align / interpolate / probe but not (yet) as hf: experiment families
-    assert set(FAMILIES) <= set(supported()) and set(FAMILIES) == set(TINY)
+    assert set(FAMILIES) <= set(model_types()) and set(FAMILIES) == set(TINY)
     for name, fam in FAMILIES.items():
         assert fam.pe == PE[name]
 
@@ -138,7 +138,7 @@ def test_seeded_build_trains_and_checkpoint_round_trips_exactly(family, tmp_path
     assert isinstance(m, HFModel) and ck.config.to_dict() == cfg.to_dict()
     trained = m.state_dict()
     assert any(not torch.equal(v, sa[k]) for k, v in trained.items() if v.is_floating_point())  # it trained
-    save_checkpoint(tmp_path / "again", m, {**ck.meta, "step": 4})
+    save_run(tmp_path / "again", m, {**ck.meta, "step": 4})
     m2, _ = load_model(tmp_path / "again")
     assert trained.keys() == m2.state_dict().keys()
     assert all(torch.equal(v, m2.state_dict()[k]) for k, v in trained.items())
@@ -309,8 +309,8 @@ def test_unsupported_scopes_refused_at_parse_time(monkeypatch):
     import symalign.families as families
 
     parse_config(experiment("bert", scopes=["all-attention", "full"]))
-    mapped = families.supported()
-    monkeypatch.setattr(families, "supported", lambda: [s for s in mapped if s != "bert"])
+    mapped = families.model_types()
+    monkeypatch.setattr(families, "model_types", lambda: [s for s in mapped if s != "bert"])
     with pytest.raises(ConfigError, match=r"protocol.scopes \['full'\]: hf:bert supports the scopes "
                                           r"first-attention, all-attention; .*hf:gpt2"):
         parse_config(experiment("bert", scopes=["all-attention", "full"]))
@@ -361,7 +361,7 @@ PAPER = sorted((ROOT / "configs" / "paper").glob("*.toml"))
 
 @pytest.mark.parametrize("path", PAPER, ids=lambda p: p.stem)
 def test_paper_configs_parse(path):
-    cfg = load_config(path)  # every key, and the scopes against the family
+    cfg = load_experiment_config(path)  # every key, and the scopes against the family
     assert cfg.name == path.stem and cfg.protocol.points == 25
     assert {"first-attention", "all-attention"} <= set(cfg.protocol.scopes)
 
@@ -373,7 +373,7 @@ def test_paper_grid_expands():
     assert {r.config.model["family"] for r in grid.runs} >= {"hf:vit", "hf:gpt2", "hf:llama", "hf:bert"}
     assert len(grid.runs) == 4 * len(PAPER)
     for run in grid.runs:  # each case is its configs/paper file, one scope per run
-        paper = load_config(ROOT / "configs" / "paper" / f"{run.overrides['case']}.toml")
+        paper = load_experiment_config(ROOT / "configs" / "paper" / f"{run.overrides['case']}.toml")
         got = run.config
         assert (got.data, got.model, got.train, got.data_options) == (paper.data, paper.model, paper.train,
                                                                      paper.data_options)
@@ -382,9 +382,9 @@ def test_paper_grid_expands():
 
 
 def test_shakespeare_pair_configs_match_the_builtin_budget():
-    builtin = load_config(ROOT / "configs" / "gpt-shakespeare-rope.toml")
+    builtin = load_experiment_config(ROOT / "configs" / "gpt-shakespeare-rope.toml")
     for name in ("hf-gpt2-shakespeare", "hf-llama-shakespeare"):
-        cfg = load_config(ROOT / "configs" / f"{name}.toml")
+        cfg = load_experiment_config(ROOT / "configs" / f"{name}.toml")
         assert cfg.train == builtin.train and cfg.data == builtin.data == "shakespeare"
         assert cfg.protocol.scopes == ["all-attention"] and cfg.protocol.variants == ["none", "orthogonal", "full"]
         hc = HFConfig(cfg.model["family"], "lm", {k: v for k, v in cfg.model.items() if k != "family"}).hf_config()

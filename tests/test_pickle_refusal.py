@@ -34,12 +34,12 @@ TRAIN = ("train", "--family", "vit", "--data", "synthetic", "--pe", "rope", "--d
 def test_a_crafted_optim_pt_is_refused_in_one_line_and_runs_nothing(tmp_path, monkeypatch, capsys):
     from _cli_util import run_symalign
 
-    from symalign.checkpoint import load_checkpoint
+    from symalign.checkpoint import load_run
 
     run = tmp_path / "shared-run"
     code, _, err = run_symalign(monkeypatch, capsys, *TRAIN, "--out", run)
     assert code == 0, err
-    ck = load_checkpoint(run)
+    ck = load_run(run)
     saved = ck.optim_state()  # what symalign writes loads without pickled code
     assert set(saved) >= {"optimizer", "rng"} and isinstance(saved["rng"]["torch"], torch.Tensor)
     marker = tmp_path / "code-ran"

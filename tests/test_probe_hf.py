@@ -69,7 +69,7 @@ def test_modernbert_without_float64_upcast_is_refused_in_both_modes(monkeypatch,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model_type", __import__("symalign.families", fromlist=["supported"]).supported())
+@pytest.mark.parametrize("model_type", __import__("symalign.families", fromlist=["model_types"]).model_types())
 def test_probe_by_model_type_matches_the_declaration(model_type):
     """`symalign probe --hf MODEL_TYPE` for every family: the tiny config it builds probes cleanly and the
     measured nullity equals the declared dimension (plus the named exact gauges). Before the tiny configs

@@ -23,9 +23,9 @@ def _experiment(root: Path, out: str, seeds: list[int], split: str, ratios: dict
                 steps: int | None = None):
     """One scope's results.json as ``symalign experiment configs/vit-digits-rope.toml --out runs/OUT``
     records it (the recorded config with the command's overrides)."""
-    from symalign.experiments.config import load_config, parse_config
+    from symalign.experiments.config import load_experiment_config, parse_config
 
-    cfg = load_config(ROOT / "configs" / "vit-digits-rope.toml").to_dict()
+    cfg = load_experiment_config(ROOT / "configs" / "vit-digits-rope.toml").to_dict()
     cfg["protocol"].update(seeds=seeds, eval_split=split, **({"variants": variants} if variants else {}))
     cfg["train"].update({"steps": steps} if steps else {})
     cfg = parse_config(cfg).to_dict()
@@ -123,10 +123,10 @@ def test_only_interpolate_results_make_a_report(tmp_path, monkeypatch, capsys):
 
 def test_the_demo_model_has_its_own_name():
     """The demo's D=48 ViT is not configs/vit-digits-<pe>.toml's D=32 model: their names differ."""
-    from symalign.experiments.config import load_config
+    from symalign.experiments.config import load_experiment_config
     from symalign.experiments.demo import ENCODINGS, demo_config
 
     for pe in ENCODINGS:
-        cfg = load_config(ROOT / "configs" / f"vit-digits-{pe}.toml")
+        cfg = load_experiment_config(ROOT / "configs" / f"vit-digits-{pe}.toml")
         demo = demo_config(pe)
         assert demo["model"]["d_model"] != cfg.model["d_model"] and demo["name"] != cfg.name

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from symalign.checkpoint import load_checkpoint, load_model, save_checkpoint
+from symalign.checkpoint import load_run, load_model, save_run
 from symalign.errors import CheckpointError, SymalignError
 from symalign.models import build_model
 from symalign.reinit import SCOPES, reinit
@@ -30,19 +30,19 @@ def _run(out, steps=6, stop_at=None, resume=False, model=VIT, data="synthetic", 
 
 
 def _weights(out):
-    return load_checkpoint(out).state
+    return load_run(out).state
 
 
 def test_determinism_and_resume_equal_uninterrupted(tmp_path):
     _run(tmp_path / "a")
     _run(tmp_path / "b")
     _run(tmp_path / "c", stop_at=3)
-    assert load_checkpoint(tmp_path / "c").meta["step"] == 3
+    assert load_run(tmp_path / "c").meta["step"] == 3
     _run(tmp_path / "c", resume=True)
     a, b, c = _weights(tmp_path / "a"), _weights(tmp_path / "b"), _weights(tmp_path / "c")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert all(torch.equal(a[k], c[k]) for k in a)
-    assert not torch.equal(a["head.weight"], build_model(load_checkpoint(tmp_path / "a").config, 7).head.weight)
+    assert not torch.equal(a["head.weight"], build_model(load_run(tmp_path / "a").config, 7).head.weight)
 
 
 def test_lm_resume_and_checkpoint_logits(tmp_path):
@@ -58,7 +58,7 @@ def test_lm_resume_and_checkpoint_logits(tmp_path):
     again, _ = load_model(ck.path)
     assert torch.equal(model(x), again(x))
     # save/load round trip of an arbitrary model gives identical logits
-    path = save_checkpoint(tmp_path / "rt", model, {**ck.meta, "step": 1})
+    path = save_run(tmp_path / "rt", model, {**ck.meta, "step": 1})
     third, _ = load_model(path)
     assert torch.equal(model(x), third(x))
 
@@ -68,29 +68,29 @@ def test_nan_loss_stops_with_step_and_keeps_checkpoint(tmp_path):
         _run(tmp_path / "n", steps=40, lr=1e30)
     # a first good checkpoint (if any) is still loadable
     if (tmp_path / "n" / "latest").exists():
-        load_checkpoint(tmp_path / "n")
+        load_run(tmp_path / "n")
 
 
 def test_corrupt_and_mismatched_checkpoints(tmp_path):
     _run(tmp_path / "a", steps=3)
-    ck = load_checkpoint(tmp_path / "a")
+    ck = load_run(tmp_path / "a")
     f = ck.path / "model.safetensors"
     raw = bytearray(f.read_bytes())
     raw[-1] ^= 0xFF
     f.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match="model.safetensors.*corrupt"):
-        load_checkpoint(tmp_path / "a")
+        load_run(tmp_path / "a")
     f.write_bytes(b"not a safetensors file")
     with pytest.raises(CheckpointError, match="model.safetensors"):
-        load_checkpoint(tmp_path / "a", verify=False)
+        load_run(tmp_path / "a", verify=False)
     (ck.path / "config.json").write_text("{broken")
     with pytest.raises(CheckpointError, match="config.json.*JSON"):
-        load_checkpoint(tmp_path / "a")
+        load_run(tmp_path / "a")
     with pytest.raises(CheckpointError, match="no checkpoint"):
-        load_checkpoint(tmp_path / "empty")
+        load_run(tmp_path / "empty")
     # mismatched: weights of another shape under a config
     _run(tmp_path / "b", steps=3)
-    ckb = load_checkpoint(tmp_path / "b")
+    ckb = load_run(tmp_path / "b")
     meta = json.loads((ckb.path / "config.json").read_text())
     meta["model"]["d_ff"] = 64
     (ckb.path / "config.json").write_text(json.dumps(meta))

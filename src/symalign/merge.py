@@ -12,7 +12,7 @@ storage --, rounded to the first checkpoint's dtype of that tensor); integer ten
 
 The merged state is written laid out like the first checkpoint by
 :func:`symalign.checkpoint.output.stage_checkpoint` (its non-weight files, its shard
-files; ``stage_like`` is that function's older name here).
+files).
 
 :func:`universe_states` aligns every checkpoint to their evolving weighted
 average instead of to the first (seed 002's universe matching).
@@ -25,8 +25,6 @@ from typing import Any, Mapping, Sequence
 from torch import Tensor
 
 from symalign.checkpoint import average
-from symalign.io.layout import shard_map
-from symalign.checkpoint.output import stage_checkpoint
 from symalign.errors import ConfigError
 
 
@@ -44,7 +42,7 @@ def normalise_weights(weights: Sequence[float] | None, n: int) -> list[float]:
     return [float(w) / total for w in weights]
 
 
-def weighted_average(states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
+def average_states(states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
     """``sum_k w_k states[k]`` per floating tensor (first state's dtype; summed in float32 for 16-bit dtypes,
     float64 otherwise: :mod:`symalign.checkpoint.average`); others from the first."""
     out: dict[str, Tensor] = {}
@@ -56,7 +54,6 @@ def weighted_average(states: Sequence[Mapping[str, Tensor]], weights: Sequence[f
     return out
 
 
-stage_like = stage_checkpoint  # the name this had before symalign.checkpoint.output
 
 
 def universe_states(ckpts: list[Any], weights: list[float], rounds: int = 3, stage2: str = "full",
@@ -89,9 +86,9 @@ def universe_states(ckpts: list[Any], weights: list[float], rounds: int = 3, sta
                               experts=experts)
             transforms[k] = res.transform
             aligned.append(apply(p.spec, res.transform, p.state))
-        ref = weighted_average(aligned, weights)
+        ref = average_states(aligned, weights)
         spread.append(float(sum(distance(prepared[0].spec, ref, a) for a in aligned)))
     return aligned, any(p.untied for p in prepared), spread
 
 
-__all__ = ["normalise_weights", "weighted_average", "stage_like", "shard_map", "universe_states"]
+__all__ = ["average_states", "normalise_weights", "universe_states"]

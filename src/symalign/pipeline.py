@@ -67,15 +67,16 @@ def check_experts(experts: str | None, scope: str, a_dir: Path) -> None:
         raise ConfigError(f"--experts applies to --scope model (it chooses how mixture-of-experts layers are "
                           f"matched); drop it with --scope {scope}")
     from symalign.checkpoint.config import load_config
-    from symalign.families import get_family
+    from symalign.families import get_adapter
     from symalign.families.moe import MoEFamily
 
     try:
         config = load_config(a_dir)
-    except Exception:  # unreadable config: the read phase reports it
+        family = get_adapter(config)
+    except Exception:  # an unreadable config or an unknown family: the read phase reports it
         return
-    if not isinstance(get_family(config), MoEFamily):
-        refuse_experts(repr(getattr(config, "model_type", None)))
+    if not isinstance(family, MoEFamily):
+        refuse_experts(repr(config.model_type))
 
 
 def refuse_experts(what: str) -> None:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from symalign.arithmetic import describe
-from symalign.checkpoint import has_checkpoint, load_checkpoint, load_state_into, save_checkpoint, MODEL_FILE
+from symalign.checkpoint import has_checkpoint, load_run, load_state_into, save_run, MODEL_FILE
 from symalign.data import Dataset, eval_batches, load_dataset, train_batch
 from symalign.data.batches import mix
 from symalign.errors import CheckpointError, ConfigError, SymalignError
@@ -274,7 +274,7 @@ def _train(model_cfg, data: str, tc: TrainConfig, out_dir: Path, data_options: d
         meta["init"] = dict(init)
     start, resumed_from = 0, None
     if resume and has_checkpoint(out_dir):
-        ck = load_checkpoint(out_dir)
+        ck = load_run(out_dir)
         resumed_from = ck.path
         for key in ("model", "data", "train", "init"):
             if ck.meta.get(key) != meta.get(key):
@@ -319,7 +319,7 @@ def _train(model_cfg, data: str, tc: TrainConfig, out_dir: Path, data_options: d
 
     def checkpoint(step: int) -> Path:
         meta["step"] = step
-        return save_checkpoint(out_dir, model, meta, {"optimizer": opt.state_dict(), "rng": _rng_state()})
+        return save_run(out_dir, model, meta, {"optimizer": opt.state_dict(), "rng": _rng_state()})
 
     last_good = resumed_from
     t0, done = time.perf_counter(), 0

@@ -5,7 +5,7 @@ commit, the streamed shard writer, state-dict files) is :mod:`symalign.io`, belo
 
 * :mod:`~symalign.checkpoint.native`: symalign's own run checkpoints (``ckpt-*/model.safetensors`` +
   ``config.json`` + ``optim.pt``, a ``latest`` pointer); its names are re-exported here
-  (``from symalign.checkpoint import load_model, save_checkpoint``).
+  (``from symalign.checkpoint import load_model, save_run``).
 * :mod:`~symalign.checkpoint.config`: ``config.json``, the shapes it predicts, same-architecture checks.
 * :mod:`~symalign.checkpoint.lazy`: :class:`LazyCheckpoint`, headers first and tensors on demand.
 * :mod:`~symalign.checkpoint.hf`: :class:`HFCheckpoint`, a whole checkpoint in memory (opened lazily,
@@ -15,10 +15,10 @@ commit, the streamed shard writer, state-dict files) is :mod:`symalign.io`, belo
 * :mod:`~symalign.checkpoint.merged`: a universe merge in rewritten form (``save_merged`` / ``load_merged``).
 """
 
-from symalign.checkpoint.native import (CONFIG_FILE, FORMAT, LATEST, MODEL_FILE, OPTIM_FILE, VERSION, Checkpoint,
-                                        RunCheckpoint, dedupe_state, has_checkpoint, load_checkpoint, load_model,
-                                        load_state_into, resolve_checkpoint, save_checkpoint)
+from symalign.checkpoint.native import (CONFIG_FILE, FORMAT, LATEST, MODEL_FILE, OPTIM_FILE, VERSION, RunCheckpoint,
+                                        dedupe_state, has_checkpoint, load_run, load_model,
+                                        load_state_into, resolve_checkpoint, save_run)
 
-__all__ = ["CONFIG_FILE", "FORMAT", "LATEST", "MODEL_FILE", "OPTIM_FILE", "VERSION", "Checkpoint", "RunCheckpoint",
-           "dedupe_state", "has_checkpoint", "load_checkpoint", "load_model", "load_state_into",
-           "resolve_checkpoint", "save_checkpoint"]
+__all__ = ["CONFIG_FILE", "FORMAT", "LATEST", "MODEL_FILE", "OPTIM_FILE", "VERSION", "RunCheckpoint",
+           "dedupe_state", "has_checkpoint", "load_run", "load_model", "load_state_into",
+           "resolve_checkpoint", "save_run"]

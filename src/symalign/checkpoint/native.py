@@ -55,7 +55,7 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def save_checkpoint(run_dir: str | Path, model: nn.Module, meta: dict, optim: dict | None = None,
+def save_run(run_dir: str | Path, model: nn.Module, meta: dict, optim: dict | None = None,
                     keep: int = 1) -> Path:
     """Write ``ckpt-{meta['step']:08d}`` under ``run_dir`` atomically and point ``latest`` to it.
 
@@ -149,10 +149,9 @@ class RunCheckpoint:
         return load_plain(p, map_location)  # weights_only: a crafted pickle is refused, nothing in it runs
 
 
-Checkpoint = RunCheckpoint  # the name this class had before the checkpoint package
 
 
-def load_checkpoint(path: str | Path, verify: bool = True) -> RunCheckpoint:
+def load_run(path: str | Path, verify: bool = True) -> RunCheckpoint:
     """Read a checkpoint (a run directory or a ``ckpt-*`` directory).
 
     Raises :class:`CheckpointError` naming the file for a missing file, invalid
@@ -203,7 +202,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[nn
     """Build the model a checkpoint describes and load its weights."""
     from symalign.models import build_model
 
-    ck = load_checkpoint(path)
+    ck = load_run(path)
     with torch.random.fork_rng(devices=[]):  # default init must not disturb the caller's RNG
         model = build_model(ck.config, seed=None)
     load_state_into(model, ck.state, ck.path / MODEL_FILE)

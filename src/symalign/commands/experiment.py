@@ -46,7 +46,7 @@ def experiment_command(
     import torch
     from rich.console import Console
 
-    from symalign.experiments import load_config, run_experiment
+    from symalign.experiments import load_experiment_config, run_experiment
     from symalign.experiments.report import markdown_table
     from symalign.experiments.metrics import summary_row
 
@@ -55,7 +55,7 @@ def experiment_command(
     checks.input_file(config, "experiment config (TOML)")
     checks.threads(threads)
     checks.output_dir(out)
-    cfg = load_config(config)  # every key validated before any training
+    cfg = load_experiment_config(config)  # every key validated before any training
     over = {**({"scopes": list(scope)} if scope else {}), **({"seeds": list(seeds)} if seeds else {}),
             **({"variants": list(variant)} if variant else {}),
             **({"learned_steps": learned_steps} if learned_steps is not None else {}),

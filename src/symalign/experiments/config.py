@@ -208,7 +208,7 @@ def read_toml(path: str | Path, what: str = "config") -> dict:
         raise ConfigError(f"{path}: invalid TOML ({exc})") from exc
 
 
-def load_config(path: str | Path) -> ExperimentConfig:
+def load_experiment_config(path: str | Path) -> ExperimentConfig:
     """Read and validate a TOML experiment config."""
     return parse_config(read_toml(path), str(path))
 

@@ -57,9 +57,9 @@ __all__ = ["ATTENTION_KINDS", "TRAINING_KEYS", "TRAINING_PROTOCOL_KEYS", "align_
 
 
 def _finished(run_dir: Path, steps: int) -> bool:
-    from symalign.checkpoint import has_checkpoint, load_checkpoint
+    from symalign.checkpoint import has_checkpoint, load_run
 
-    return has_checkpoint(run_dir) and int(load_checkpoint(run_dir, verify=False).meta.get("step", -1)) >= steps
+    return has_checkpoint(run_dir) and int(load_run(run_dir, verify=False).meta.get("step", -1)) >= steps
 
 
 

@@ -9,7 +9,7 @@ mixtures of experts Mixtral, Qwen2-MoE and OLMoE share :mod:`symalign.families.m
 attention scope, the whole-model scope (:func:`prepare`), ``probe --hf`` and the folded
 reference of ``interpolate`` read it from there. Each module also declares, as data
 (:mod:`symalign.families.declared`), its tiny test models, the cases the generic tests run, its
-scopes and its ``hf:`` experiment model. :func:`get_family` (alias :func:`get_adapter`) finds
+scopes and its ``hf:`` experiment model. :func:`get_adapter` finds
 the family of a config; :data:`FAMILIES` lists them, read from the modules named in
 :data:`REGISTRY`. Adding a family: one module here and its line in :data:`REGISTRY`
 (docs/adapters.md); the generic tests, the families table and the docs pick it up.
@@ -62,14 +62,8 @@ def _declared(module: str) -> list[Family]:
 FAMILIES: tuple[Family, ...] = tuple(f for module in REGISTRY for f in _declared(module))
 
 
-def get_family(model_or_config: Any) -> Family | None:
-    """The family of a transformers model or config (by ``config.model_type``), or ``None``."""
-    config = getattr(model_or_config, "config", model_or_config)
-    mt = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
-    return next((f for f in FAMILIES if mt in f.model_types), None)
-
-
 def model_types() -> list[str]:
+    """The ``model_type`` values with a family (both scopes: attention and whole model)."""
     return [mt for f in FAMILIES for mt in f.model_types]
 
 
@@ -82,21 +76,16 @@ UNSUPPORTED: dict[str, str] = {
 }
 
 
-def supported() -> list[str]:
-    """The ``model_type`` values with a family (both scopes: attention and whole model)."""
-    return model_types()
-
-
 def get_adapter(model_or_config: Any) -> Family:
     """The family of a transformers model or config (by ``config.model_type``); refuses an unknown one."""
     config = getattr(model_or_config, "config", model_or_config)
     model_type = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
-    family = get_family(config)
+    family = next((f for f in FAMILIES if model_type in f.model_types), None)
     if family is not None:
         return family
     why = f" ({UNSUPPORTED[model_type]})" if model_type in UNSUPPORTED else ""
     raise UnsupportedArchitectureError(
-        f"no adapter for architecture {model_type!r}{why}; supported: {', '.join(supported())}. "
+        f"no adapter for architecture {model_type!r}{why}; supported: {', '.join(model_types())}. "
         f"See {DOCS} to write one")
 
 
@@ -116,4 +105,4 @@ def prepare(config: Any, state: Mapping[str, Tensor], attention_spec: SymmetrySp
 
 __all__ = ["Adapter", "Decoder", "Encoder", "FAMILIES", "REGISTRY",
            "Family", "Head", "LLAMA_LIKE", "Prepared", "UNSUPPORTED",
-           "architecture", "get_adapter", "get_family", "model_types", "prepare", "supported"]
+           "architecture", "get_adapter", "model_types", "prepare"]

@@ -97,7 +97,7 @@ from symalign.match.objective import (LAM, Batch, LossFn, default_loss, floating
                                       interpolated_objective, mean_loss, mix_states, restore_ties, tied_names)
 from symalign.match.optimise import (SCHEDULES, BatchSource, _Bar, _check_data, batch_source, check_recipe,
                                      compare_recipe, lam_at, load_resume, lr_factor, optimise, recipe_of,
-                                     save_checkpoint)
+                                     save_resume)
 from symalign.match.whole import WholeMatch, align_whole
 from symalign.spec import apply
 
@@ -106,7 +106,7 @@ from symalign.spec import apply
 __all__ = ["LAM", "SCHEDULES", "Batch", "BatchSource", "LearnedMatch", "Latents", "LossFn", "batch_source",
            "check_recipe", "compare_recipe", "default_loss", "floating", "functional_state", "interpolated_objective",
            "lam_at", "learn_matching", "lr_factor", "mean_loss", "mix_states", "one_hot", "optimise", "polar_st",
-           "proj_perm", "recipe_of", "restore_ties", "save_checkpoint", "straight_through", "tied_names", "_Bar",
+           "proj_perm", "recipe_of", "restore_ties", "save_resume", "straight_through", "tied_names", "_Bar",
            "_check_data"]
 
 
@@ -184,7 +184,7 @@ def learn_matching(model_a: nn.Module, model_b: nn.Module, batches: BatchSource,
 
     def save(step: int) -> None:
         if ckpt is not None:
-            save_checkpoint(ckpt, {"step": step, "latents": lat.state_dict(), "init": start_transform,
+            save_resume(ckpt, {"step": step, "latents": lat.state_dict(), "init": start_transform,
                                    "optim": opt.state_dict(), "losses": losses, "recipe": recipe})
 
     keys = floating(sa)

@@ -48,7 +48,7 @@ from symalign.errors import MatchError
 from symalign.match.latents import Latents
 from symalign.match.objective import Batch, LossFn, default_loss, floating, functional_state, mean_loss, restore_ties
 from symalign.match.optimise import BatchSource, _Bar, _check_data, batch_source, check_recipe, compare_recipe, \
-    load_resume, optimise, recipe_of, save_checkpoint
+    load_resume, optimise, recipe_of, save_resume
 from symalign.match.universe import UniverseMatch, check_models, mean_state, match_universe
 from symalign.spec import SymmetrySpec, Transform, apply
 
@@ -139,7 +139,7 @@ def learn_many(models: Sequence[nn.Module], batches: BatchSource, *, steps: int 
 
     def save(step: int) -> None:
         if ckpt is not None:
-            save_checkpoint(ckpt, {"step": step, "latents": [lat.state_dict() for lat in lats], "init": start,
+            save_resume(ckpt, {"step": step, "latents": [lat.state_dict() for lat in lats], "init": start,
                                    "optim": opt.state_dict(), "losses": losses, "recipe": recipe})
 
     keys = set(floating(ref))

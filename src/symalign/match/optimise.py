@@ -2,7 +2,7 @@ r"""The optimisation loop of learned matching (two models and many): batches, sc
 
 A step's batch, ``lambda`` and learning rate are pure functions of the step
 (:func:`batch_source`, :func:`lam_at`, :func:`lr_factor`), so an interrupted run resumed from
-its checkpoint (:func:`save_checkpoint`, checked by :func:`compare_recipe`) reproduces the
+its checkpoint (:func:`save_resume`, checked by :func:`compare_recipe`) reproduces the
 uninterrupted one; :func:`optimise` runs the Adam steps.
 """
 
@@ -87,7 +87,7 @@ def compare_recipe(saved: dict | None, recipe: dict, where: str) -> None:
 
 
 
-def save_checkpoint(path: Path, payload: dict) -> None:
+def save_resume(path: Path, payload: dict) -> None:
     """``torch.save`` written atomically."""
     with atomic_path(path) as tmp:
         torch.save(payload, tmp)
@@ -95,7 +95,7 @@ def save_checkpoint(path: Path, payload: dict) -> None:
 
 
 def load_resume(path: Path | None) -> dict | None:
-    """A resume file :func:`save_checkpoint` wrote (``None`` when there is none): tensors and plain
+    """A resume file :func:`save_resume` wrote (``None`` when there is none): tensors and plain
     containers only, read with ``weights_only=True`` -- a crafted pickle is refused in one line naming
     the file, before anything in it runs (:func:`symalign.io.statedict.load_plain`)."""
     if path is None or not path.exists():

@@ -11,12 +11,12 @@ from __future__ import annotations
 from torch import nn
 
 from symalign.models.config import ModelConfig
-from symalign.models.encoder import Encoder
+from symalign.models.encoder import EncoderClassifier
 from symalign.models.gpt import GPT
 from symalign.models.hf import HFConfig, is_hf_family
 from symalign.models.vit import ViT
 
-MODEL_CLASSES = {"vit": ViT, "gpt": GPT, "encoder": Encoder}
+MODEL_CLASSES = {"vit": ViT, "gpt": GPT, "encoder": EncoderClassifier}
 
 
 def config_from_dict(d: dict) -> ModelConfig | HFConfig:
@@ -40,4 +40,4 @@ def build_model(cfg: ModelConfig | HFConfig | dict, seed: int | None = 0) -> nn.
     return model
 
 
-__all__ = ["ModelConfig", "HFConfig", "build_model", "config_from_dict", "GPT", "ViT", "Encoder", "MODEL_CLASSES"]
+__all__ = ["ModelConfig", "HFConfig", "build_model", "config_from_dict", "GPT", "ViT", "EncoderClassifier", "MODEL_CLASSES"]

@@ -15,7 +15,7 @@ from symalign.models.base import Trunk
 from symalign.models.config import ModelConfig
 
 
-class Encoder(Trunk):
+class EncoderClassifier(Trunk):
     """``forward(idx (B, T)) -> logits (B, n_classes)``."""
 
     def __init__(self, cfg: ModelConfig):

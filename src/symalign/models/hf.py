@@ -24,7 +24,7 @@ with an adapter in :mod:`symalign.arch`) and put the transformers config fields 
   holds the transformers names under the prefix ``hf.``; ``forward(x)`` returns the
   logits, so training, checkpoints and interpolation treat it like a built-in model.
 * **Symmetries**: the adapter's attention spec (``heads.i``, ``qk.i``, ``vo.i``) plus,
-  for the families :mod:`symalign.families` maps (``supported()``), the FF unit
+  for the families :mod:`symalign.families` maps (``model_types()``), the FF unit
   permutations ``ff.i`` (exact on the model as it is). The ``full`` scope aligns in
   the coordinates of :func:`symalign.families.prepare` -- the same function with
   the norm gains folded where the family needs it (Llama-style: RMSNorm gains, residual
@@ -159,9 +159,9 @@ def allowed_keys(fam: ExperimentFamily) -> list[str]:
 
 def whole_model_refusal(fam: ExperimentFamily, fields: dict) -> str | None:
     """Why ``first-block``/``full`` cannot run for this family and config (``None``: they can)."""
-    from symalign.families import LLAMA_LIKE, supported
+    from symalign.families import LLAMA_LIKE, model_types
 
-    mapped = supported()
+    mapped = model_types()
     if fam.model_type not in mapped:
         return (f"{fam.name} supports the scopes {', '.join(ATTENTION_SCOPES)}; first-block and full need "
                 f"whole-model alignment (FF units, residual stream), which symalign maps for "
