@@ -20,7 +20,6 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -51,12 +50,8 @@ def dedupe_state(state: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str,
     return unique, aliases
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
 def save_run(run_dir: str | Path, model: nn.Module, meta: dict, optim: dict | None = None,
-                    keep: int = 1) -> Path:
+             keep: int = 1) -> Path:
     """Write ``ckpt-{meta['step']:08d}`` under ``run_dir`` atomically and point ``latest`` to it.
 
     ``meta`` must be JSON-serialisable and hold ``"model"`` (the config dict) and

@@ -36,15 +36,6 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
 
 
-def prefix_of(keys, probe: str) -> str:
-    """The prefix before the key ending in ``probe`` (the shortest, if several)."""
-    hits = [k[: -len(probe)] for k in keys if k.endswith(probe)]
-    hits = [h for h in hits if h == "" or h.endswith(".")]
-    if not hits:
-        raise MatchError(f"no tensor '*{probe}' in the checkpoint")
-    return min(hits, key=len)
-
-
 def to_f64(state: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, torch.dtype]]:
     """Float64 copies (floating tensors only) and the original dtypes."""
     return ({k: (v.to(torch.float64) if v.is_floating_point() else v) for k, v in state.items()},
