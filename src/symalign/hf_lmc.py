@@ -20,7 +20,7 @@ from torch import nn
 
 from symalign import lmc
 from symalign.arithmetic import describe
-from symalign.evaluate import EvalOptions, EvalSet, build_eval, check_same_vocabulary, eval_curve
+from symalign.evaluate import EvalOptions, EvalSet, build_eval, check_same_vocabulary, check_tokenizers, eval_curve
 from symalign.evaluate.run import Metrics
 
 
@@ -122,6 +122,7 @@ def load_pair(dir_a: str | Path, dir_b: str | Path, data: str, opts: EvalOptions
     model_a, model_b = load(dir_a), load(dir_b)
     if evalset is None:
         evalset = build_eval(dir_a, model_a, data, opts)
+    check_tokenizers([dir_a, dir_b], evalset, opts)  # B is held to the rule A met
     sa, sb = lmc.full_state(model_a), lmc.full_state(model_b)
     lmc.check_compatible(sa, sb)
     return HFPair(model_a, sa, sb, evalset,

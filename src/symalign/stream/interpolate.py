@@ -98,7 +98,7 @@ def streamed_pair(a_dir: Path, b_dir: Path, data: str, opts: Any = None, scope: 
     the checks of :func:`symalign.hf_lmc.load_pair` (same architecture from the headers, same vocabulary).
     Only the plain parametrisation streams: ``--scope model`` and folded B's are refused."""
     from symalign.errors import ConfigError
-    from symalign.evaluate import build_eval, check_same_vocabulary
+    from symalign.evaluate import build_eval, check_same_vocabulary, check_tokenizers
     from symalign.hf_fold import is_folded
     from symalign.hf_lmc import load_hf_model
 
@@ -110,6 +110,7 @@ def streamed_pair(a_dir: Path, b_dir: Path, data: str, opts: Any = None, scope: 
     model = load_hf_model(a_dir)
     if evalset is None:
         evalset = build_eval(a_dir, model, data, opts)
+    check_tokenizers([a_dir, b_dir], evalset, opts)  # B is held to the rule A met
     info = {"task": evalset.objective, "data": data, "model_type": model.config.model_type, "scope": scope,
             "a_folded": False, "threads": torch.get_num_threads(), "arithmetic": describe(), "streamed": True}
     return model, evalset, info
