@@ -190,7 +190,10 @@ def interpolate_command(
 
     from symalign.commands import interrupt
 
+    from symalign.data.user import check_data_path
+
     data_options = checks.data_options(parse_options(data_option))  # arguments checked before any evaluation
+    check_data_path(data)
     if context is not None:
         checks.positive(context, "--context")
     if eval_items is not None:

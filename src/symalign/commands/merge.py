@@ -71,6 +71,10 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     if experts is not None and not align:
         raise ConfigError("--experts chooses how the models are aligned; drop it with --no-align")
     check_distinct(dirs)
+    if eval_data is not None:
+        from symalign.data.user import check_data_path
+
+        check_data_path(eval_data)
     check_experts(experts, scope, dirs[0])
     w = normalise_weights(weights, len(dirs))
     out_path = check_output_dir(out, dirs, force)
