@@ -51,7 +51,11 @@ def point_progress(total: int, label: str, enabled: bool = True) -> Iterator:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=False) as bar:
         task = bar.add_task(label, total=total)
-        yield lambda i, t: bar.update(task, completed=i + 1, description=f"{label} t={t:.2f}")
+        try:
+            yield lambda i, t: bar.update(task, completed=i + 1, description=f"{label} t={t:.2f}")
+        except BaseException:
+            bar.live.transient = True  # a refusal or an interrupt leaves its own one line, not the bar
+            raise
 
 
 def _streams(dirs: list[Path], stream: bool | None) -> bool:
