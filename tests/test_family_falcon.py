@@ -159,6 +159,6 @@ def test_alibi_interpolate_reads_the_aligned_model(tmp_path, capsys, monkeypatch
     assert code == 0, err
     code, stdout, err = run_symalign(monkeypatch, capsys, "interpolate", tmp_path / "A", out, "--data", "synthetic",
                                      "--data-option", "kind=lm", "--points", "3", "--eval-items", "8", "--context",
-                                     "16", "--json")
+                                     "16", "--json", "-o", tmp_path / "lmc")  # not the repository's runs/
     assert code == 0, err
     assert abs(json.loads(stdout)["naive"]["loss_barrier"]) <= 1e-6

@@ -53,7 +53,7 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     ``stream``: align and average tensor by tensor (:mod:`symalign.stream.merge`; never a whole
     model in memory); ``None`` decides by size (the checkpoints together exceed a quarter of the
     memory, as ``symalign align``). ``progress``: the steps on stderr (:func:`merge_steps`; streamed,
-    also the stream's own bars). Every argument is checked before any work."""
+    the stream's own bars). Every argument is checked before any work."""
     from symalign.checkpoint.output import check_output_dir
     from symalign.commands.align import SCOPES
     from symalign.merge import normalise_weights
@@ -80,7 +80,7 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     out_path = check_output_dir(out, dirs, force)
     streamed = _streams(dirs, stream, universe)
     total = merge_step_count(len(dirs), align, universe, streamed, eval_data is not None)
-    with merge_steps(total, progress, live=not streamed) as step:
+    with merge_steps(total, progress and not streamed) as step:  # streamed: the stream's own bars
         if streamed:
             return _merge_streamed(dirs, out_path, w, scope, stage2, align, force, eval_data, eval_opts, progress,
                                    max_sweeps, experts, step)
@@ -225,25 +225,14 @@ def check_distinct(dirs: list[Path]) -> None:
 
 
 @contextmanager
-def merge_steps(total: int, enabled: bool = True, live: bool = True) -> Iterator[Callable[[str], None]]:
-    """The merge's steps on stderr: yields ``step(text)``, called as each of ``total`` steps starts. ``live``:
-    a rich progress display (spinner, step k of ``total``, elapsed time); else one line per step (when
-    another live display, e.g. the streamed merge's bars, runs inside a step)."""
-    from rich.console import Console
-
+def merge_steps(total: int, enabled: bool = True) -> Iterator[Callable[[str], None]]:
+    """The merge's steps on stderr as a rich progress display (spinner, step k of ``total``, elapsed time):
+    yields ``step(text)``, called as each step starts. On an error or an interrupt the display is cleared,
+    so the one line that says why is all that remains."""
     if not enabled:
         yield lambda text: None
         return
-    if not live:
-        err = Console(stderr=True)
-        seen = [0]
-
-        def line(text: str) -> None:
-            seen[0] += 1
-            err.print(f"[dim]merge ({seen[0]}/{total}):[/] {text}")
-
-        yield line
-        return
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     with Progress(SpinnerColumn(), TextColumn("merge: {task.description}"), BarColumn(), MofNCompleteColumn(),
