@@ -26,7 +26,7 @@ from hf_tiny import output, rel
 
 from symalign.arch import layout_spec
 from symalign.families import get_adapter
-from symalign.families import Family, get_adapter
+from symalign.families import Family
 from symalign.groups import GeneralLinear, Orthogonal, PlaneSigns, RotaryPlanes
 from symalign.families import prepare
 from symalign.spec import apply, sample

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from _cli_util import run_symalign  # noqa: E402
-from _tok_util import TOKENIZERS, corpus, gpt2  # noqa: E402
+from _tok_util import TOKENIZERS, corpus  # noqa: E402
 from hf_tiny import inputs, make_model, output, rel  # noqa: E402
 
 from symalign.families import get_adapter  # noqa: E402
@@ -103,11 +103,11 @@ def test_merge_float32_function_and_weights(tmp_path, monkeypatch, capsys, tok):
     c = make_model("gpt2", seed=5, vocab_size=len(tok))
     dc = _save(c, tmp_path / "C", tok)
     code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, dc, "-o", tmp_path / "M", "--weights",
-                                  "1,1,0", "--json")
+                                  "1,1,1e-12", "--json")  # weights must be positive: C all but left out
     assert code == 0, err
     x = inputs(a)
     assert rel(output(_load(a, tmp_path / "M"), x), output(a, x)) <= 1e-5
-    assert json.loads(out)["weights"] == [0.5, 0.5, 0.0]
+    assert json.loads(out)["weights"] == pytest.approx([0.5, 0.5, 5e-13], rel=1e-12, abs=0)
 
 
 def test_merge_eval_prints_losses(tmp_path, monkeypatch, capsys, tok):
@@ -151,7 +151,7 @@ def test_refusals_one_line_nothing_written(kind, tmp_path, monkeypatch, capsys, 
 
 def test_bad_arguments(tmp_path, monkeypatch, capsys, tok):
     a, b, da, db = _planted("gpt2", tmp_path, tok)
-    for args, msg in ((["--weights", "1,2,3"], "3 values for 2 models"), (["--weights", "-1,2"], "non-negative"),
+    for args, msg in ((["--weights", "1,2,3"], "3 values for 2 models"), (["--weights", "-1,2"], "positive"),
                       (["--scope", "heads"], "unknown scope"), (["--eval", tmp_path / "missing.txt"], "missing.txt")):
         code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, "-o", tmp_path / "M", *args)
         assert code == 2 and msg in err and "Traceback" not in err, err

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from symalign.align_result import AlignResult
+from symalign.commands import checks, interrupt
 from symalign.io.hub import REVISION_HELP, resolve_all
 from symalign.pipeline import SCOPES, STAGE2, AlignJob, align
 
@@ -76,6 +77,7 @@ def register(app: typer.Typer) -> None:
         revision: Optional[str] = typer.Option(None, "--revision", help=REVISION_HELP),
         module: Optional[str] = typer.Option(None, "--module", help="pkg.mod:factory returning any nn.Module: A_DIR, B_DIR and "
                                    "OUT are then state-dict files (torch.save); spec traced (docs/tracing.md)."),
+        threads: Optional[int] = checks.threads_option(),
     ) -> None:
         """Align checkpoint B to A through exact symmetries -- of the attention layers (--scope attention) or
         of the whole model: residual stream, FF units and attention (--scope model); OUT computes B's function."""
@@ -83,6 +85,8 @@ def register(app: typer.Typer) -> None:
 
         err = Console(stderr=True)
         say = (lambda s: err.print(f"[dim]align:[/] {s}")) if not as_json else None
+        checks.use_threads(threads)
+        interrupt.keep_output(*([out] + ([write_reference] if write_reference is not None else [])))
         if module:
             from symalign.commands.align_module import run_align_module
 
@@ -92,6 +96,9 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError("--experts applies to Hugging Face mixture-of-experts checkpoints; drop it with "
                                   "--module")
 
+            from symalign.atomic import check_writable
+
+            check_writable(Path(out).parent, f"-o {out}")  # OUT is a state-dict file here, written beside itself
             info = run_align_module(module, a_dir, b_dir, out, scope, stage2, not no_stage1, force,
                                     max_sweeps=max_sweeps, strict=strict)
         else:

@@ -174,6 +174,7 @@ def register(app: typer.Typer) -> None:
         probes: int = typer.Option(16, "--probes", help="Hutchinson probes (matrix-free)"),
         seed: int = typer.Option(0, "--seed", help="seed of the weights, inputs and probes"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
+        threads: int = checks.threads_option(),
     ) -> None:
         """Measure the Jacobian nullity (the continuous symmetry group) of one generic attention layer in
         float64 and whether a head swap is a symmetry; compare with the predicted group dimension. With
@@ -181,6 +182,7 @@ def register(app: typer.Typer) -> None:
         encoder-decoder (T5) has three attention sites: --layer encoder.I (encoder self-attention),
         --layer decoder.I (decoder self-attention, causal) and --layer decoder.I --cross (cross-attention).
         Refuses (exit 2) a spectrum without a clean gap rather than print a nullity that depends on the cut."""
+        checks.use_threads(threads)
         if method not in ("auto", "dense", "matrix-free"):
             raise ConfigError(f"unknown --method {method!r}; use auto, dense or matrix-free")
         if probes < 2:

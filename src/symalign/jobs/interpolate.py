@@ -32,7 +32,8 @@ from torch import nn
 from symalign import lmc
 from symalign.arithmetic import describe
 from symalign.errors import CheckpointError, ConfigError, MatchError, SymalignError
-from symalign.evaluate import EvalOptions, EvalSet, build_eval, check_same_vocabulary, evaluate_model
+from symalign.evaluate import (EvalOptions, EvalSet, build_eval, check_same_vocabulary, check_tokenizers,
+                               evaluate_model)
 from symalign.evaluate.run import Metrics
 from symalign.io.tensors import StateTensors, TensorSource
 
@@ -196,6 +197,7 @@ same A, whose resident model and A source serve again).
         lmc.check_compatible(a.state, b.state)
     if evalset is None:
         evalset = build_eval(dir_a, model, data, opts)
+    check_tokenizers([dir_a, dir_b], evalset, opts)  # B is held to the rule A met
     info = {"task": evalset.objective, "data": data, "model_type": model.config.model_type, "scope": scope,
             "a_folded": a_folded or scope == "model", "threads": torch.get_num_threads(), "arithmetic": describe()}
     if stream:
