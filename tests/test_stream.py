@@ -110,8 +110,8 @@ def test_streamed_model_scope_matches_in_memory_sweeps(family, tmp_path):
     from symalign.commands.align import run_align
 
     _pair(tmp_path, family=family, dtype=torch.float64, shard="20KB", tie_word_embeddings=False)
-    s = run_align(tmp_path / "A", tmp_path / "B", tmp_path / "S", scope="model", stream=True, max_iter=4)
-    m = run_align(tmp_path / "A", tmp_path / "B", tmp_path / "M", scope="model", stream=False, max_iter=4)
+    s = run_align(tmp_path / "A", tmp_path / "B", tmp_path / "S", scope="model", stream=True, max_sweeps=4)
+    m = run_align(tmp_path / "A", tmp_path / "B", tmp_path / "M", scope="model", stream=False, max_sweeps=4)
     assert (s.path, m.path) == ("streamed", "in-memory") and s.sweeps == m.sweeps == 4
     assert set(s.to_dict()) == set(m.to_dict())  # one JSON shape for both paths
     ds, dm = s.match["distances"], m.match["distances"]

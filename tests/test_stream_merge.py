@@ -19,9 +19,10 @@ def _merge(monkeypatch, capsys, *args):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_streamed_merge_bit_identical_to_in_memory(dtype, tmp_path, capsys, monkeypatch):
     """Same aligned checkpoints, same float64 sums: the streamed output equals the in-memory one bit for bit,
-    laid out like the first checkpoint (shard names, index), in its dtype."""
+    laid out like the first checkpoint (shard names, index), in its dtype (the attention scope: one alignment
+    engine on both paths)."""
     _, _, da, db = _pair(tmp_path, dtype=dtype)
-    args = [da, db, "--weights", "0.3,0.7", "--json"]
+    args = [da, db, "--weights", "0.3,0.7", "--json", "--scope", "attention"]
     code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "MEM", "--no-stream")
     assert code == 0, err
     code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "STR", "--stream")

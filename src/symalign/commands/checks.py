@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Callable, Any, Iterable, Optional
 
 from symalign.errors import ConfigError
 
@@ -102,6 +102,31 @@ def use_threads(n: Optional[int], option: str = "--threads", allow_zero: bool = 
     count = n or default_threads()
     torch.set_num_threads(count)
     return count
+
+
+DEVICE_HELP = ("Where to compute: auto (CUDA when present, else the CPU), cpu, cuda, cuda:N or mps. Matching keeps "
+               "the CPU path's dtypes with TF32 off; see docs/scaling.md, 'Devices'.")
+
+
+def device_option(help: str = DEVICE_HELP) -> Any:
+    """The ``--device`` option every command that computes declares (read by :func:`use_device`)."""
+    import typer
+
+    return typer.Option("auto", "--device", metavar="auto|cpu|cuda|cuda:N|mps", help=help)
+
+
+def use_device(spec: Optional[str], say: Optional[Callable[[str], None]] = None) -> Any:
+    """The one place ``--device`` is read: the :class:`torch.device` it names (:func:`symalign.device.resolve`,
+    which refuses an unknown string or an absent device in one line, before any weight is loaded); ``say``
+    receives the first progress line, which names an accelerator (and the GPU): on the CPU nothing is added to
+    the output (``--json`` and every provenance record the device either way)."""
+    from symalign.device import describe, resolve
+
+    dev = resolve(spec)
+    if say is not None and dev.type != "cpu":
+        info = describe(dev)
+        say(f"device: {info['device']}" + (f" ({info['gpu']})" if "gpu" in info else ""))
+    return dev
 
 
 _INT_OPTIONS = ("split_seed", "subset", "seq_len", "n", "image_size", "per_class")

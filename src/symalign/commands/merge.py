@@ -44,8 +44,12 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
               stage2: str = "full", align: bool = True, force: bool = False, eval_data: str | None = None,
               eval_opts: Any = None, universe: bool = False, rounds: int = 3,
               stream: bool | None = None, progress: bool = True, max_sweeps: int = 20,
-              experts: str | None = None) -> dict[str, Any]:
+              experts: str | None = None, device: Any = None) -> dict[str, Any]:
     """Merge ``dirs`` into ``out`` (see the module docstring); returns the diagnostics.
+
+    ``scope``: ``None`` aligns the whole model where the family supports it on the path taken (in memory or
+    streamed; :func:`default_scope`), else the attention layers; the result says which (``scope``,
+    ``scope_default``). ``device``: where the alignments compute (:mod:`symalign.device`).
 
     ``max_sweeps``: sweeps (passes) of the whole-model alignment at most (``--scope model``).
     ``experts``: how mixture-of-experts layers are matched (``"exact"`` or ``"paired"``; ``--scope model``
@@ -65,7 +69,11 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
         raise ConfigError("--universe matches whole models; use it with --scope model (or without --scope)")
     if universe and not align:
         raise ConfigError("--universe aligns the models; drop --no-align")
-    scope = scope or ("model" if universe else "attention")
+    streamed = _streams(dirs, stream, universe)
+    chosen = None
+    if scope is None:
+        scope, chosen = ("model", "universe matching aligns whole models") if universe else \
+            default_scope(dirs[0], streamed)
     if scope not in SCOPES:
         raise ConfigError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
     if experts is not None and not align:
@@ -78,19 +86,40 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     check_experts(experts, scope, dirs[0])
     w = normalise_weights(weights, len(dirs))
     out_path = check_output_dir(out, dirs, force)
-    streamed = _streams(dirs, stream, universe)
     total = merge_step_count(len(dirs), align, universe, streamed, eval_data is not None)
     with merge_steps(total, progress and not streamed) as step:  # streamed: the stream's own bars
         if streamed:
-            return _merge_streamed(dirs, out_path, w, scope, stage2, align, force, eval_data, eval_opts, progress,
-                                   max_sweeps, experts, step)
-        return _merge_in_memory(dirs, out_path, w, scope, stage2, align, eval_data, eval_opts, universe, rounds,
-                                max_sweeps, experts, step)
+            res = _merge_streamed(dirs, out_path, w, scope, stage2, align, force, eval_data, eval_opts, progress,
+                                  max_sweeps, experts, step, device)
+        else:
+            res = _merge_in_memory(dirs, out_path, w, scope, stage2, align, eval_data, eval_opts, universe, rounds,
+                                   max_sweeps, experts, step, device)
+    res["scope_default"] = chosen
+    return res
+
+
+def default_scope(a_dir: Path, streamed: bool) -> tuple[str, str]:
+    """The scope a merge aligns with when none is given, and why: the whole model (residual stream, FF units and
+    attention) where A's family supports it on the path taken -- measured to merge better than the attention
+    layers alone (docs/evaluate-and-merge.md) --, else the attention layers."""
+    from symalign.checkpoint.config import load_config
+    from symalign.families import get_adapter
+    from symalign.stream.auto import streamable
+
+    family = get_adapter(load_config(a_dir))
+    allowed = family.scopes.stream if streamed else family.scopes.memory
+    path = "streamed" if streamed else "in memory"
+    if "model" not in allowed:
+        return "attention", f"{family.family} is aligned whole-model only {'in memory' if streamed else 'streamed'}"
+    why = streamable(a_dir, "model") if streamed else None
+    if why is not None:
+        return "attention", why
+    return "model", f"the default: whole-model alignment, which the {family.family} family supports {path}"
 
 
 def _merge_streamed(dirs: list[Path], out_path: Path, w: list[float], scope: str, stage2: str, align: bool,
                     force: bool, eval_data: str | None, eval_opts: Any, progress: bool, max_sweeps: int,
-                    experts: str | None, step: Callable[[str], None]) -> dict[str, Any]:
+                    experts: str | None, step: Callable[[str], None], device: Any = None) -> dict[str, Any]:
     """:func:`run_merge` tensor by tensor (:func:`symalign.stream.merge.run_stream_merge`); with ``--eval``
     the batches are built (and bad data refused) first, and one model is resident at a time."""
     from symalign.evaluate import build_eval, check_tokenizers, evaluate_model
@@ -104,7 +133,7 @@ def _merge_streamed(dirs: list[Path], out_path: Path, w: list[float], scope: str
         check_tokenizers(dirs, evalset, eval_opts)
     step(f"aligning and averaging {len(dirs)} checkpoints tensor by tensor")
     res = run_stream_merge(dirs, out_path, w, scope=scope, stage2=stage2, align=align, force=force,
-                           progress=progress, max_sweeps=max_sweeps, experts=experts or "exact")
+                           progress=progress, max_sweeps=max_sweeps, experts=experts or "exact", device=device)
     if evalset is not None:
         step(f"evaluating {len(dirs)} inputs and the merged model")
         res["eval"] = {"data": eval_data, "objective": evalset.objective, "info": evalset.info, "models": {}}
@@ -116,7 +145,7 @@ def _merge_streamed(dirs: list[Path], out_path: Path, w: list[float], scope: str
 
 def _merge_in_memory(dirs: list[Path], out_path: Path, w: list[float], scope: str, stage2: str, align: bool,
                      eval_data: str | None, eval_opts: Any, universe: bool, rounds: int, max_sweeps: int,
-                     experts: str | None, step: Callable[[str], None]) -> dict[str, Any]:
+                     experts: str | None, step: Callable[[str], None], device: Any = None) -> dict[str, Any]:
     """:func:`run_merge` in memory (its arguments checked); ``step`` is told each step. Every checkpoint is
     checked from its headers first; then A is loaded once, and each other model is read, aligned to A in memory
     (:func:`symalign.pipeline.align_loaded`: never written or read back) and added to a running weighted sum
@@ -178,7 +207,7 @@ def _merge_in_memory(dirs: list[Path], out_path: Path, w: list[float], scope: st
             else:
                 step(f"aligning {Path(d).name} to {Path(dirs[0]).name} ({k}/{len(dirs) - 1})")
                 got = align_loaded(a_ckpt, load_checkpoint(d), scope=scope, stage2=stage2, max_sweeps=max_sweeps,
-                                   experts=experts)
+                                   experts=experts, device=device)
                 info = got.result
                 aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict(),
                                      "experts": info.match.get("experts")})
@@ -297,12 +326,13 @@ def register(app: typer.Typer) -> None:
         weights: Optional[str] = typer.Option(None, "--weights", help="Comma-separated weights, one per model "
                                                                       "(normalised to sum 1; default uniform)."),
         scope: Optional[str] = typer.Option(None, help="attention | model: what is aligned before averaging "
-                                            "(as in `symalign align`; default attention, model with --universe)."),
+                                            "(as in `symalign align`). Default: model (the whole model) where the "
+                                            "family supports it, else attention; the output says which."),
         universe: bool = typer.Option(False, "--universe", help="Universe matching (whole model): align all models "
                                       "to their evolving weighted average instead of to the first."),
         rounds: int = typer.Option(3, "--rounds", help="Universe matching rounds."),
         stage2: str = typer.Option("full", help="Inside-head alignment: none | orthogonal | full."),
-        max_sweeps: int = typer.Option(20, "--max-sweeps", "--max-iter", min=1, help="--scope model: sweeps of the "
+        max_sweeps: int = typer.Option(20, "--max-sweeps", min=1, help="--scope model: sweeps of the "
                                        "alternating whole-model alignment at most (as `symalign align`)."),
         no_align: bool = typer.Option(False, "--no-align", help="Average the checkpoints as they are (naive merge)."),
         eval_data: Optional[str] = typer.Option(None, "--eval", help="Also evaluate the inputs and the merged model "
@@ -332,12 +362,15 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress display on stderr."),
         threads: Optional[int] = checks.threads_option(),
+        device: str = checks.device_option(),
         revision: Optional[str] = typer.Option(None, "--revision", help=REVISION_HELP),
     ) -> None:
         """Align checkpoints to the first and write their weighted average as a loadable checkpoint."""
         from symalign.evaluate import EvalOptions
 
         checks.use_threads(threads)
+        dev = checks.use_device(device, None if as_json or no_progress else
+                                lambda line: typer.echo(f"merge: {line}", err=True))
         interrupt.keep_output(out)
 
         opts = EvalOptions(split=split, text_field=text_field, label_field=label_field, eval_items=eval_items,
@@ -346,13 +379,16 @@ def register(app: typer.Typer) -> None:
         models = resolve_all(models, revision, "checkpoint")  # Hub ids -> cached snapshots
         res = run_merge(list(models), out, _parse_weights(weights), scope=scope, stage2=stage2, align=not no_align,
                         force=force, eval_data=eval_data, eval_opts=opts, universe=universe, rounds=rounds,
-                        stream=stream, max_sweeps=max_sweeps, experts=experts, progress=not no_progress)
+                        stream=stream, max_sweeps=max_sweeps, experts=experts, progress=not no_progress,
+                        device=dev)
         if as_json:
             typer.echo(json.dumps(res, default=float))
             return
         typer.echo(f"merged {len(models)} {res['architecture']} checkpoints (weights "
                    f"{', '.join(f'{x:.3g}' for x in res['weights'])}; aligned: {res['scope']}"
                    f"{', universe' if res['universe'] else ''}) -> {res['out']}")
+        if res.get("scope_default"):
+            typer.echo(f"scope: {res['scope']} ({res['scope_default']}; --scope chooses)")
         if "eval" in res:
             ev = res["eval"]
             typer.echo(f"{ev['objective']} loss on {ev['data']}:")

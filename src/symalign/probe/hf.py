@@ -276,6 +276,20 @@ class _Call(nn.Module):
         self.layer = layer
         self.args, self.kwargs, self.site = args, kwargs, site
 
+    def _apply(self, fn: Any, recurse: bool = True) -> "_Call":
+        """``.to(device)`` (and every other ``_apply``) also moves the tensors of the captured call."""
+        def each(x: Any) -> Any:
+            if isinstance(x, Tensor):
+                return fn(x)
+            if isinstance(x, (tuple, list)):
+                return type(x)(each(v) for v in x)
+            if isinstance(x, dict):
+                return {k: each(v) for k, v in x.items()}
+            return x
+
+        self.args, self.kwargs = each(self.args), each(self.kwargs)
+        return super()._apply(fn, recurse)
+
     def forward(self) -> Tensor:
         target = self.layer.get_submodule(self.site) if self.site else self.layer
         seen: list[Any] = []
@@ -454,13 +468,15 @@ def probe_site(adapter: Any, config: Any, layer: int, stack: str | None = None,
 
 
 def probe_hf(source: Any, layer: int = 0, *, stack: str | None = None, cross: bool = False, block: bool = False,
-             seed: int = 0, method: str = "auto", ad: str = "both", probes: int = 16) -> list[HFProbe]:
+             seed: int = 0, method: str = "auto", ad: str = "both", probes: int = 16,
+             device: str | torch.device | None = None) -> list[HFProbe]:
     """Probe one attention site of a Hugging Face family (module doc): ``[attention]`` or ``[attention, block]``.
 
     ``source``: a checkpoint folder, a ``model_type``, or a transformers config.
     ``layer``: the layer's index in its stack; ``stack``: ``"encoder"`` / ``"decoder"`` of an
     encoder-decoder family (default: its encoder); ``cross``: the decoder layer's
-    cross-attention instead of its self-attention (:func:`probe_site`).
+    cross-attention instead of its self-attention (:func:`probe_site`); ``device``: where the Jacobians are
+    measured (:func:`symalign.probe.measure.probe`'s ``device``).
     Raises :class:`~symalign.errors.ConfigError` for an unknown source, a family
     without an adapter, or a site that does not exist, and
     :class:`~symalign.probe.spectrum.AmbiguousSpectrumError` when a spectrum has no clean gap.
@@ -495,7 +511,8 @@ def probe_hf(source: Any, layer: int = 0, *, stack: str | None = None, cross: bo
     call = _Call(model.get_submodule(attn_name), args, kwargs, site[len(attn_name) + 1:] if attn_name else site)
     names = ["layer." + t[len(attn_name) + 1:] if attn_name else "layer." + t for t in tensors]
     res = probe(call, (), method=method, ad=ad, probes=probes, seed=seed, parameters=names, check_heads=False,
-                predicted=declared + sum(undeclared.values()), frequencies=freqs, seq_len=seq_len, spec=spec)
+                predicted=declared + sum(undeclared.values()), frequencies=freqs, seq_len=seq_len, spec=spec,
+                device=device)
     kind = "cross-attention" if cross else "attention"
     rows.append(HFProbe(adapter.family, config.model_type, layer, kind, attn_name, declared, spec.describe(),
                         undeclared, res, cfg_summary, stack))
@@ -511,7 +528,7 @@ def probe_hf(source: Any, layer: int = 0, *, stack: str | None = None, cross: bo
         bargs, bkwargs = capture_call(model, block_name, _inputs(adapter, config, _batch(n_block, per_item), seed))
         bargs, bkwargs, bseq = generic_hidden_states(bargs, bkwargs, seed + 3)
         bres = probe(_Call(block_module, bargs, bkwargs, ""), (), method=method, ad=ad, probes=probes, seed=seed,
-                     check_heads=False, frequencies=freqs, seq_len=bseq)
+                     check_heads=False, frequencies=freqs, seq_len=bseq, device=device)
         rows.append(HFProbe(adapter.family, config.model_type, layer, "block", block_name, None, {}, {}, bres,
                             cfg_summary, stack))
     return rows

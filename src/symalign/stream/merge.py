@@ -177,7 +177,8 @@ def check_loads_lazily(path: Path) -> dict[str, Any]:
 
 def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], scope: str = "attention",
                      stage2: str = "full", align: bool = True, force: bool = False,
-                     progress: bool = True, max_sweeps: int = 20, experts: str = "exact") -> dict[str, Any]:
+                     progress: bool = True, max_sweeps: int = 20, experts: str = "exact",
+                     device: Any = None) -> dict[str, Any]:
     """Merge ``dirs`` into ``out`` by streaming (module docstring); ``weights`` already normalised;
     ``max_sweeps``: passes of the streamed model scope at most; ``experts``: how its mixture-of-experts
     blocks are solved (:func:`symalign.match.experts.match_experts`)."""
@@ -214,7 +215,7 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
                                             progress=progress, max_iter=max_sweeps, experts=experts)
                 else:
                     info = run_stream_attention(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2,
-                                                progress=progress)
+                                                progress=progress, device=device)
                 t_align += time.perf_counter() - ta
                 aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict()})
                 inputs.append(open_checkpoint(scratch / str(k)))
