@@ -11,10 +11,10 @@ import torch
 
 from _match_util import make_stack, state
 from symalign.errors import MatchError
-from symalign.groups import RotaryPlanes, random_orthogonal
+from symalign.groups import RotaryPlanes, condition, random_orthogonal
 from symalign.match import align_models, lhat, match_attention, permutation_rank
 from symalign.match.heads import assign_heads, best_and_identity, head_cost, objective
-from symalign.match.qk import Grams, condition, solve_gl
+from symalign.match.qk import Grams, solve_gl
 from symalign.match.views import find_layers
 from symalign.spec import apply, sample
 

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from symalign.errors import SpecError
-from symalign.groups import BlockPermutations, Group, HeadPermutation, PerHead, Permutation, Variance, _generator
+from symalign.groups import BlockPermutations, Group, HeadPermutation, PerHead, Permutation, Variance, as_generator
 
 Transform = dict[str, Tensor]
 """A group element per space name; spaces left out act as the identity."""
@@ -318,7 +318,7 @@ def identity(spec: SymmetrySpec) -> Transform:
 
 def sample(spec: SymmetrySpec, gen: int | torch.Generator | None = None, spaces=None) -> Transform:
     """A random element of the declared group (of ``spaces`` only, if given)."""
-    g = _generator(gen)
+    g = as_generator(gen)
     names = spec.spaces if spaces is None else spaces
     return {name: spec.spaces[name].sample(g) for name in names}
 

@@ -63,6 +63,8 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from symalign.groups import condition, polar
+
 
 CHUNK_BYTES = 128 * 2**20  # working-memory budget of one batch of the GL solver
 
@@ -149,12 +151,6 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(n)
 
 
-def polar(m: Tensor) -> Tensor:
-    """Orthogonal polar factor ``W Z^T`` of ``m = W S Z^T`` (batched)."""
-    w, _, zt = torch.linalg.svd(m)
-    return w @ zt
-
-
 def orthogonal_solution(g: Grams) -> Tensor:
     """Orthogonal Procrustes ``U`` per block: ``U^T = polar(G_AB^T + H_AB^T)``."""
     return polar(g.co_ab.mT + g.ct_ab.mT).mT.contiguous()
@@ -170,12 +166,6 @@ class GLSolution:
     converged: Tensor
     cond: Tensor
     fallback: Tensor  # True where the orthogonal solution was kept (better or better conditioned)
-
-
-def condition(u: Tensor) -> Tensor:
-    """2-norm condition number per block (``inf`` for singular blocks)."""
-    s = torch.linalg.svdvals(u)
-    return s[..., 0] / s[..., -1]
 
 
 def _dot(a: Tensor, b: Tensor) -> Tensor:

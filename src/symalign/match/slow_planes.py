@@ -62,8 +62,8 @@ def slow_columns(group: RotaryPlanes, planes: Sequence[int]) -> Tensor:
 def relaxed_spec(spec: SymmetrySpec) -> SymmetrySpec:
     """``spec`` with every ``PerHead(RotaryPlanes)`` space replaced by ``PerHead(GL(d_h))`` (same blocks and
     tensors): the spec a :class:`SlowPlaneMatch` is applied through. Its elements are *not* symmetries."""
-    spaces = {name: (PerHead(GeneralLinear(g.inner.n), g.n_blocks)
-                     if isinstance(g, PerHead) and isinstance(g.inner, RotaryPlanes) else g)
+    spaces = {name: (PerHead(GeneralLinear(g.inner.n), g.n_blocks)  # type: ignore[attr-defined]
+                     if g.head_block is not None and g.head_block.block_matcher == "rope" else g)
               for name, g in spec.spaces.items()}
     return SymmetrySpec(spaces, {t: list(a) for t, a in spec.tensors.items()}, dict(spec.couplings), dict(spec.info))
 

@@ -355,7 +355,7 @@ def balanced_gauge(spec: SymmetrySpec, state: Mapping[str, Tensor], max_passes: 
     scale 1. The gauge is a property of the function's orbit: ``state`` and ``h . state``,
     ``h`` any positive scaling, have the same balanced state. Returns the transform
     (unit permutations, the scales) taking ``state`` there; ``{}`` without ReLU spaces."""
-    names = [n for n, g in spec.spaces.items() if isinstance(g, PositiveMonomial)]
+    names = [n for n, g in spec.spaces.items() if g.scales_units]
     if not names:
         return {}
     total = {n: torch.ones(spec.spaces[n].n, dtype=torch.float64) for n in names}

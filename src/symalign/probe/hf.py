@@ -58,7 +58,6 @@ from torch import Tensor, nn
 
 from symalign.families import get_adapter
 from symalign.errors import ConfigError
-from symalign.groups import GeneralLinear, PerHead, PlaneIdentity, PlaneScales, RotaryPlanes
 from symalign.probe.measure import ProbeResult, probe
 from symalign.probe.precision import Float64Mode
 
@@ -233,22 +232,20 @@ def undeclared_terms(spec: Any, state: dict[str, Tensor]) -> dict[str, int]:
     """
     terms: dict[str, int] = {}
     for space, group in spec.spaces.items():
-        if not isinstance(group, PerHead):
+        inner = group.head_block
+        if inner is None:
             continue
-        inner, blocks = group.inner, group.n_blocks
+        blocks = group.n_blocks
         role = spec.role(space) if hasattr(spec, "role") else space.split(".")[0]
         biases = [t for t in (_space_tensors(spec, space, "contra") + _space_tensors(spec, space, "co"))
                   if state[t].dim() == 1]
-        if role == "qk" and isinstance(inner, PlaneIdentity):  # a centring QK-norm removes 1 v^T, c 1 per head
+        if role == "qk" and inner.centring:  # a centring QK-norm removes 1 v^T, c 1 per head
             terms["qk_centring"] = sum(act.size_of(state[t]) // inner.n * (state[t].numel() // state[t].shape[act.axis])
                                        for t, act in spec.tensors_of(space))
         elif role == "qk":
             k_bias = [t for t in _space_tensors(spec, space, "contra") if state[t].dim() == 1]
-            if k_bias and isinstance(inner, RotaryPlanes):
-                if inner.n > inner.r:
-                    terms["key_bias"] = blocks * (inner.n - inner.r)
-            elif k_bias and isinstance(inner, GeneralLinear):
-                terms["key_bias"] = blocks * inner.n
+            if k_bias and inner.key_bias_shift:  # the unrotated width (GL: all of it; QK-norm: none)
+                terms["key_bias"] = blocks * inner.key_bias_shift
         elif role == "vo" and any(t in _space_tensors(spec, space, "co") for t in biases):
             out = [t for t in _space_tensors(spec, space, "contra") if state[t].dim() == 2]
             if out:
@@ -257,9 +254,9 @@ def undeclared_terms(spec: Any, state: dict[str, Tensor]) -> dict[str, int]:
                 kernel = max(0, blocks * inner.n - int(model_dim))
                 if kernel:
                     terms["value_bias_kernel"] = kernel
-        elif isinstance(inner, PlaneScales) and inner.n > inner.r and any(
+        elif inner.rescales_gains and inner.key_bias_shift and any(
                 t.endswith(".bias") for t in _space_tensors(spec, space, "contra")):
-            terms["key_norm_bias"] = blocks * (inner.n - inner.r)  # an affine key norm's bias, unrotated part
+            terms["key_norm_bias"] = blocks * inner.key_bias_shift  # an affine key norm's bias, unrotated part
     return terms
 
 

@@ -55,7 +55,6 @@ from torch import Tensor
 
 from symalign.align_result import AlignResult, CheckReport, PhaseClock, new_result
 from symalign.errors import ConfigError, MatchError
-from symalign.groups import Permutation
 from symalign.spec import SymmetrySpec, apply, segment_view
 from symalign.stream import blocks
 from symalign.stream.fold import (CHUNK_ELEMENTS, SMALL_ELEMENTS, Preparer, added_tensors, own_tensors, prepare_experts,
@@ -270,7 +269,7 @@ class StreamedWhole:
         sub = self.layer_spec(i)
         part = partition(sub)
         units, _ = unit_spaces(sub, part)
-        fast = [u for u in units if type(sub.spaces[u]) is Permutation and u not in part.experts
+        fast = [u for u in units if sub.spaces[u].is_permutation and u not in part.experts
                 and all(x.space in (u, self.res) for t, _ in sub.tensors_of(u) for x in sub.tensors[t])]
         return fast, [u for u in units if u not in fast], part.attention
 
