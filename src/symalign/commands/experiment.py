@@ -39,6 +39,9 @@ def experiment_command(
                                                   "per split, since results.json is per scope)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary rows as JSON."),
     quiet: bool = typer.Option(False, help="No progress output."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="auto|cpu|cuda", help="Train and evaluate "
+                                         "there (recorded as protocol.device). Default: training on CUDA where it "
+                                         "exists, the curves on the config's protocol.device."),
 ) -> None:
     """Train the base, re-initialise each scope with two seeds, train, align, and record LMC curves.
 
@@ -66,10 +69,11 @@ def experiment_command(
 
         cfg.protocol = Protocol(**{**vars(cfg.protocol), **over})  # validated again
     checks.use_threads(threads)
+    run_device = None if device is None else checks.use_device(device).type
     interrupt.keep_run(out / cfg.name, drop=("--fresh", "--force"))  # re-running resumes; --fresh would discard
     console = Console(stderr=True)
     log = None if quiet else (lambda s: console.print(f"[bold]{cfg.name}[/]: {s}"))
-    results = run_experiment(cfg, out, progress=not quiet, log=log, fresh=fresh)
+    results = run_experiment(cfg, out, progress=not quiet, log=log, fresh=fresh, device=run_device)
     rows = [summary_row(cfg.name, r) for r in results]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))

@@ -185,6 +185,8 @@ def interpolate_command(
                                "(other folders are never replaced); and interpolate a B that `symalign align` "
                                "aligned to another A than A_DIR (refused otherwise; a warning is printed)."),
     threads: Optional[int] = checks.threads_option(),
+    device: str = checks.device_option("Where the resident model is evaluated: auto (CUDA when present, else the "
+                                       "CPU), cpu, cuda, cuda:N or mps; the points are built on the CPU."),
 ) -> None:
     """Evaluate (1-t) A + t B on held-out data with the checkpoint's own tokenizer and objective:
     loss and accuracy curves, barriers, PNG plot."""
@@ -221,6 +223,8 @@ def interpolate_command(
     check_results_dir(out, force)
     warnings = check_reference(a_dir, [b_dir] + ([baseline] if baseline is not None else []), force)
     checks.use_threads(threads)
+    dev = checks.use_device(device, None if as_json or no_progress else
+                            lambda line: typer.echo(f"interpolate: {line}", err=True))
     interrupt.keep_output(out)
     for line in warnings:
         typer.echo(f"symalign: warning: {line}", err=True)
@@ -229,7 +233,7 @@ def interpolate_command(
                        tokenizer=tokenizer, image_processor=image_processor, data_options=data_options)
     base_curve = base_metrics = None
     streamed = _streams([a_dir, b_dir] + ([baseline] if baseline is not None else []), stream)
-    pair = open_pair(a_dir, b_dir, data, opts, scope=scope, stream=streamed)
+    pair = open_pair(a_dir, b_dir, data, opts, scope=scope, stream=streamed, device=dev)
     evalset, info = pair.evalset, pair.info
     base = None
     if baseline is not None:  # checked before any curve; the same resident model and batches
