@@ -180,6 +180,9 @@ def finish(res: AlignResult, job: AlignJob, out_path: Path, clock: PhaseClock) -
                          "attention scope and in-memory alignments match on a device in this version)")
     res.provenance.update(marker_fields({"inputs": [str(job.a_dir), str(job.b_dir)]}))  # Hub ids: their snapshots
     res.timings = clock.timings()
+    from symalign.device import peak_memory
+
+    res.memory = peak_memory(job.device)
     return res
 
 

@@ -95,6 +95,9 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
             res = _merge_in_memory(dirs, out_path, w, scope, stage2, align, eval_data, eval_opts, universe, rounds,
                                    max_sweeps, experts, step, device)
     res["scope_default"] = chosen
+    from symalign.device import peak_memory
+
+    res["memory"] = peak_memory(device)
     return res
 
 
