@@ -95,9 +95,10 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
             res = _merge_in_memory(dirs, out_path, w, scope, stage2, align, eval_data, eval_opts, universe, rounds,
                                    max_sweeps, experts, step, device)
     res["scope_default"] = chosen
-    from symalign.device import peak_memory
+    from symalign.device import describe, peak_memory
 
     res["memory"] = peak_memory(device)
+    res["device"] = describe(device)["device"]
     return res
 
 
