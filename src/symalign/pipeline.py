@@ -291,8 +291,11 @@ class InMemoryModel(InMemoryEngine):
         from symalign.families import prepare
 
         a, b = self.a, self.b
-        self.pa = prepare(a.config, a.state, a.adapter.spec(a.config, a.state.keys()))
-        self.pb = prepare(b.config, b.state, b.adapter.spec(b.config, b.state.keys()))
+        # Folded and matched in float64 whatever the stored dtype, as the streamed passes do; OUT is rounded to
+        # B's dtypes only when it is written (self.stored), so both paths match the same numbers.
+        self.stored = {k: v.dtype for k, v in b.state.items()}
+        self.pa = prepare(a.config, _float64(a.state), a.adapter.spec(a.config, a.state.keys()))
+        self.pb = prepare(b.config, _float64(b.state), b.adapter.spec(b.config, b.state.keys()))
         self.spec = self.pb.spec
         if self.job.experts is not None and not expert_units(self.spec):
             refuse_experts(f"this {a.config.model_type!r} checkpoint")
@@ -313,8 +316,11 @@ class InMemoryModel(InMemoryEngine):
                                                                       f"{d / d0:.4f} of unaligned"))
         self.job.tell(f"matched in {self.result.iterations} sweeps" + ("" if self.result.converged
                                                                           else " (not converged)"))
-        self.out_state = apply(self.spec, self.result.transform, pb.state)
-        self.after = relative_distance(pa.state, self.out_state, self.spec.tensors)
+        out = apply(self.spec, self.result.transform, pb.state)
+        self.after = relative_distance(pa.state, out, self.spec.tensors)
+        self.out_state = {k: v.to(self.stored.get(k, self.b.dtype)) if v.is_floating_point() else v
+                          for k, v in out.items()}  # B's stored dtypes (a tensor B lacks: B's dtype)
+        del out
 
     def edits(self) -> dict[str, Any] | None:
         return {"tie_word_embeddings": False} if self.pb.untied else None
@@ -346,6 +352,11 @@ class InMemoryModel(InMemoryEngine):
                           res.iterations, res.converged, CheckReport.whole(check), notes=notes, folded=True,
                           untied_head=pb.untied, reference=reference, match=res.to_dict(),
                           transform=dict(res.transform) if self.job.return_transform else None)
+
+
+def _float64(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``state`` with every floating tensor in float64 (exact: every float dtype converts exactly)."""
+    return {k: v.double() if v.is_floating_point() else v for k, v in state.items()}
 
 
 @dataclass
