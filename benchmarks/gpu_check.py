@@ -125,7 +125,8 @@ def main() -> int:
         read_s, n = read_floor(tmp / "A", tmp / "B")
         gemm_s = gemm_floor(tmp / "A", tmp / "B", device)
         floor_s = read_s + gemm_s
-        res["floor"] = {"read_s": round(read_s, 2), "bytes": n, "gemm_s": round(gemm_s, 3), "total_s": round(floor_s, 2)}
+        res["floor"] = {"read_s": round(read_s, 2), "bytes": n, "gemm_s": round(gemm_s, 3),
+                        "total_s": round(floor_s, 2)}
         print(json.dumps({"floor": res["floor"]}), flush=True)
         dev = ["--device", str(device)]
         a, b = str(tmp / "A"), str(tmp / "B")

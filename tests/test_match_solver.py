@@ -89,8 +89,9 @@ def test_ill_conditioned_solution_falls_back_with_warning():
     d = 4
     xb, yb = (torch.randn(2, 20, d, generator=gen, dtype=torch.float64) for _ in range(2))
     q = random_orthogonal(d, gen)
+    # block 0 ill-posed (cond 1e8)
     u_star = torch.stack([q @ torch.diag(torch.tensor([1.0, 1.0, 1.0, 1e-8], dtype=torch.float64)),
-                          q @ torch.diag(torch.tensor([2.0, 1.0, 1.0, 0.5], dtype=torch.float64))])  # block 0 ill-posed (cond 1e8)
+                          q @ torch.diag(torch.tensor([2.0, 1.0, 1.0, 0.5], dtype=torch.float64))])
     xa, ya = xb @ u_star.mT, yb @ torch.linalg.inv(u_star)
     g = Grams(xb.mT @ xb, xa.mT @ xb, (xa * xa).sum(1), yb.mT @ yb, ya.mT @ yb, (ya * ya).sum(1))
     with pytest.warns(RuntimeWarning, match="near-singular"):

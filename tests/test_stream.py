@@ -236,7 +236,8 @@ def _write_llama(path: Path, layers: int, seed: int, shard: str) -> None:
 def _run_cli_rss(args: list[str]) -> tuple[int, str]:
     """Run ``symalign ARGS`` in a fresh Python; returns (its peak RSS in bytes, stderr)."""
     code = ("import resource, subprocess, sys, json; "
-            "r = subprocess.run([sys.executable, '-m', 'symalign.cli'] + sys.argv[1:], capture_output=True, text=True); "
+            "r = subprocess.run([sys.executable, '-m', 'symalign.cli'] + sys.argv[1:], capture_output=True, "
+            "text=True); "
             "print(json.dumps([r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, r.stderr]))")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, check=True)

@@ -42,7 +42,8 @@ def test_streamed_merge_bit_identical_to_in_memory(dtype, tmp_path, capsys, monk
 
 
 def test_streamed_naive_merge_is_the_average(tmp_path, capsys, monkeypatch):
-    """--no-align --stream: every float tensor is round(w_A A + w_B B) (float64 sum), checked against a direct average."""
+    """--no-align --stream: every float tensor is round(w_A A + w_B B) (float64 sum), checked against a direct
+    average."""
     _, _, da, db = _pair(tmp_path, shard=None)
     code, out, err = _merge(monkeypatch, capsys, da, db, "--no-align", "--stream", "--weights", "1,3",
                             "-o", tmp_path / "OUT", "--json")

@@ -8,7 +8,8 @@ weights ``w_k > 0`` (finite) normalised to ``sum_k w_k = 1``, the merged model i
 
 per floating tensor (summed in float32 for bfloat16/float16 tensors, in float64
 otherwise -- :mod:`symalign.checkpoint.average` states why float32 is as good for 16-bit
-storage --, rounded to the first checkpoint's dtype of that tensor); integer tensors are taken from the first checkpoint.
+storage --, rounded to the first checkpoint's dtype of that tensor); integer tensors are taken
+from the first checkpoint.
 
 The merged state is written laid out like the first checkpoint by
 :func:`symalign.checkpoint.output.stage_checkpoint` (its non-weight files, its shard
@@ -74,8 +75,9 @@ def universe_states(ckpts: list[Any], weights: list[float], rounds: int = 3, sta
     (:func:`symalign.families.prepare`); with ``U^(0) = theta_1``, round ``r``
     matches every ``theta_k`` to ``U^(r)`` (:func:`symalign.match.whole.match_whole`,
     warm-started from its previous transform), ``theta_k' = T_k . theta_k`` and
-    ``U^(r+1) = sum_k w_k theta_k'``; ``experts``: the mixture-of-experts method of ``match_whole``. Returns the aligned states of the last round,
-    whether the head was untied, and the spread ``sum_k ||theta_k' - U||^2`` per round.
+    ``U^(r+1) = sum_k w_k theta_k'``; ``experts``: the mixture-of-experts method of ``match_whole``.
+    Returns the aligned states of the last round, whether the head was untied, and the spread
+    ``sum_k ||theta_k' - U||^2`` per round.
     """
     from symalign.match.distance import distance
     from symalign.families import prepare

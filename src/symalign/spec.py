@@ -124,7 +124,10 @@ def segment_index(segment: tuple[int, ...], n: int) -> Tensor:
     """The indices (in order) a segment selects on an axis of ``n`` entries."""
     start, length = int(segment[0]), int(segment[1])
     period = int(segment[2]) if len(segment) > 2 else n
-    blocks = torch.arange(n // period).unsqueeze(1) * period if len(segment) > 2 else torch.zeros(1, 1, dtype=torch.long)
+    if len(segment) > 2:
+        blocks = torch.arange(n // period).unsqueeze(1) * period
+    else:
+        blocks = torch.zeros(1, 1, dtype=torch.long)
     return (blocks + start + torch.arange(length)).reshape(-1)
 
 

@@ -75,8 +75,9 @@ def register(app: typer.Typer) -> None:
         strict: bool = typer.Option(False, "--strict", help="--module: refuse (exit 2, nothing written) when any "
                                     "part of the model would be left unchanged (docs/tracing.md)."),
         revision: Optional[str] = typer.Option(None, "--revision", help=REVISION_HELP),
-        module: Optional[str] = typer.Option(None, "--module", help="pkg.mod:factory returning any nn.Module: A_DIR, B_DIR and "
-                                   "OUT are then state-dict files (torch.save); spec traced (docs/tracing.md)."),
+        module: Optional[str] = typer.Option(None, "--module", help="pkg.mod:factory returning any nn.Module: "
+                                   "A_DIR, B_DIR and OUT are then state-dict files (torch.save); spec traced "
+                                   "(docs/tracing.md)."),
         threads: Optional[int] = checks.threads_option(),
         device: str = checks.device_option(),
     ) -> None:

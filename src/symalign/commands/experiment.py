@@ -16,7 +16,8 @@ def register(app: typer.Typer) -> None:
 
 
 def experiment_command(
-    config: Path = typer.Argument(..., metavar="CONFIG", help="Experiment config (TOML), e.g. configs/vit-digits-rope.toml."),
+    config: Path = typer.Argument(..., metavar="CONFIG",
+                                  help="Experiment config (TOML), e.g. configs/vit-digits-rope.toml."),
     out: Path = typer.Option(Path("runs/experiments"), "-o", "--out", help="Runs directory; the run goes to "
                                                                           "OUT/<name>."),
     threads: Optional[int] = checks.threads_option("torch threads for training and evaluation (default 1, or "

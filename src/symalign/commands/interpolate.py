@@ -174,7 +174,8 @@ def interpolate_command(
                                                      "at most 512)."),
     mask_seed: int = typer.Option(0, "--mask-seed", help="Seed of the fixed 15% masking (masked LM)."),
     batch_size: int = typer.Option(16, "--batch-size", help="Windows or examples per forward pass."),
-    out: Path = typer.Option(Path("runs/interpolate"), "-o", "--out", help="Writes OUT/results.json and OUT/curves.png."),
+    out: Path = typer.Option(Path("runs/interpolate"), "-o", "--out",
+                             help="Writes OUT/results.json and OUT/curves.png."),
     stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Build each point by streaming "
                                           "the weights from disk into one resident model (A's). Default: streamed "
                                           "when the checkpoints exceed a quarter of the memory."),

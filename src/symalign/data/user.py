@@ -239,7 +239,8 @@ def _image_folder(root: Path, spec: str, split: str | None) -> UserData:
                 with Image.open(p) as im:
                     images.append(im.convert("RGB") if im.mode not in ("L", "RGB") else im.copy())
             except Exception as exc:
-                raise DatasetError(f"{p} is not a readable image ({type(exc).__name__}); remove or replace it") from None
+                raise DatasetError(f"{p} is not a readable image ({type(exc).__name__}); "
+                                   "remove or replace it") from None
             labels.append(k)
     return UserData(spec, "image", images=images, labels=labels, classes=classes, split=split)
 

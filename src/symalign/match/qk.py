@@ -384,12 +384,13 @@ def solve_gl(g: Grams, mode: str = "full", *, max_iter: int = 500, xtol: float =
     zeros = torch.zeros(n, dtype=torch.int64)
     if mode == "none" or n == 0:
         u = eye.clone()
-        return GLSolution(u, g.objective(u, u), zeros, torch.ones(n, dtype=torch.bool), torch.ones(n, dtype=torch.float64),
-                          torch.zeros(n, dtype=torch.bool))
+        return GLSolution(u, g.objective(u, u), zeros, torch.ones(n, dtype=torch.bool),
+                          torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.bool))
     uo = orthogonal_solution(g) if u0 is None else u0
     fo = g.objective(uo, uo.mT if u0 is None else None)
     if mode == "orthogonal":
-        return GLSolution(uo, fo, zeros, torch.ones(n, dtype=torch.bool), condition(uo), torch.zeros(n, dtype=torch.bool))
+        return GLSolution(uo, fo, zeros, torch.ones(n, dtype=torch.bool), condition(uo),
+                          torch.zeros(n, dtype=torch.bool))
     if mode != "full":
         raise ValueError(f"unknown stage-2 mode {mode!r}; use 'none', 'orthogonal' or 'full'")
     # chunks of blocks bound the solver's working memory (~40 (n, d, d) float64 tensors)

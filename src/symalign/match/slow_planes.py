@@ -18,11 +18,11 @@ query rows and ``Y`` the key rows restricted to the columns ``S`` (paper layout)
 by :func:`symalign.match.qk.solve_gl` from two starts, ``M = I`` (which never ends above B''s
 distance) and the orthogonal Procrustes solution (the exact matcher's start), keeping the
 better per block (the problem is not convex: from ``I`` alone a planted ``GL(4)`` element was
-missed in one block of two, from Procrustes it was found); and the element applied is ``U = I`` on the other columns and ``M``
-on ``S``. The objective separates over column sets exactly (``U`` is block-diagonal
-over ``S`` and its complement), so the other planes keep B''s exact optimum. ``GL(S)``
-contains the slow planes' own complex scalars, so the result is at least as close to A
-in weights as B'.
+missed in one block of two, from Procrustes it was found); and the element applied is
+``U = I`` on the other columns and ``M`` on ``S``. The objective separates over column sets
+exactly (``U`` is block-diagonal over ``S`` and its complement), so the other planes keep B''s
+exact optimum. ``GL(S)`` contains the slow planes' own complex scalars, so the result is at
+least as close to A in weights as B'.
 
 **What it costs.** ``U`` is not a symmetry: queries and keys at positions ``m, n`` meet
 through ``R(n - m)`` on ``S``, which ``M`` does not commute with unless ``M`` is a

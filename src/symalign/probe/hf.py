@@ -180,7 +180,8 @@ def generic_model(config: Any, seed: int = 0) -> nn.Module:
     if hasattr(config, "use_cache"):
         config.use_cache = False
     torch.manual_seed(seed)
-    model = transformers.AutoModel.from_config(config, attn_implementation="eager", experts_implementation="eager").to(torch.float64).eval()
+    model = transformers.AutoModel.from_config(config, attn_implementation="eager", experts_implementation="eager")
+    model = model.to(torch.float64).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():

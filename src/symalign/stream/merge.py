@@ -78,7 +78,8 @@ def average_into(out_path: Path, inputs: Sequence[Any], weights: Sequence[float]
     """Write ``sum_k w_k inputs[k]`` laid out like ``inputs[0]`` (or ``layout``, the checkpoint ``inputs[0]``
     reads through, e.g. :class:`~symalign.stream.fold.FoldedCheckpoint`) into a staged folder; returns it and
     the bytes written. ``extra``: tensors ``inputs[0]`` has beyond ``layout`` (name -> dtype, shape: an untied
-    head, :class:`~symalign.io.shards.ShardWriter`); ``config_edits``: merged into OUT's config. Float tensors: row blocks of at most :data:`CHUNK_ELEMENTS` values, summed in
+    head, :class:`~symalign.io.shards.ShardWriter`); ``config_edits``: merged into OUT's config. Float
+    tensors: row blocks of at most :data:`CHUNK_ELEMENTS` values, summed in
     :func:`~symalign.checkpoint.average.accumulate_dtype` (float32 for bfloat16/float16, float64
     otherwise) and rounded to ``inputs[0]``'s dtype; others copied from ``layout``.
 

@@ -23,9 +23,9 @@ once, in row chunks, in pass 0, which also gives the initial ``O``; also a permu
 stream's norm gains). Unit spaces other than plain FF permutations (ReLU units, the
 expert blocks of a mixture of experts) are solved by :func:`~symalign.match.whole.match_whole`'s
 own steps on the layer; a mixture of experts' layer is prepared in transformers' fused layout one
-expert at a time (:func:`symalign.stream.fold.prepare_experts`, into stacked tensors in the working dtype) and written back
-one tensor per expert. Because ``O``
-is orthogonal (a permutation matrix too), the distance after the pass needs no further read:
+expert at a time (:func:`symalign.stream.fold.prepare_experts`, into stacked tensors in the
+working dtype) and written back one tensor per expert. Because ``O`` is orthogonal (a
+permutation matrix too), the distance after the pass needs no further read:
 
 ``d = sum_t (||A_t||^2 + ||B'_t||^2) - 2 <O, M + M_free>`` (plus the tensors no
 residual acts on, summed directly).
