@@ -275,7 +275,8 @@ def test_cli_experts_refused_where_meaningless(tmp_path, capsys, monkeypatch):
         (("align", L, M, "-o", out, "--scope", "model", "--experts", "paired", "--stream"),
          "'llama' has no expert layers"),
         (("align", A, B, "-o", out, "--module", "x:y", "--experts", "paired"), "drop it with --module"),
-        (("merge", A, B, "-o", out, "--experts", "paired"), "--experts applies to --scope model"),
+        (("merge", A, B, "-o", out, "--scope", "attention", "--experts", "paired"),
+         "--experts applies to --scope model"),
         (("merge", L, M, "-o", out, "--scope", "model", "--experts", "paired"), "'llama' has no expert layers"),
         (("merge", A, B, "-o", out, "--scope", "model", "--experts", "paired", "--no-align"), "--no-align"),
     ]

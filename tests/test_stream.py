@@ -89,7 +89,7 @@ def test_streamed_output_loads_and_computes_b(tmp_path, capsys, monkeypatch):
     for scope in ("attention", "model"):
         out = tmp_path / f"OUT-{scope}"
         code, text, err = _align(monkeypatch, capsys, da, db, "-o", out, "--stream", "--scope", scope,
-                                 "--max-iter", "3", "--json")
+                                 "--max-sweeps", "3", "--json")
         assert code == 0, err
         info = json.loads(text)
         m2 = T.LlamaForCausalLM.from_pretrained(out, dtype=torch.float64, attn_implementation="eager").eval()
@@ -258,7 +258,7 @@ def test_peak_memory_independent_of_depth(scope, tmp_path):
         _write_llama(d / "B", layers, 1, "6MB")
         assert len(list((d / "B").glob("*.safetensors"))) >= 2
         peaks[layers], _ = _run_cli_rss(["align", str(d / "A"), str(d / "B"), "-o", str(d / "OUT"), "--stream",
-                                         "--scope", scope, "--max-iter", "2"])
+                                         "--scope", scope, "--max-sweeps", "2"])
         assert (d / "OUT" / "model.safetensors.index.json").is_file()
     grow = peaks[16] - peaks[2]
     print(f"{scope}: peak RSS 2 layers {peaks[2] / 2**20:.1f} MiB, 16 layers {peaks[16] / 2**20:.1f} MiB, "

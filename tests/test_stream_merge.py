@@ -81,7 +81,7 @@ def test_streamed_merge_peak_memory_independent_of_depth(scope, tmp_path):
         _write_llama(d / "A", layers, 0, "6MB")
         _write_llama(d / "B", layers, 1, "6MB")
         peaks[layers], _ = _run_cli_rss(["merge", str(d / "A"), str(d / "B"), "-o", str(d / "OUT"), "--stream",
-                                         "--scope", scope, "--max-iter", "2"])
+                                         "--scope", scope, "--max-sweeps", "2"])
         assert (d / "OUT" / "model.safetensors.index.json").is_file()
     grow = peaks[16] - peaks[2]
     print(f"merge --scope {scope}: peak RSS 2 layers {peaks[2] / 2**20:.1f} MiB, "
