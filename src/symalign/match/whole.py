@@ -51,8 +51,8 @@ and repeat 1-3 (a *sweep*) until a sweep lowers ``D`` by at most ``rtol * D(iden
 (``converged``; not tested after an anchored first sweep that solved some space on part of
 its tensors: that sweep is an initialisation and may end above the identity), or ``max_sweeps`` sweeps.
 Steps 1 and 3 are exact minimisers of their block (for permutation, positive-monomial and orthogonal
-spaces), and a sweep lowers ``D`` by the sum of its blocks' decreases, so the rule means that no space improved by more than
-``rtol * D(identity)`` (``rtol = 0``: a fixed point, where every space is the exact
+spaces), and a sweep lowers ``D`` by the sum of its blocks' decreases, so the rule means that no space
+improved by more than ``rtol * D(identity)`` (``rtol = 0``: a fixed point, where every space is the exact
 minimiser given all the others); step 2 is the attention matcher's (exact on planted
 pairs). The per-sweep distances are recorded in
 :attr:`WholeMatch.distances`, the number of unit spaces that moved in each sweep in
