@@ -47,7 +47,8 @@ def run_model(adapter: Adapter, config: Any, dtype: torch.dtype, path: str | os.
     own = adapter.function_check_config(cls.config_class.from_pretrained(str(path)) if state is None
                                         else copy.deepcopy(config))
     source = str(path) if state is None else None
-    model = cls.from_pretrained(source, config=own, dtype=dtype, attn_implementation="eager", experts_implementation="eager",
+    model = cls.from_pretrained(source, config=own, dtype=dtype, attn_implementation="eager",
+                                experts_implementation="eager",
                                 **({} if state is None else {"state_dict": dict(state)})).eval()
     inputs = adapter.dummy_inputs(config, seed=seed)
     inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
