@@ -165,6 +165,14 @@ def hf_config(source: Any) -> Any:
                 pass
     if isinstance(getattr(config, "rotary_dim", None), int) and config.rotary_dim > d:  # GPT-J's 64: partial RoPE
         config.rotary_dim = d // 2
+    rope = getattr(config, "rope_parameters", None)  # StableLM's 0.25 of a 4-wide head would rotate 1 dimension
+    holder = rope if isinstance(rope, dict) and "partial_rotary_factor" in rope else None
+    factor = holder["partial_rotary_factor"] if holder is not None else getattr(config, "partial_rotary_factor", None)
+    if isinstance(factor, float) and 0 < factor < 1 and int(factor * d) % 2:
+        if holder is not None:  # still partial, on an even number of dimensions (whole rotation planes)
+            holder["partial_rotary_factor"] = 0.5
+        else:
+            config.partial_rotary_factor = 0.5
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     for name in list(vars(config)):  # special tokens of the full vocabulary would not fit the tiny one
         value = getattr(config, name)
