@@ -169,12 +169,14 @@ def cost_into(c: Tensor | None, xa: Tensor, xb: Tensor | RotatedRows) -> Tensor:
 
 def cross_gram_into(m: Tensor, xa: Tensor, xb: Tensor) -> None:
     """``M += X_A X_B^T`` (``D x D``, float64, in place) with ``X`` ``(D, k)`` of any float dtype, over
-    blocks of columns (converted to float64 a block at a time, accumulated by ``addmm_``: no ``D x D``
-    temporary)."""
+    blocks of columns (converted to contiguous float64 a block at a time, accumulated by ``addmm_``: no
+    ``D x D`` temporary). Every block is laid out as :func:`cross_gram_axis_into` lays out its gathered blocks, so
+    the BLAS call, hence the order of every sum, is the same in both (bit-identical on any CPU, not only where the
+    library happens to pick one kernel for both layouts)."""
     k = xa.shape[1]
     s = _step(xa.shape[0])
     for j in range(0, k, s):
-        m.addmm_(xa[:, j:j + s].to(torch.float64), xb[:, j:j + s].to(torch.float64).T)
+        m.addmm_(xa[:, j:j + s].to(torch.float64).contiguous(), xb[:, j:j + s].to(torch.float64).contiguous().T)
 
 
 def cross_gram_axis_into(m: Tensor, xa: Tensor, xb: Tensor, axis: int) -> None:
