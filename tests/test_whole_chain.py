@@ -173,7 +173,7 @@ def test_anchored_first_sweep_is_layerwise_matching_from_the_input():
     fixed), then layer ``i`` on ``fc_i`` with layer ``i - 1`` already applied (the last one also on the
     output layer, whose other side is fixed): checked against scipy's
     assignment on costs built here by hand. The tensors whose other side is not yet solved (``fc_{i+1}``'s
-    columns) are left out of that first step; the old first sweep (``start="identity"``) used them."""
+    columns) are left out of that first step; the old first sweep (from the identity: ``init={}``) used them."""
     spec = mlp_spec(WIDTHS)
     sa, sb = state(mlp(WIDTHS, 1)), state(mlp(WIDTHS, 2))
     first = match_whole(spec, sa, sb, max_sweeps=1).transform
@@ -186,7 +186,7 @@ def test_anchored_first_sweep_is_layerwise_matching_from_the_input():
         _, cols = linear_sum_assignment(cost.numpy(), maximize=True)
         assert np.array_equal(first[f"hidden{i}"].numpy(), cols), f"layer {i}"
         prev = first[f"hidden{i}"]
-    old = match_whole(spec, sa, sb, max_sweeps=1, start="identity", order="fixed").transform
+    old = match_whole(spec, sa, sb, max_sweeps=1, init={}, order="fixed").transform
     assert not torch.equal(old["hidden0"], first["hidden0"])  # fc_1's unaligned columns moved layer 0
 
 

@@ -215,6 +215,7 @@ class WholeMatch:
 
 ORDERS = ("random", "fixed")
 STARTS = ("anchored", "identity")
+_UNGUARDED = "identity, unguarded"  # internal: the identity start's own descent (start="identity" runs both)
 
 
 def unit_spaces(spec: SymmetrySpec, part: Partition) -> tuple[list[str], list[str]]:
@@ -383,7 +384,7 @@ def balanced_gauge(spec: SymmetrySpec, state: Mapping[str, Tensor], max_passes: 
 
 
 def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor], *,
-                max_iter: int = 20, rtol: float = 1e-6, stage1: bool = True, stage2: str = "full",
+                max_iter: int = 20, rtol: float = 1e-3, stage1: bool = True, stage2: str = "full",
                 init: Transform | None = None, spec_b: SymmetrySpec | None = None,
                 max_sweeps: int | None = None, order: str = "random", seed: int = 0,
                 start: str = "anchored", gauge: str = "raw", experts: str = "exact",
@@ -402,7 +403,11 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
             or ``"fixed"`` (declaration order).
         stage1, stage2: passed to :func:`match_attention`.
         start: ``"anchored"`` (the first sweep of the unit spaces is :func:`anchored_step`) or
-            ``"identity"`` (the first sweep is an ordinary one from the identity); ignored with ``init``.
+            ``"identity"``: the descent whose first sweep is an ordinary one from the identity, guarded: the
+            anchored descent is run as well and the one with the lower final distance is returned (a note says
+            which). From the identity alone a first space solved against unaligned tensors can steer the descent
+            into a far worse fixed point (a 6-hidden-layer ReLU MLP pair: barrier 1.415 against 0.1 anchored);
+            ``init={}`` runs that unguarded descent for ablations. Ignored with ``init``.
         gauge: ``"raw"`` (match the weights as stored) or ``"balanced"``: A and B are first moved to
             the balanced gauge of their ReLU units (:func:`balanced_gauge`, ``d_A``, ``d_B``), matched
             there (``g``), and the result is ``d_A^{-1} g d_B``; the linear path is then the one between
@@ -455,8 +460,18 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
             res.notes.append("balanced gauge: the distances are those between the balanced A and B")
             res.time_s = time.perf_counter() - t0
             return res
-    if start not in STARTS:
+    if start not in STARTS and start != _UNGUARDED:
         raise MatchError(f"unknown start {start!r}; use one of {', '.join(STARTS)}")
+    if start == "identity" and init is None:  # guarded: the better of the two descents
+        common = dict(max_iter=max_iter, rtol=rtol, stage1=stage1, stage2=stage2, spec_b=spec_b,
+                      max_sweeps=max_sweeps, order=order, seed=seed, experts=experts, progress=progress)
+        both = [match_whole(spec, state_a, state_b, start=st, **common) for st in (_UNGUARDED, "anchored")]
+        best = min(both, key=lambda r: r.distances[-1])
+        best.notes.append(f"start identity (guarded): from the identity the descent ended at distance "
+                          f"{both[0].distances[-1]:.6g}, anchored at {both[1].distances[-1]:.6g}; kept the "
+                          + ("identity" if best is both[0] else "anchored") + " one")
+        best.time_s = time.perf_counter() - t0
+        return best
     if sweeps < 1:
         raise MatchError(f"max_sweeps must be at least 1, got {sweeps}")
     if spec_b is not None and spec_b.describe() != spec.describe():
