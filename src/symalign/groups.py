@@ -269,10 +269,15 @@ def positive_scales(p: Tensor, q: Tensor, r: Tensor, t: Tensor, max_scale: float
     best = f.argmin(dim=1, keepdim=True)
     out = cand.gather(1, best).squeeze(1)
     # Near its minimum f is flat (f - f_min ~ (s - s*)^2), so it cannot rank candidates closer than
-    # ~sqrt(eps): polish the chosen stationary point once more on the quartic itself.
-    is_root = best.squeeze(1) < roots.shape[1]
+    # ~sqrt(eps): polish the chosen stationary point once more on the quartic itself -- an interior one only
+    # (from a root clamped to a bound Newton would leave the bound for a worse point), and only if f does not rise
+    # beyond rounding.
+    is_root = (best.squeeze(1) < roots.shape[1]) & (out > lo) & (out < hi)
     x = _newton((out / s0)[:, None], a3[:, None], a1[:, None], polish).squeeze(1)
-    return torch.where(is_root, (s0 * x).clamp(lo, hi), out)
+    polished = (s0 * x).clamp(lo, hi)
+    size = p * out * out + (2 * q * out).abs() + r / (out * out) + (2 * t / out).abs()  # f's rounding scale
+    keep = is_root & (scale_objective(polished, p, q, r, t) <= scale_objective(out, p, q, r, t) + 1e-12 * size)
+    return torch.where(keep, polished, out)
 
 
 def quartic_roots(a3: Tensor, a1: Tensor) -> Tensor:

@@ -77,7 +77,7 @@ from symalign.match.inputs import check_pair, check_spec_fits
 from symalign.groups import PositiveMonomial
 from symalign.match.residual import axis_rows, cross
 from symalign.models.config import ModelConfig
-from symalign.spec import SymmetrySpec, Transform, apply, compose, invert
+from symalign.spec import SymmetrySpec, Transform, apply, compose, invert, segment_index
 
 
 @dataclass
@@ -360,23 +360,32 @@ def balanced_gauge(spec: SymmetrySpec, state: Mapping[str, Tensor], max_passes: 
     if not names:
         return {}
     total = {n: torch.ones(spec.spaces[n].n, dtype=torch.float64) for n in names}
-    cur = apply_subset(spec, {}, state, names)
+    # The squared entries of the scaled tensors, float64, updated in place: a scaling never permutes, so each
+    # step multiplies the acted-on axis (its segment's positions) by s^2 (co) or s^-2 (contra).
+    sq = {t: state[t].detach().to(torch.float64).pow(2) for n in names for t, _ in spec.tensors_of(n)}
+    acts = {n: [(t, a.axis % sq[t].dim(), a.variance,
+                 None if a.segment is None else segment_index(a.segment, sq[t].shape[a.axis]))
+                for t, a in spec.tensors_of(n)] for n in names}
     for _ in range(max_passes):
         moved = 0.0
         for n in names:
             p = torch.zeros(spec.spaces[n].n, dtype=torch.float64)
             r = torch.zeros_like(p)
-            for t, a in spec.tensors_of(n):
-                sq = axis_rows(cur[t], a).double().pow(2).sum(1)
-                if a.variance == "co":
-                    p += sq
-                else:
-                    r += sq
+            for t, axis, variance, idx in acts[n]:
+                x = sq[t]
+                line = x.sum(dim=[d for d in range(x.dim()) if d != axis]) if x.dim() > 1 else x
+                (p if variance == "co" else r).add_(line if idx is None else line[idx])
             ok = (p > 0) & (r > 0)
             sc = torch.where(ok, (r / torch.where(ok, p, torch.ones_like(p))) ** 0.25, torch.ones_like(p))
             moved = max(moved, float((sc - 1).abs().max()))
-            el = PositiveMonomial.pack(torch.arange(spec.spaces[n].n), sc)
-            cur.update(apply_subset(spec, {n: el}, cur, [n]))
+            for t, axis, variance, idx in acts[n]:
+                x = sq[t]
+                f = sc * sc if variance == "co" else 1.0 / (sc * sc)
+                if idx is not None:
+                    f = torch.ones(x.shape[axis], dtype=torch.float64).index_copy(0, idx, f)
+                shape = [1] * x.dim()
+                shape[axis] = x.shape[axis]
+                x.mul_(f.view(shape))
             total[n] = total[n] * sc
         if moved <= rtol:
             break
