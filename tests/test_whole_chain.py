@@ -296,3 +296,13 @@ def test_default_descent_stops_when_a_sweep_gains_less_than_a_thousandth():
         gains = [a - b for a, b in zip(d[1:], d[2:])]  # sweeps 2, 3, ...: after the initialising sweep
         assert res.converged and res.sweeps < 20
         assert gains[-1] <= 1e-3 * d[0] and all(g > 1e-3 * d[0] for g in gains[:-1])
+
+
+def test_default_matching_does_not_depend_on_how_b_is_scaled():
+    """The default is the balanced gauge: B and h . B (the same function, another scale gauge) give the same B'."""
+    spec = _relu_spec(WIDTHS)
+    sa, sb = state(mlp(WIDTHS, 1)), state(mlp(WIDTHS, 2))
+    h = {k: PositiveMonomial.pack(torch.arange(g.n), torch.exp(torch.empty(g.n, dtype=torch.float64).uniform_(
+        -1, 1, generator=torch.Generator().manual_seed(6)))) for k, g in spec.spaces.items()}
+    r1, r2 = match_whole(spec, sa, sb), match_whole(spec, sa, apply(spec, h, sb))
+    assert max(float((r1.apply(sb)[k] - r2.apply(apply(spec, h, sb))[k]).abs().max()) for k in sb) <= 1e-8

@@ -396,7 +396,7 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
                 max_iter: int = 20, rtol: float = 1e-3, stage1: bool = True, stage2: str = "full",
                 init: Transform | None = None, spec_b: SymmetrySpec | None = None,
                 max_sweeps: int | None = None, order: str = "random", seed: int = 0,
-                start: str = "anchored", gauge: str = "raw", experts: str = "exact",
+                start: str = "anchored", gauge: str = "balanced", experts: str = "exact",
                 progress: Callable[[int, float], None] | None = None,
                 device: str | torch.device | None = None) -> WholeMatch:
     """Align every declared space of B to A by block-coordinate descent (see the module docstring).
@@ -417,12 +417,15 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
             which). From the identity alone a first space solved against unaligned tensors can steer the descent
             into a far worse fixed point (a 6-hidden-layer ReLU MLP pair: barrier 1.415 against 0.1 anchored);
             ``init={}`` runs that unguarded descent for ablations. Ignored with ``init``.
-        gauge: ``"raw"`` (match the weights as stored) or ``"balanced"``: A and B are first moved to
+        gauge: ``"balanced"`` (the default) or ``"raw"`` (match the weights as stored). Balanced: A and B are
+            first moved to
             the balanced gauge of their ReLU units (:func:`balanced_gauge`, ``d_A``, ``d_B``), matched
             there (``g``), and the result is ``d_A^{-1} g d_B``; the linear path is then the one between
             the balanced models mapped back by ``d_A^{-1}``, so the result does not depend on the scale
             gauge either model happens to be stored in. ``distances`` are those of the balanced pair.
-            Without ReLU spaces the two are the same.
+            Without ReLU spaces the two are the same. The default since issue 32: over the benchmark set of
+            ``benchmarks/bench_peers.py`` (ReLU MLPs of 2-8 hidden layers, a VGG) it is at or below rebasin on
+            every row's mean, where the raw gauge is not (docs/results.md, "Peers").
         experts: how each mixture-of-experts block (experts and the units inside each) is solved
             (:func:`symalign.match.experts.match_experts`): ``"exact"`` (branch and bound: the joint
             optimum), ``"all-pairs"`` (the reference: ``E^2`` unit assignments) or ``"paired"``
@@ -463,7 +466,7 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
         if da:
             res = match_whole(spec, apply(spec, da, state_a), apply(spec, db, state_b), max_iter=max_iter,
                               rtol=rtol, stage1=stage1, stage2=stage2, spec_b=spec_b, max_sweeps=max_sweeps,
-                              order=order, seed=seed, start=start, experts=experts, progress=progress,
+                              order=order, seed=seed, start=start, gauge="raw", experts=experts, progress=progress,
                               init=None if init is None else compose(spec, da, compose(spec, init, invert(spec, db))))
             res.transform = compose(spec, invert(spec, da), compose(spec, res.transform, db))
             res.notes.append("balanced gauge: the distances are those between the balanced A and B")
@@ -473,7 +476,8 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
         raise MatchError(f"unknown start {start!r}; use one of {', '.join(STARTS)}")
     if start == "identity" and init is None:  # guarded: the better of the two descents
         common = dict(max_iter=max_iter, rtol=rtol, stage1=stage1, stage2=stage2, spec_b=spec_b,
-                      max_sweeps=max_sweeps, order=order, seed=seed, experts=experts, progress=progress)
+                      max_sweeps=max_sweeps, order=order, seed=seed, gauge="raw", experts=experts,
+                      progress=progress)
         both = [match_whole(spec, state_a, state_b, start=st, **common) for st in (_UNGUARDED, "anchored")]
         best = min(both, key=lambda r: r.distances[-1])
         best.notes.append(f"start identity (guarded): from the identity the descent ended at distance "
