@@ -1,24 +1,34 @@
-"""symalign vs peer re-basin tools on the same trained weights (scikit-learn digits).
+"""symalign vs peer re-basin tools on the same trained weights (scikit-learn digits): the benchmark set.
 
 For each row: train two models A, B from different seeds (same data, seeded), align B
-to A with symalign (``symalign.trace`` + ``match_whole`` on the traced spec) and with
-each installed peer, and measure on the held-out split
+to A with symalign (``symalign.trace`` + ``match_whole`` on the traced spec; every variant
+of :data:`VARIANTS`, the ``symalign`` column being the one that is ``match_whole``'s default)
+and with each installed peer's default run, and measure on the held-out split
 
-* the test-loss barrier of the linear path A -> B' (``symalign.lmc.curve``, 25 points),
-  and the unaligned (naive) barrier A -> B;
-* the function change ``max |f_B'(x) - f_B(x)| / max |f_B(x)|`` over the test set
-  (an exact alignment keeps it at float32 rounding, ~1e-6);
-* wall time of the alignment.
+* the test-loss barrier of the linear path A -> B' (``symalign.jobs.module_curve``, 25
+  points; BatchNorm statistics recomputed on the training split at every point where the
+  model has BatchNorm), the unaligned (naive) barrier A -> B, and, for the unaligned pair
+  and the default runs, the barrier with REPAIR;
+* the function change ``max |f_B'(x) - f_B(x)| / max |f_B(x)|`` over the test set, in eval
+  mode as stored (an exact alignment keeps it at float32 rounding, ~1e-6) and after a
+  BatchNorm reset of both (a peer that only keeps the function once the statistics are
+  recomputed is recorded as such);
+* the weight distance reached and the wall time of the alignment (symalign: trace and
+  match; rebasin: its tracing and descent), one thread.
 
-Rows: MLPs 64 -> 128^k -> 10 (ReLU, k = 2, 3, 4) and ViTs built from
-``nn.TransformerEncoderLayer`` (8x8 digits in 2x2 patches, CLS token, learned positions).
+Rows (``--rows``): ReLU MLPs 64 -> 128^k -> 10 (``mlp-k``), LayerNorm+GELU MLPs
+(``lnmlp-k``), a VGG (conv-ReLU x2, pool, twice; flatten; two Linear layers), a narrow
+torchvision-style ResNet (BasicBlocks with BatchNorm and 1x1 projection shortcuts, widths
+16/32/64) and ViTs built from ``nn.TransformerEncoderLayer`` (``vit-k``: 8x8 digits in 2x2
+patches, CLS token, learned positions); 5 seed pairs each. The results file is rewritten
+after every pair, so a stopped run keeps what it measured.
 
 Peers run in their own virtual environment (``--peers-python``, default
 ``/work/peers-venv/bin/python``) in a subprocess, so they never touch symalign's
 environment; a peer that is absent is skipped with a message, and a peer that raises,
 times out or changes the function is recorded as such.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_peers.py --out benchmarks/results/peers.json
+    OMP_NUM_THREADS=1 python benchmarks/bench_peers.py --out results/peers.json
 """
 
 from __future__ import annotations
@@ -362,15 +372,20 @@ def summarise(pairs: list[dict], peers: list[str]) -> dict:
     tools = [f"symalign_{v}" for v in VARIANTS if all(f"symalign_{v}" in p for p in pairs)] + peers
     for tool in tools:
         runs = [p[tool]["runs"][0] for p in pairs if p.get(tool, {}).get("runs")]
-        if len(runs) < len(pairs) or not all("loss_barrier" in r for r in runs):
-            out[tool] = {"status": "; ".join(sorted({str(r.get("status")) for r in runs if "loss_barrier" not in r}))
-                         or "absent"}
+        broken = sum(r.get("status") == "changed the function" for r in runs)
+        if tool in peers:  # a run that changed B's function has no barrier between A and B: left out
+            runs = [r for r in runs if r.get("status") != "changed the function"]
+        if not runs or len(runs) + (broken if tool in peers else 0) < len(pairs) \
+                or not all("loss_barrier" in r for r in runs):
+            why = sorted({str(r.get("status")) for r in runs if "loss_barrier" not in r})
+            out[tool] = {"status": "; ".join(why) or (f"changed the function on {broken} of {len(pairs)} pairs"
+                                                      if broken else "absent"), "changed_function": broken}
             continue
         st = {"default": _stats([r["loss_barrier"] for r in runs]), "distance": _stats([r["distance"] for r in runs]),
               "seconds": _stats([r["seconds"] for r in runs]),
               "function_change_max": max(r["function_change"] for r in runs),
               "function_change_after_reset_max": max(r["function_change_after_reset"] for r in runs),
-              "changed_function": sum(r.get("status") == "changed the function" for r in runs)}
+              "changed_function": broken, "valid": len(runs)}
         if all("repair_loss_barrier" in r for r in runs):
             st["repair"] = _stats([r["repair_loss_barrier"] for r in runs])
         if all("converged" in r for r in runs):
@@ -379,17 +394,21 @@ def summarise(pairs: list[dict], peers: list[str]) -> dict:
         out[tool] = st
     out["symalign"] = out.get(f"symalign_{out['default_variant']}", {"status": "absent"})
     for peer in peers:
-        if "default" not in out.get(peer, {}) or "default" not in out["symalign"]:
+        if "default" not in out["symalign"] or not all(p.get(peer, {}).get("runs") for p in pairs):
             continue
-        mine = [p[f"symalign_{out['default_variant']}"]["runs"][0] for p in pairs]
-        theirs = [p[peer]["runs"][0] for p in pairs]
-        out[f"vs_{peer}"] = {
-            "at_or_below": sum(a["loss_barrier"] <= b["loss_barrier"] for a, b in zip(mine, theirs)),
-            "mean_at_or_below": out["symalign"]["default"]["mean"] <= out[peer]["default"]["mean"],
-            "time_ratio": _stats([a["seconds"] / b["seconds"] for a, b in zip(mine, theirs)]),
-            **{f"{v}_at_or_below": sum(p[f"symalign_{v}"]["runs"][0]["loss_barrier"] <= b["loss_barrier"]
-                                       for p, b in zip(pairs, theirs))
-               for v in VARIANTS if all(f"symalign_{v}" in p for p in pairs)}}
+        both = [(p, p[f"symalign_{out['default_variant']}"]["runs"][0], p[peer]["runs"][0]) for p in pairs]
+        timed = [(a, b) for _, a, b in both if "seconds" in b and b.get("status") in ("ok", "changed the function")]
+        valid = [(p, a, b) for p, a, b in both if "loss_barrier" in b and b.get("status") == "ok"]
+        vs = {"valid": len(valid), "changed_function": sum(b.get("status") == "changed the function" for _, _, b in both),
+              "time_ratio": _stats([a["seconds"] / b["seconds"] for a, b in timed]) if timed else None}
+        if valid:  # compared on the pairs where the peer kept the function
+            vs.update(at_or_below=sum(a["loss_barrier"] <= b["loss_barrier"] for _, a, b in valid),
+                      mean_at_or_below=sum(a["loss_barrier"] for _, a, _ in valid)
+                      <= sum(b["loss_barrier"] for _, _, b in valid),
+                      **{f"{v}_at_or_below": sum(p[f"symalign_{v}"]["runs"][0]["loss_barrier"] <= b["loss_barrier"]
+                                                 for p, _, b in valid)
+                         for v in VARIANTS if all(f"symalign_{v}" in p for p in pairs)})
+        out[f"vs_{peer}"] = vs
     return out
 
 
@@ -410,19 +429,21 @@ def peers_table(rows: list[dict], peers: list[str]) -> dict:
     for r in rows:
         s = r["summary"]
         n = s["pairs"]
-        f = {"model": r["model"], "pairs": n, "naive": _mean(s["naive"]), "default": s["default_variant"],
+        f = {"model": r["model"], "pairs": n, "naive": f"{s['naive']['mean']:.3f}", "default": s["default_variant"],
              "symalign": _mean(s["symalign"])}
         for v in VARIANTS:
             f[v] = _mean(s.get(f"symalign_{v}"))
         for p in peers:
-            st, w = s.get(p, {}), s.get(f"vs_{p}")
+            st, w = s.get(p, {}), s.get(f"vs_{p}") or {}
             f[p] = _mean(st)
-            if st.get("changed_function"):
+            if st.get("changed_function") and "default" in st:
                 f[p] += f" ({st['changed_function']} of {n} changed the function)"
-            f[p + "_wins"] = f"{w['at_or_below']} of {n}" if w else "-"
+            f[p + "_wins"] = (f"{w['at_or_below']} of {w['valid']}" if "at_or_below" in w else "-") + (
+                f" ({w['changed_function']} n/a)" if w.get("changed_function") else "")
             f[p + "_var_wins"] = " / ".join(f"{w.get(f'{v}_at_or_below', '-')}" for v in VARIANTS) if w else "-"
-            f[p + "_time"] = (f"{s['symalign']['seconds']['mean']:.2f} / {st['seconds']['mean']:.2f} s "
-                              f"({w['time_ratio']['mean']:.1f}x)") if w else "-"
+            secs = [pp[p]["runs"][0]["seconds"] for pp in r["pairs"] if "seconds" in pp.get(p, {}).get("runs", [{}])[0]]
+            f[p + "_time"] = (f"{s['symalign']['seconds']['mean']:.2f} / {sum(secs) / len(secs):.2f} s "
+                              f"({w['time_ratio']['mean']:.1f}x)") if w.get("time_ratio") and secs else "-"
             f[p + "_dist"] = (f"{s['symalign']['distance']['mean']:.1f} / {st['distance']['mean']:.1f}"
                               if "distance" in st and "distance" in s["symalign"] else "-")
         sym = s["symalign"]

@@ -21,6 +21,10 @@ parameter and buffer. Two corrections of the interpolated network are available 
   site sees the already corrected sites before it; evaluation then uses the kept statistics. This changes the
   interpolated network (it is not a symmetry): it measures how much of the barrier is the variance collapse of
   averaged units rather than a misalignment. The endpoints are left unchanged (the goal is their own statistics).
+  After a BatchNorm reset a BatchNorm layer's output already has the interpolated endpoints' statistics
+  (mean ``beta_t``, deviation ``|gamma_t|``, both interpolated: the goal wherever a channel's gain keeps its sign
+  along the path), so in a network whose hidden units all pass through BatchNorm (a ResNet) REPAIR adds next to
+  nothing to the reset, as Jordan et al. note for BatchNorm networks.
 
 Channels: axis 1 of a convolution's or BatchNorm's output, the last axis of a linear layer's.
 """
