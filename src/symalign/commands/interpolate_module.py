@@ -74,13 +74,11 @@ def run_interpolate_module(module: str, a_path: Path, b_path: Path, data: str, o
         raise DatasetError(f"the {which} split of {data!r} is empty")
     test = _batches(_fit(xe, inputs, data), ye, batch_size)
     train = _batches(_fit(ds.x_train, inputs, data), ds.y_train, batch_size)
-    torch.set_grad_enabled(False)
-    try:
+    with torch.no_grad():
         main = module_curve(model, states["A"], states["B"], test, train, points, bn_reset, repair, progress)
-        base = (module_curve(model, states["A"], states["baseline"], test, train, points, bn_reset, repair, progress)
+        later = None if progress is None else (lambda i, t: progress(points + i, t))  # one bar over both curves
+        base = (module_curve(model, states["A"], states["baseline"], test, train, points, bn_reset, repair, later)
                 if baseline is not None else None)
-    finally:
-        torch.set_grad_enabled(True)
     res: dict = {"module": module, "A": str(a_path), "B": str(b_path), "family": f"module {module}", "pe": "",
                  "scope": f"{Path(a_path).name} → {Path(b_path).name}", "data": data, "split": which,
                  "evaluation": {"items": int(len(ye)), "train_items": int(len(ds.y_train)), "batch_size": batch_size},

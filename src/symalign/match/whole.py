@@ -338,6 +338,12 @@ def unit_step(spec: SymmetrySpec, units: list[str], transform: Transform, state_
 
 GAUGES = ("raw", "balanced")
 
+#: What the Hugging Face checkpoint paths (``align``/``merge --scope model``) pass to :func:`match_whole`: the
+#: settings the streamed engine (:mod:`symalign.stream.model`) implements -- it has no balanced gauge -- so that
+#: ``--stream`` and the in-memory path give the same result. The defaults of issue 32 (balanced gauge,
+#: ``rtol=1e-3``) were chosen on traced modules (``benchmarks/bench_peers.py``).
+CHECKPOINT_SETTINGS: dict[str, Any] = {"gauge": "raw", "rtol": 1e-6}
+
 
 def balanced_gauge(spec: SymmetrySpec, state: Mapping[str, Tensor], max_passes: int = 500,
                    rtol: float = 1e-13) -> Transform:
