@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-fast bench results-docs clean
+.PHONY: venv demo lint test test-fast bench results-docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -17,11 +17,15 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/symalign demo
 
-test: $(STAMP)
+# the linter (ruff, config in pyproject.toml) and the import-layer contracts run before the tests
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/lint-imports
+
+test: lint
 	$(BIN)/python -m pytest
 
-test-fast: $(STAMP)
+test-fast: lint
 	$(BIN)/python -m pytest -m "not slow"
 
 # Rewrite the README's and docs/' result tables from the committed files under results/

@@ -343,7 +343,7 @@ def main() -> None:
         for scope in args.scopes.split(","):
             out = tmp / f"OUT-{scope}"
             r = measured(["align", str(tmp / "A"), str(tmp / "B"), "-o", str(out), "--stream", "--scope", scope,
-                          "--max-iter", str(args.max_iter), "--json"], limit(scope), args.threads)
+                          "--max-sweeps", str(args.max_iter), "--json"], limit(scope), args.threads)
             res[scope] = summarise(r, t_read + t_write, n)
             if r["rc"] == 0:
                 res[scope]["loads"] = loads_lazily(out, tmp / "B")

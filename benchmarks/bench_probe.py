@@ -37,7 +37,8 @@ def agreement(sizes, probes: int) -> list[tuple]:
         d = probe_attention(cfg, 8, method="dense")
         m = probe_attention(cfg, 8, method="matrix-free", probes=probes, tol=1e-6)
         z = abs(m.nullity - d.nullity) / max(m.stderr, 1e-12)
-        rows.append((kw, d.parameters, d.nullity, d.predicted, d.seconds, m.nullity, m.stderr, m.iterations, m.seconds, z))
+        rows.append((kw, d.parameters, d.nullity, d.predicted, d.seconds,
+                     m.nullity, m.stderr, m.iterations, m.seconds, z))
         print(f"  {kw}: P={d.parameters}  dense {d.nullity} (pred {d.predicted}, {d.seconds:.1f}s)  "
               f"matrix-free {m.nullity:.1f} +- {m.stderr:.1f} ({m.iterations} CGLS it, {m.seconds:.1f}s)  "
               f"|diff|/se = {z:.2f}", flush=True)

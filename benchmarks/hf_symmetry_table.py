@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         from symalign.experiments.docs_tables import make_table
         from symalign.provenance import provenance
 
-        command = shlex.join(["python", "benchmarks/hf_symmetry_table.py", *(argv if argv is not None else sys.argv[1:])])
+        command = shlex.join(["python", "benchmarks/hf_symmetry_table.py",
+                              *(argv if argv is not None else sys.argv[1:])])
         doc = {"provenance": provenance(command, 1), "tables": {"hf": make_table(table, cols)}, "rows": rows}
         write_json(Path(args.out), doc)
     print("| " + " | ".join(c[1] for c in cols) + " |")

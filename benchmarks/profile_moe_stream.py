@@ -205,7 +205,7 @@ def main() -> None:
                            "merge": ("merge", "model")}[c]
             cmd = [verb, str(tmp / "A"), str(tmp / "B"), "-o", str(out), "--stream", "--scope", scope, "--json"]
             if scope == "model":
-                cmd[-1:-1] = ["--max-iter", str(args.max_iter)]
+                cmd[-1:-1] = ["--max-sweeps", str(args.max_iter)]
             r = profiled(cmd, args.threads, tmp, args.work == "float32")
             if r.get("rc") == 0:
                 r["peak_layers"] = round(r["peak_rss_gib"] / layer, 2)

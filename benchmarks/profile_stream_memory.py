@@ -195,10 +195,10 @@ def main() -> None:
             out = tmp / f"OUT-{c}"
             if c == "align":
                 cmd = ["align", str(pair / "A"), str(pair / "B"), "-o", str(out), "--stream", "--scope", "model",
-                       "--max-iter", str(args.max_iter), "--json"]
+                       "--max-sweeps", str(args.max_iter), "--json"]
             else:
                 cmd = ["merge", str(pair / "A"), str(pair / "B"), "-o", str(out), "--stream", "--scope", "model",
-                       "--max-iter", str(args.max_iter), "--json"]
+                       "--max-sweeps", str(args.max_iter), "--json"]
             res[c] = {"args": cmd[:1] + ["A", "B", "-o", "OUT"] + cmd[5:], **profiled(cmd, args.threads, tmp)}
             print(json.dumps({c: res[c]}, indent=1), flush=True)
             shutil.rmtree(out, ignore_errors=True)

@@ -4,9 +4,10 @@ Each ``--run LABEL=THREADS=DIR`` is the runs directory of one ``symalign experim
 THREADS --out DIR`` (the first one is the reference). For every scope present in all of them it
 compares, against the reference: the trained checkpoints (``model.safetensors`` byte for byte:
 base, seed A, seed B; and the largest absolute difference of any weight), the loss barriers
-(naive and every stage-2 variant: largest absolute difference in nats), the naive and aligned curves (largest absolute difference of any curve
-point's loss) and the loss-barrier ratio of every stage-2 variant (largest absolute difference
-in percentage points). Writes a result file (JSON, atomically)::
+(naive and every stage-2 variant: largest absolute difference in nats), the naive and aligned
+curves (largest absolute difference of any curve point's loss) and the loss-barrier ratio of
+every stage-2 variant (largest absolute difference in percentage points). Writes a result
+file (JSON, atomically)::
 
     symalign experiment configs/vit-digits-rope.toml --threads 1 --scope first-attention --out runs/rep-a
     symalign experiment configs/vit-digits-rope.toml --threads 1 --scope first-attention --out runs/rep-b
@@ -47,7 +48,8 @@ def max_weight_diff(ref_scope: Path, other_scope: Path) -> float:
     from safetensors.torch import load_file
 
     worst = 0.0
-    for p in sorted(list(ref_scope.rglob("model.safetensors")) + list((ref_scope.parent / "base").rglob("model.safetensors"))):
+    ref_files = [*ref_scope.rglob("model.safetensors"), *(ref_scope.parent / "base").rglob("model.safetensors")]
+    for p in sorted(ref_files):
         q = other_scope.parent / p.relative_to(ref_scope.parent)
         a, b = load_file(str(p)), load_file(str(q))
         for k in a:
@@ -115,9 +117,11 @@ def main() -> None:
                          "dratio": c["max_ratio_diff_points"]})
     cols = [("comparison", "runs compared"), ("scope", "scope"), ("ckpt", "identical checkpoints"),
             ("bit", "bit-for-bit"), ("dweight", "max weight diff", ".2e"),
-            ("acc_a", "test acc A / B (ref)"), ("acc_b", "test acc A / B"), ("naive_a", "naive barrier (ref)", ".4f"), ("naive_b", "naive barrier", ".4f"),
+            ("acc_a", "test acc A / B (ref)"), ("acc_b", "test acc A / B"),
+            ("naive_a", "naive barrier (ref)", ".4f"), ("naive_b", "naive barrier", ".4f"),
             ("full_a", "full % (ref)", ".2f"), ("full_b", "full %", ".2f"),
-            ("dbarrier", "max barrier diff (nats)", ".2e"), ("dcurve", "max curve loss diff", ".2e"), ("dratio", "max ratio diff (points)", ".2f")]
+            ("dbarrier", "max barrier diff (nats)", ".2e"), ("dcurve", "max curve loss diff", ".2e"),
+            ("dratio", "max ratio diff (points)", ".2f")]
     command = args.command or shlex.join(["python", "benchmarks/reproducibility.py", *sys.argv[1:]])
     write_json(args.out, {"provenance": provenance(command, int(ref_threads), 1),
                           "tables": {"reproducibility": make_table(rows, cols)}, "comparisons": details})

@@ -1,4 +1,4 @@
-"""Seed 002's table on a finished ``full``-scope pair: weight, activation and learned matching.
+r"""Seed 002's table on a finished ``full``-scope pair: weight, activation and learned matching.
 
 Loads models A and B of ``RESULTS/EXPERIMENT/full/seed{1,2}`` (written by ``symalign experiment``),
 rewrites them as the protocol does (:func:`symalign.experiments.protocol.alignment_models`), and
@@ -10,7 +10,8 @@ of the config). Prints the table and writes it as JSON (atomically).
 This is the computation behind ``protocol.methods`` (``seed002_methods``) with the training-stream
 seed exposed; ``docs/results.md``'s seed 002 table used ``--stream-seed 12345``::
 
-    .venv/bin/python benchmarks/seed002_table.py vit-fmnist-sinusoidal --steps 6000 --out runs/seed002/vit-fmnist-sinusoidal.json
+    .venv/bin/python benchmarks/seed002_table.py vit-fmnist-sinusoidal --steps 6000 \
+        --out runs/seed002/vit-fmnist-sinusoidal.json
 """
 
 from __future__ import annotations

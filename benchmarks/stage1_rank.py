@@ -1,4 +1,4 @@
-"""Stage 1 the paper's way: rank the chosen head permutation among all h! by the loss barrier after stage 2.
+r"""Stage 1 the paper's way: rank the chosen head permutation among all h! by the loss barrier after stage 2.
 
 For every finished scope of the protocol's runs (``symalign experiment CONFIG --out RUNS``), loads
 models A and B of ``RUNS/EXPERIMENT/SCOPE/seed{a,b}``, and for each attention layer of the scope
@@ -10,7 +10,8 @@ the ``rank`` table that ``docs/results.md`` shows (``symalign docs``)::
 
     symalign experiment configs/vit-digits-rope.toml --threads 1 --out runs/p12
     symalign experiment configs/vit-digits-sinusoidal.toml --threads 1 --out runs/p12
-    python benchmarks/stage1_rank.py --runs runs/p12 vit-digits-rope vit-digits-sinusoidal --out results/stage1_rank.json
+    python benchmarks/stage1_rank.py --runs runs/p12 vit-digits-rope vit-digits-sinusoidal \
+        --out results/stage1_rank.json
 
 Several ``--runs`` directories (one per seed pair) go into one file.
 """

@@ -1,4 +1,5 @@
-"""Stage 2's refinement the paper's way: barrier against plain gradient-descent steps and rate from the Procrustes start.
+"""Stage 2's refinement the paper's way: barrier against plain gradient-descent steps and rate from the Procrustes
+start.
 
 For every finished attention scope of the protocol's runs (``symalign experiment CONFIG --out RUNS``),
 loads A and B of ``RUNS/EXPERIMENT/SCOPE/seed{a,b}`` and runs
@@ -113,8 +114,8 @@ def main() -> None:
                               "corr": lay["distance_barrier_correlation"]})
     cols = [("experiment", "experiment"), ("scope", "scope"), ("seeds", "seeds"), ("naive", "naive barrier", ".3f"),
             ("none", "none %", ".1f"), ("orthogonal", "orthogonal %", ".1f"),
-            *[(f"gd_{e:g}_{c}", "GD start (0 steps) %" if c == 0 else f"GD eta={e:g}, {c} steps %", ".1f") for e in etas for c in checkpoints if c in (0, last)
-              and not (c == 0 and e != etas[0])],
+            *[(f"gd_{e:g}_{c}", "GD start (0 steps) %" if c == 0 else f"GD eta={e:g}, {c} steps %", ".1f")
+              for e in etas for c in checkpoints if c in (0, last) and not (c == 0 and e != etas[0])],
             ("full", "L-BFGS (full) %", ".1f")]
     steps_cols = [("experiment", "experiment"), ("scope", "scope"), ("seeds", "seeds"),
                   *[(f"gd_{etas[len(etas) // 2]:g}_{c}", f"{c} steps %", ".1f") for c in checkpoints],

@@ -83,9 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = [r for f in a.files for r in rows_of(f)]
     if not rows:
         raise SystemExit("error: no finished step in the files given; pass bench_align_stream.py --json results")
-    result = {"provenance": provenance(command=["python", "benchmarks/stream_table.py",
-                                                *[str(f.resolve().relative_to(ROOT) if f.resolve().is_relative_to(ROOT) else f)
-                                                  for f in a.files], "--out", str(a.out)], threads=1),
+    shown = [str(f.resolve().relative_to(ROOT) if f.resolve().is_relative_to(ROOT) else f) for f in a.files]
+    result = {"provenance": provenance(command=["python", "benchmarks/stream_table.py", *shown, "--out", str(a.out)],
+                                       threads=1),
               "tables": {"runs": make_table(rows, COLUMNS)}}
     write_text(a.out, json.dumps(result, indent=1) + "\n")
     print(f"{len(rows)} rows -> {a.out}")

@@ -14,7 +14,8 @@ T.utils.logging.disable_progress_bar()
 T.utils.logging.set_verbosity_error()
 
 WORDS = ("the king queen speaks loud soft night day sword crown love hate river stone bright dark ever never "
-         "whither thou art shall know wind fire summer winter rose thorn gold silver heart mind café naïve über").split()
+         "whither thou art shall know wind fire summer winter rose thorn gold silver heart mind "
+         "café naïve über").split()
 
 
 def corpus(n_lines: int = 400, seed: int = 0) -> str:

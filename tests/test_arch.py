@@ -68,8 +68,8 @@ def _broken(family, lays: list[AttentionLayout]) -> dict[str, list[AttentionLayo
     out: dict[str, list[AttentionLayout]] = {}
     if family in ROPE:
         other = "interleaved" if lays[0].qk.pairing == "half" else "half"
-        out["GL on Q-K"] = [dataclasses.replace(l, qk=GeneralLinear(d)) for l in lays]
-        out["wrong pairing"] = [dataclasses.replace(l, qk=RotaryPlanes(d, other)) for l in lays]
+        out["GL on Q-K"] = [dataclasses.replace(lay, qk=GeneralLinear(d)) for lay in lays]
+        out["wrong pairing"] = [dataclasses.replace(lay, qk=RotaryPlanes(d, other)) for lay in lays]
     return out
 
 
@@ -126,7 +126,8 @@ def test_gpt2_fused_segments_and_prefix():
     spec = get_adapter(model).spec(model)
     acts = spec.tensors["transformer.h.0.attn.c_attn.weight"]
     assert [(a.space, a.axis, a.variance, a.rep, a.segment) for a in acts][::2] == [
-        ("heads.0", 1, "co", "query", (0, 16)), ("heads.0", 1, "co", "kv", (16, 16)), ("heads.0", 1, "co", "kv", (32, 16))]
+        ("heads.0", 1, "co", "query", (0, 16)), ("heads.0", 1, "co", "kv", (16, 16)),
+        ("heads.0", 1, "co", "kv", (32, 16))]
     assert [a.variance for a in acts][1::2] == ["co", "contra", "co"]
     assert spec.tensors["transformer.h.0.attn.c_proj.weight"][1].axis == 0
     assert "transformer.h.0.attn.c_attn.bias" in spec.tensors
@@ -153,7 +154,7 @@ def test_roformer_rotary_value_restricts_vo():
     assert isinstance(spec.spaces["vo.0"].inner, RotaryPlanes)
     x = inputs(model)
     assert rel(output(_transformed(model, spec), x), output(model, x)) <= 1e-9
-    lays = [dataclasses.replace(l, vo=GeneralLinear(8)) for l in _layouts(model)]
+    lays = [dataclasses.replace(lay, vo=GeneralLinear(8)) for lay in _layouts(model)]
     assert rel(output(_transformed(model, layout_spec(lays)), x), output(model, x)) >= 1e-3
 
 

@@ -30,7 +30,8 @@ def test_halves_bit_identical_to_float64(dtype):
 @pytest.mark.parametrize("weights", [[0.3, 0.7], [0.2, 0.5, 0.3], [1 / 3, 1 / 3, 1 / 3]])
 def test_within_documented_bound(dtype, weights):
     """``|avg - s| <= u_s |s| + (1 + u_s) gamma_{M+1} sum |w_k x_k|`` (``s`` exact; float64 here, whose own error
-    ``2^-52 sum |w_k x_k|`` is added), and the float32 result is the float64 one but for rare ties near rounding midpoints."""
+    ``2^-52 sum |w_k x_k|`` is added), and the float32 result is the float64 one but for rare ties near rounding
+    midpoints."""
     xs = [_wide(1 << 18, dtype, k) for k in range(len(weights))]
     got = average.weighted_average(xs, weights, dtype).double()
     exact = sum(w * x.double() for w, x in zip(weights, xs))
@@ -56,4 +57,5 @@ def test_preallocated_storage_gives_the_same_bits():
     xs = [_wide(1000, torch.bfloat16, k) for k in range(3)]
     w = [0.2, 0.5, 0.3]
     out, buf = torch.full((4096,), float("nan")), torch.full((4096,), float("nan"))
-    assert torch.equal(average.weighted_sum(xs, w, torch.bfloat16, out, buf), average.weighted_sum(xs, w, torch.bfloat16))
+    assert torch.equal(average.weighted_sum(xs, w, torch.bfloat16, out, buf),
+                       average.weighted_sum(xs, w, torch.bfloat16))

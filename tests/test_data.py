@@ -114,7 +114,11 @@ def test_split_stream_and_cache_atomic(tmp_path):
     tr, va, te = split_stream(data, 0, block=100)
     assert len(tr) + len(va) + len(te) == 1000 and len(va) > 0 and len(te) > 0
     calls = []
-    build = lambda: calls.append(1) or {"a": np.arange(3)}
+
+    def build():
+        calls.append(1)
+        return {"a": np.arange(3)}
+
     assert cached("toy", {"k": 1}, build)["a"].tolist() == [0, 1, 2]
     assert cached("toy", {"k": 1}, build)["a"].tolist() == [0, 1, 2] and len(calls) == 1
     path = cache_path("toy", {"k": 1})

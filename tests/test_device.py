@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -130,3 +133,71 @@ def test_lmc_curve_on_a_device_equals_the_default(device):
     ref = lmc.curve(model, sa, sb, batches, points=4)
     got = lmc.curve(model, sa, sb, batches, points=4, device=device)
     assert got.loss == ref.loss if device == "cpu" else got.loss == pytest.approx(ref.loss, rel=1e-9)
+
+
+# -- the CLI: --device on every command that computes -------------------------------------------------------------
+
+def _vit(path, seed):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    cfg = transformers.ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                                 image_size=8, patch_size=4, num_channels=1, num_labels=10)
+    transformers.ViTForImageClassification(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("scope", ["attention", "model"])
+def test_align_device_cpu_is_bit_identical_to_the_default(scope, tmp_path, monkeypatch, capsys):
+    from _cli_util import run_symalign
+
+    a, b = _vit(tmp_path / "A", 0), _vit(tmp_path / "B", 1)
+    for out, extra in (("D", []), ("C", ["--device", "cpu"])):
+        code, _, err = run_symalign(monkeypatch, capsys, "align", a, b, "-o", tmp_path / out, "--scope", scope,
+                                    *extra)
+        assert code == 0, err
+    assert (tmp_path / "D" / "model.safetensors").read_bytes() == (tmp_path / "C" / "model.safetensors").read_bytes()
+    marker = json.loads((tmp_path / "C" / "symalign.json").read_text())
+    assert marker["command"] == "align"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("command", ["align", "merge", "interpolate", "probe", "experiment"])
+def test_device_cuda_without_cuda_exits_2_in_one_line_before_any_work(command, tmp_path, monkeypatch, capsys):
+    from _cli_util import run_symalign
+
+    a, b = _vit(tmp_path / "A", 0), _vit(tmp_path / "B", 1)
+
+    def boom(*args, **kwargs):
+        raise AssertionError("weights were loaded before the device was checked")
+
+    monkeypatch.setattr("symalign.checkpoint.hf.load_checkpoint", boom)
+    monkeypatch.setattr("symalign.jobs.interpolate.load_hf_model", boom)
+    args = {"align": [a, b, "-o", tmp_path / "O"], "merge": [a, b, "-o", tmp_path / "O"],
+            "interpolate": [a, b, "--data", "digits", "-o", tmp_path / "O"], "probe": [],
+            "experiment": [Path(__file__).resolve().parents[1] / "configs" / "vit-digits-rope.toml", "--out",
+                           tmp_path / "runs"]}[command]
+    code, out, err = run_symalign(monkeypatch, capsys, command, *args, "--device", "cuda")
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "use --device cpu" in lines[0], err
+    assert not (tmp_path / "O").exists() and not (tmp_path / "runs" / "vit-digits-rope").exists()
+
+
+def test_merge_interpolate_and_probe_take_device_cpu(tmp_path, monkeypatch, capsys):
+    from _cli_util import run_symalign
+
+    a, b = _vit(tmp_path / "A", 0), _vit(tmp_path / "B", 1)
+    code, out, err = run_symalign(monkeypatch, capsys, "merge", a, b, "-o", tmp_path / "M", "--device", "cpu",
+                                  "--json", "--scope", "attention")
+    assert code == 0, err
+    code, out, err = run_symalign(monkeypatch, capsys, "interpolate", a, tmp_path / "M", "--data", "digits",
+                                  "--points", "3", "--eval-items", "16", "-o", tmp_path / "I", "--device", "cpu",
+                                  "--json", "--no-progress")
+    assert code == 0, err
+    assert json.loads(out)["device"] == "cpu"
+    code, out, err = run_symalign(monkeypatch, capsys, "probe", "--device", "cpu", "--json", "--d-model", "8",
+                                  "--heads", "2")
+    assert code == 0, err
+    ref_code, ref, _ = run_symalign(monkeypatch, capsys, "probe", "--json", "--d-model", "8", "--heads", "2")
+    drop = ("seconds", "time_s")
+    strip = lambda d: {k: v for k, v in d.items() if k not in drop}  # noqa: E731
+    assert strip(json.loads(out)) == strip(json.loads(ref))  # the same measurement on the same device

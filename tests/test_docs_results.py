@@ -93,8 +93,8 @@ def test_readme_demo_table_is_the_committed_demo_result():
     rows = [r for r in demo["rows"] if r["scope"] != "full"]  # the whole-model rows have their own table
     assert len(shown) == len(rows) == 16
     for r in rows:
-        want = [f"{r['naive_loss_barrier']:.4f}", f"{r['aligned_loss_barrier']:.4f}", f"{r['barrier_ratio_percent']:.1f}",
-                f"{r['naive_acc_barrier']:.4f}", f"{r['aligned_acc_barrier']:.4f}"]
+        want = [f"{r['naive_loss_barrier']:.4f}", f"{r['aligned_loss_barrier']:.4f}",
+                f"{r['barrier_ratio_percent']:.1f}", f"{r['naive_acc_barrier']:.4f}", f"{r['aligned_acc_barrier']:.4f}"]
         assert shown[(r["encoding"], r["scope"], r["stage2"])] == want, r
     w = demo["whole_model"]
     row = next(line for line in text.splitlines() if re.match(r"│ \d\.\d{3} │ \d\.\d{3} │", line))

@@ -294,7 +294,8 @@ def test_eval_split_train_measures_the_curve_on_the_training_split(tiny_run, tmp
         shutil.copytree(src / "tiny" / "first-attention" / f"seed{s}", out / "tiny" / "first-attention" / f"seed{s}")
     cfg = tmp_path / "tiny.toml"
     cfg.write_text(_toml(TINY))
-    code, _, err = run_symalign(monkeypatch, capsys, "experiment", cfg, "--out", out, "--eval-split", "train", "--quiet")
+    code, _, err = run_symalign(monkeypatch, capsys, "experiment", cfg, "--out", out, "--eval-split", "train",
+                                "--quiet")
     assert code == 0, err
     path = out / "tiny" / "first-attention" / "results.json"
     res = json.loads(path.read_text())

@@ -26,7 +26,7 @@ from hf_tiny import output, rel
 
 from symalign.arch import layout_spec
 from symalign.families import get_adapter
-from symalign.families import Family, get_adapter
+from symalign.families import Family
 from symalign.groups import GeneralLinear, Orthogonal, PlaneSigns, RotaryPlanes
 from symalign.families import prepare
 from symalign.spec import apply, sample
@@ -234,7 +234,10 @@ class _EncoderAttention(torch.nn.Module):
             pos = torch.arange(x.shape[1]).unsqueeze(0).expand(x.shape[0], -1)
             kind = m.config.layer_types[0]
             return self.attn(x, position_embeddings=m.model.rotary_emb(x, pos, kind), attention_mask=None)[0]
-        kw = {"sinusoidal_pos": m.encoder.embed_positions(x.shape[:-1])[None, None]} if self.family == "roformer" else {}
+        if self.family == "roformer":
+            kw = {"sinusoidal_pos": m.encoder.embed_positions(x.shape[:-1])[None, None]}
+        else:
+            kw = {}
         return self.dense(self.self_attn(x, attention_mask=None, **kw)[0])
 
 

@@ -99,7 +99,6 @@ def test_alibi_planted_recovery_cli(layout, dtype, scope, tmp_path, capsys, monk
     """B = g . A (g a random element of the attention spec, or of the whole-model spec of A's rewrite) as
     saved checkpoints; OUT recovers A (or its rewrite) and computes B's function after ``from_pretrained``."""
     from symalign.checkpoint.hf import load_checkpoint
-    from symalign.checkpoint.output import write_checkpoint
 
     a = make("falcon", dtype=torch.float64, alibi=True, **LAYOUTS[layout])
     p = plant_checkpoints(a, scope, dtype, tmp_path)
@@ -161,6 +160,6 @@ def test_alibi_interpolate_reads_the_aligned_model(tmp_path, capsys, monkeypatch
     assert code == 0, err
     code, stdout, err = run_symalign(monkeypatch, capsys, "interpolate", tmp_path / "A", out, "--data", "synthetic",
                                      "--data-option", "kind=lm", "--points", "3", "--eval-items", "8", "--context",
-                                     "16", "--json")
+                                     "16", "--json", "-o", tmp_path / "lmc")  # not the repository's runs/
     assert code == 0, err
     assert abs(json.loads(stdout)["naive"]["loss_barrier"]) <= 1e-6

@@ -197,7 +197,7 @@ def test_cli_align_recovers_a_and_keeps_b_function(family, scope, tmp_path, caps
     if scope == "model":  # OUT is B in A's coordinates: interpolating A and OUT stays flat
         code, stdout, err = run_symalign(monkeypatch, capsys, "interpolate", tmp_path / "A", out, "--data",
                                          "synthetic", "--data-option", "kind=lm", "--points", "3", "--eval-items",
-                                         "8", "--context", "16", "--json")
+                                         "8", "--context", "16", "-o", tmp_path / "curves", "--json")
         assert code == 0, err
         curve = json.loads(stdout)
         assert abs(curve["naive"]["loss_barrier"]) <= 1e-6, curve["naive"]
@@ -275,7 +275,8 @@ def test_cli_experts_refused_where_meaningless(tmp_path, capsys, monkeypatch):
         (("align", L, M, "-o", out, "--scope", "model", "--experts", "paired", "--stream"),
          "'llama' has no expert layers"),
         (("align", A, B, "-o", out, "--module", "x:y", "--experts", "paired"), "drop it with --module"),
-        (("merge", A, B, "-o", out, "--experts", "paired"), "--experts applies to --scope model"),
+        (("merge", A, B, "-o", out, "--scope", "attention", "--experts", "paired"),
+         "--experts applies to --scope model"),
         (("merge", L, M, "-o", out, "--scope", "model", "--experts", "paired"), "'llama' has no expert layers"),
         (("merge", A, B, "-o", out, "--scope", "model", "--experts", "paired", "--no-align"), "--no-align"),
     ]
@@ -375,8 +376,8 @@ def test_olmoe_clip_qkv_group_is_exact_and_recovered(scope):
     assert rel(output(float64_numerics(_loaded(model, b)), x), y64) <= 1e-10
     res = match_whole(spec, st, b, max_sweeps=5)
     got = res.apply(b)
-    assert rel(torch.cat([got[t].flatten() for t in spec.tensors]), torch.cat([st[t].flatten() for t in spec.tensors])) \
-        <= 1e-8
+    assert rel(torch.cat([got[t].flatten() for t in spec.tensors]),
+               torch.cat([st[t].flatten() for t in spec.tensors])) <= 1e-8
     inv = invert(spec, g)
     for name in spec.spaces:
         if name.split(".")[0] in ("heads", "qk", "vo"):

@@ -26,7 +26,7 @@ USER_FACING = {f.model_types[0] for f in FAMILIES if f.experiment is not None}
 # Other files allowed to name a family, with the reason (a shrinking list: none for new families).
 EXCEPTIONS: dict[str, dict[str, str]] = {
     "phi": {f: "the Greek letter phi in formulas" for f in (
-        "src/symalign/groups.py", "src/symalign/match/rope.py", "src/symalign/match/learned.py",
+        "src/symalign/groups/rope.py", "src/symalign/match/rope.py", "src/symalign/match/learned.py",
         "tests/test_match_rope.py")},
     "t5": {"tests/test_cli_probe.py": "T5's stacks in `probe --hf t5 --layer STACK.I` (a T5 special case)"},
     "mixtral": {"tests/test_cli_probe.py": "`probe --hf mixtral --block` (a mixture-of-experts special case)",

@@ -67,7 +67,10 @@ def test_rotary_elements_commute_with_rotations():
         j0, j1 = rotary_pairs(6, pairing)
         rot = torch.zeros(6, 6, dtype=torch.float64)
         ang = torch.tensor([0.3, 1.1, 2.0], dtype=torch.float64)
-        rot[j0, j0] = ang.cos(); rot[j1, j1] = ang.cos(); rot[j0, j1] = -ang.sin(); rot[j1, j0] = ang.sin()
+        rot[j0, j0] = ang.cos()
+        rot[j1, j1] = ang.cos()
+        rot[j0, j1] = -ang.sin()
+        rot[j1, j0] = ang.sin()
         torch.testing.assert_close(a @ rot, rot @ a)
         gl = GeneralLinear(6).sample(1)
         assert (gl @ rot - rot @ gl).abs().max() > 1e-3

@@ -244,7 +244,8 @@ def test_saved_image_dataset_and_eval_tokens(tmp_path, train_text):
     ev_disk = build_eval(a, load_hf_model(a), str(tmp_path / "ds"), EvalOptions())
     ev_dir = build_eval(a, load_hf_model(a), str(root), EvalOptions())
     assert ev_disk.items == 6
-    assert torch.equal(torch.cat([b["labels"] for b in ev_disk.batches]), torch.cat([b["labels"] for b in ev_dir.batches]))
+    assert torch.equal(torch.cat([b["labels"] for b in ev_disk.batches]),
+                       torch.cat([b["labels"] for b in ev_dir.batches]))
     assert torch.allclose(torch.cat([b["pixel_values"] for b in ev_disk.batches]),
                           torch.cat([b["pixel_values"] for b in ev_dir.batches]))
     tok = TOKENIZERS["bpe"](train_text)

@@ -11,10 +11,10 @@ import torch
 
 from _match_util import make_stack, state
 from symalign.errors import MatchError
-from symalign.groups import RotaryPlanes, random_orthogonal
+from symalign.groups import RotaryPlanes, condition, random_orthogonal
 from symalign.match import align_models, lhat, match_attention, permutation_rank
 from symalign.match.heads import assign_heads, best_and_identity, head_cost, objective
-from symalign.match.qk import Grams, condition, solve_gl
+from symalign.match.qk import Grams, solve_gl
 from symalign.match.views import find_layers
 from symalign.spec import apply, sample
 
@@ -89,8 +89,9 @@ def test_ill_conditioned_solution_falls_back_with_warning():
     d = 4
     xb, yb = (torch.randn(2, 20, d, generator=gen, dtype=torch.float64) for _ in range(2))
     q = random_orthogonal(d, gen)
+    # block 0 ill-posed (cond 1e8)
     u_star = torch.stack([q @ torch.diag(torch.tensor([1.0, 1.0, 1.0, 1e-8], dtype=torch.float64)),
-                          q @ torch.diag(torch.tensor([2.0, 1.0, 1.0, 0.5], dtype=torch.float64))])  # block 0 ill-posed (cond 1e8)
+                          q @ torch.diag(torch.tensor([2.0, 1.0, 1.0, 0.5], dtype=torch.float64))])
     xa, ya = xb @ u_star.mT, yb @ torch.linalg.inv(u_star)
     g = Grams(xb.mT @ xb, xa.mT @ xb, (xa * xa).sum(1), yb.mT @ yb, ya.mT @ yb, (ya * ya).sum(1))
     with pytest.warns(RuntimeWarning, match="near-singular"):

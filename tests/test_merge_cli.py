@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from _cli_util import run_symalign  # noqa: E402
-from _tok_util import TOKENIZERS, corpus, gpt2  # noqa: E402
+from _tok_util import TOKENIZERS, corpus  # noqa: E402
 from hf_tiny import inputs, make_model, output, rel  # noqa: E402
 
 from symalign.families import get_adapter  # noqa: E402
@@ -87,7 +87,7 @@ def test_merge_of_two_copies_returns_the_model_dtype_and_shards(tmp_path, monkey
     index = json.loads((da / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) >= 3
     out_dir = tmp_path / "M"
-    code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, "-o", out_dir)
+    code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, "-o", out_dir, "--scope", "attention")
     assert code == 0, err
     got = json.loads((out_dir / "model.safetensors.index.json").read_text())
     assert got["weight_map"] == index["weight_map"]
@@ -103,11 +103,11 @@ def test_merge_float32_function_and_weights(tmp_path, monkeypatch, capsys, tok):
     c = make_model("gpt2", seed=5, vocab_size=len(tok))
     dc = _save(c, tmp_path / "C", tok)
     code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, dc, "-o", tmp_path / "M", "--weights",
-                                  "1,1,0", "--json")
+                                  "1,1,1e-12", "--json")  # weights must be positive: C all but left out
     assert code == 0, err
     x = inputs(a)
     assert rel(output(_load(a, tmp_path / "M"), x), output(a, x)) <= 1e-5
-    assert json.loads(out)["weights"] == [0.5, 0.5, 0.0]
+    assert json.loads(out)["weights"] == pytest.approx([0.5, 0.5, 5e-13], rel=1e-12, abs=0)
 
 
 def test_merge_eval_prints_losses(tmp_path, monkeypatch, capsys, tok):
@@ -151,7 +151,7 @@ def test_refusals_one_line_nothing_written(kind, tmp_path, monkeypatch, capsys, 
 
 def test_bad_arguments(tmp_path, monkeypatch, capsys, tok):
     a, b, da, db = _planted("gpt2", tmp_path, tok)
-    for args, msg in ((["--weights", "1,2,3"], "3 values for 2 models"), (["--weights", "-1,2"], "non-negative"),
+    for args, msg in ((["--weights", "1,2,3"], "3 values for 2 models"), (["--weights", "-1,2"], "positive"),
                       (["--scope", "heads"], "unknown scope"), (["--eval", tmp_path / "missing.txt"], "missing.txt")):
         code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, "-o", tmp_path / "M", *args)
         assert code == 2 and msg in err and "Traceback" not in err, err
@@ -194,3 +194,34 @@ def test_failed_alignment_writes_nothing_and_keeps_old_out(tmp_path, monkeypatch
         assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert not (tmp_path / "M2").exists()
     assert (tmp_path / "M" / "model.safetensors").read_bytes() == before
+
+
+@pytest.mark.parametrize("family, scope, why", [("gpt2", "model", "whole-model alignment"),
+                                                ("bert", "model", "whole-model alignment")])
+def test_merge_aligns_the_whole_model_by_default_and_says_so(family, scope, why, tmp_path, monkeypatch, capsys,
+                                                             tok):
+    """No --scope: the whole model where the family supports it (here in memory), named in the output; the merge of
+    A and g.A is still A's function."""
+    a, b, da, db = _planted(family, tmp_path, tok if family == "gpt2" else None)
+    code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, "-o", tmp_path / "M")
+    assert code == 0, err
+    assert f"aligned: {scope}" in out and f"scope: {scope} (" in out and why in out
+    code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, "-o", tmp_path / "J", "--json")
+    res = json.loads(out)
+    assert res["scope"] == scope and why in res["scope_default"]
+    code, out, err = run_symalign(monkeypatch, capsys, "merge", da, db, "-o", tmp_path / "K", "--json", "--scope",
+                                  "attention")
+    assert json.loads(out)["scope"] == "attention" and json.loads(out)["scope_default"] is None
+    merged = type(a).from_pretrained(str(tmp_path / "M"), attn_implementation="eager").eval()
+    x = inputs(a)
+    assert rel(output(merged, x), output(a, x)) <= 1e-5
+
+
+def test_default_scope_is_attention_where_the_family_has_no_streamed_model_scope(tmp_path):
+    from symalign.commands.merge import default_scope
+
+    a = make_model("bert", dtype=torch.float32, seed=0)
+    a.save_pretrained(tmp_path / "A")
+    assert default_scope(tmp_path / "A", streamed=False)[0] == "model"
+    scope, why = default_scope(tmp_path / "A", streamed=True)
+    assert scope == "attention" and "in memory" in why

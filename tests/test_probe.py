@@ -10,7 +10,7 @@ from torch import nn
 
 from symalign.errors import SymalignError
 from symalign.nn.attention import AttentionConfig
-from symalign.probe import (ProbeResult, attention_parameter_count, generic_attention, predicted_nullity,
+from symalign.probe import (ProbeResult, attention_parameter_count, predicted_nullity,
                             probe, probe_attention, probe_tour)
 
 

@@ -271,7 +271,7 @@ def test_activation_and_learned_matching_return_exact_elements_on_relu():
 
 def _companion_scales(p, q, r, t, max_scale=1e4, polish=3):
     """The previous solver, kept as the reference: the quartic's roots as companion-matrix eigenvalues."""
-    from symalign.groups import _newton
+    from symalign.groups.newton import _newton
 
     lo, hi = 1.0 / max_scale, float(max_scale)
     both = (p > 0) & (r > 0)

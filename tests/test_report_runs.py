@@ -130,3 +130,21 @@ def test_the_demo_model_has_its_own_name():
         cfg = load_experiment_config(ROOT / "configs" / f"vit-digits-{pe}.toml")
         demo = demo_config(pe)
         assert demo["model"]["d_model"] != cfg.model["d_model"] and demo["name"] != cfg.name
+
+
+def test_curve_legends_sit_below_the_axes_not_over_the_curves(tmp_path, monkeypatch):
+    """The demo figure's legends used to cover curves in two panels: each legend is now drawn below its axes."""
+    from symalign.experiments import report
+
+    figs = []
+    monkeypatch.setattr(report, "_save_fig_atomic", lambda fig, path: figs.append(fig))
+    curve = {"t": [0.0, 0.5, 1.0], "loss": [0.1, 2.0, 0.2], "acc": [0.9, 0.2, 0.9], "loss_barrier": 1.85}
+    res = {"family": "vit", "pe": "rope", "scope": "full", "naive": curve,
+           "variants": {"orthogonal": {"curve": curve}, "full": {"curve": curve}}}
+    report.plot_curves([res, res], tmp_path / "c.png", title="t")
+    fig = figs[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert legend.y1 <= ax.get_window_extent(renderer).y0 + 1e-6  # entirely below the plotting area

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -90,7 +89,7 @@ def test_streamed_output_loads_and_computes_b(tmp_path, capsys, monkeypatch):
     for scope in ("attention", "model"):
         out = tmp_path / f"OUT-{scope}"
         code, text, err = _align(monkeypatch, capsys, da, db, "-o", out, "--stream", "--scope", scope,
-                                 "--max-iter", "3", "--json")
+                                 "--max-sweeps", "3", "--json")
         assert code == 0, err
         info = json.loads(text)
         m2 = T.LlamaForCausalLM.from_pretrained(out, dtype=torch.float64, attn_implementation="eager").eval()
@@ -111,8 +110,8 @@ def test_streamed_model_scope_matches_in_memory_sweeps(family, tmp_path):
     from symalign.commands.align import run_align
 
     _pair(tmp_path, family=family, dtype=torch.float64, shard="20KB", tie_word_embeddings=False)
-    s = run_align(tmp_path / "A", tmp_path / "B", tmp_path / "S", scope="model", stream=True, max_iter=4)
-    m = run_align(tmp_path / "A", tmp_path / "B", tmp_path / "M", scope="model", stream=False, max_iter=4)
+    s = run_align(tmp_path / "A", tmp_path / "B", tmp_path / "S", scope="model", stream=True, max_sweeps=4)
+    m = run_align(tmp_path / "A", tmp_path / "B", tmp_path / "M", scope="model", stream=False, max_sweeps=4)
     assert (s.path, m.path) == ("streamed", "in-memory") and s.sweeps == m.sweeps == 4
     assert set(s.to_dict()) == set(m.to_dict())  # one JSON shape for both paths
     ds, dm = s.match["distances"], m.match["distances"]
@@ -237,7 +236,8 @@ def _write_llama(path: Path, layers: int, seed: int, shard: str) -> None:
 def _run_cli_rss(args: list[str]) -> tuple[int, str]:
     """Run ``symalign ARGS`` in a fresh Python; returns (its peak RSS in bytes, stderr)."""
     code = ("import resource, subprocess, sys, json; "
-            "r = subprocess.run([sys.executable, '-m', 'symalign.cli'] + sys.argv[1:], capture_output=True, text=True); "
+            "r = subprocess.run([sys.executable, '-m', 'symalign.cli'] + sys.argv[1:], capture_output=True, "
+            "text=True); "
             "print(json.dumps([r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, r.stderr]))")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, check=True)
@@ -258,7 +258,7 @@ def test_peak_memory_independent_of_depth(scope, tmp_path):
         _write_llama(d / "B", layers, 1, "6MB")
         assert len(list((d / "B").glob("*.safetensors"))) >= 2
         peaks[layers], _ = _run_cli_rss(["align", str(d / "A"), str(d / "B"), "-o", str(d / "OUT"), "--stream",
-                                         "--scope", scope, "--max-iter", "2"])
+                                         "--scope", scope, "--max-sweeps", "2"])
         assert (d / "OUT" / "model.safetensors.index.json").is_file()
     grow = peaks[16] - peaks[2]
     print(f"{scope}: peak RSS 2 layers {peaks[2] / 2**20:.1f} MiB, 16 layers {peaks[16] / 2**20:.1f} MiB, "

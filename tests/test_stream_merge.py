@@ -19,9 +19,10 @@ def _merge(monkeypatch, capsys, *args):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_streamed_merge_bit_identical_to_in_memory(dtype, tmp_path, capsys, monkeypatch):
     """Same aligned checkpoints, same float64 sums: the streamed output equals the in-memory one bit for bit,
-    laid out like the first checkpoint (shard names, index), in its dtype."""
+    laid out like the first checkpoint (shard names, index), in its dtype (the attention scope: one alignment
+    engine on both paths)."""
     _, _, da, db = _pair(tmp_path, dtype=dtype)
-    args = [da, db, "--weights", "0.3,0.7", "--json"]
+    args = [da, db, "--weights", "0.3,0.7", "--json", "--scope", "attention"]
     code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "MEM", "--no-stream")
     assert code == 0, err
     code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "STR", "--stream")
@@ -41,7 +42,8 @@ def test_streamed_merge_bit_identical_to_in_memory(dtype, tmp_path, capsys, monk
 
 
 def test_streamed_naive_merge_is_the_average(tmp_path, capsys, monkeypatch):
-    """--no-align --stream: every float tensor is round(w_A A + w_B B) (float64 sum), checked against a direct average."""
+    """--no-align --stream: every float tensor is round(w_A A + w_B B) (float64 sum), checked against a direct
+    average."""
     _, _, da, db = _pair(tmp_path, shard=None)
     code, out, err = _merge(monkeypatch, capsys, da, db, "--no-align", "--stream", "--weights", "1,3",
                             "-o", tmp_path / "OUT", "--json")
@@ -79,7 +81,7 @@ def test_streamed_merge_peak_memory_independent_of_depth(scope, tmp_path):
         _write_llama(d / "A", layers, 0, "6MB")
         _write_llama(d / "B", layers, 1, "6MB")
         peaks[layers], _ = _run_cli_rss(["merge", str(d / "A"), str(d / "B"), "-o", str(d / "OUT"), "--stream",
-                                         "--scope", scope, "--max-iter", "2"])
+                                         "--scope", scope, "--max-sweeps", "2"])
         assert (d / "OUT" / "model.safetensors.index.json").is_file()
     grow = peaks[16] - peaks[2]
     print(f"merge --scope {scope}: peak RSS 2 layers {peaks[2] / 2**20:.1f} MiB, "

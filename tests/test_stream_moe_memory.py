@@ -49,7 +49,7 @@ def test_streamed_model_scope_folds_one_expert_at_a_time(command, tmp_path, monk
 
     monkeypatch.setattr(base, "to_f64", spy)
     code, out, err = run_symalign(monkeypatch, capsys, command, da, db, "-o", tmp_path / "OUT", "--stream",
-                                  "--scope", "model", "--max-iter", "1", "--json")
+                                  "--scope", "model", "--max-sweeps", "1", "--json")
     assert code == 0, err
     assert max(seen) == one_expert, (max(seen), one_expert)  # the layer's experts: 4 x one_expert
 

@@ -18,7 +18,8 @@ from symalign.tracing import check_spec, trace
 
 
 def actions(spec: SymmetrySpec) -> dict:
-    return {t: sorted((a.space, a.axis, a.variance, a.rep, a.segment) for a in acts) for t, acts in spec.tensors.items()}
+    return {t: sorted((a.space, a.axis, a.variance, a.rep, a.segment) for a in acts)
+            for t, acts in spec.tensors.items()}
 
 
 def assert_same_spec(traced: SymmetrySpec, hand: SymmetrySpec) -> None:
@@ -154,7 +155,8 @@ def test_vit_from_transformer_encoder_layer(norm_first, activation):
     inproj = actions(s)["encoder.layers.0.self_attn.in_proj_weight"]
     assert ("qk.0", 0, "co", "query", (0, 16)) in inproj and ("qk.0", 0, "contra", "kv", (16, 16)) in inproj
     assert ("vo.0", 0, "co", "kv", (32, 16)) in inproj and ("residual", 1, "contra", None, None) in inproj
-    assert ("residual", 2, "co", None, None) in actions(s)["cls"] and ("residual", 2, "co", None, None) in actions(s)["pos"]
+    assert ("residual", 2, "co", None, None) in actions(s)["cls"]
+    assert ("residual", 2, "co", None, None) in actions(s)["pos"]
     assert independent_change(model, s, x) <= 1e-10
 
 

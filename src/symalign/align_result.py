@@ -145,6 +145,7 @@ class AlignResult:
     match: dict[str, Any] = field(default_factory=dict)
     stream: dict[str, Any] | None = None
     coverage: dict[str, Any] | None = None
+    memory: dict[str, int] | None = None  # host peak RSS and device peak bytes (symalign.device.peak_memory)
     transform: dict[str, Any] | None = field(default=None, repr=False)  # the group element (not in the JSON)
 
     def to_dict(self) -> dict[str, Any]:

@@ -53,6 +53,30 @@ def make_temp_dir(parent: str | Path, prefix: str) -> Path:
     return tmp
 
 
+def check_writable(path: str | Path, what: str | None = None) -> Path:
+    """Refuse, before any work, a location where nothing can be written: the nearest existing path at or
+    above ``path`` must be a folder in which an entry can be created. Tried for real (an empty temporary
+    folder made and removed at once), so permissions, a read-only file system and a path under a
+    regular file are all caught, for root too. Returns that folder; raises a one-line
+    :class:`~symalign.errors.ConfigError` that starts with ``what`` (default: ``path``) and names the fix."""
+    from symalign.errors import ConfigError
+
+    path = Path(path)
+    what = what or str(path)
+    folder = path
+    while not os.path.lexists(folder) and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"{what}: {folder} is a file, not a folder; pick another location")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".symalign-write-test-"))
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else type(exc).__name__
+        raise ConfigError(f"{what}: cannot write in {folder} ({reason}); pick a writable location "
+                          "or fix its permissions") from None
+    return folder
+
+
 def fix_modes(folder: str | Path) -> None:
     """Give ``folder`` and everything under it the modes the umask allows (some writers, e.g.
     safetensors, create ``0600`` files; ``mkdtemp`` creates ``0700`` folders)."""

@@ -91,22 +91,26 @@ def main() -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2.
 
     torch runs single-threaded unless ``$SYMALIGN_THREADS`` or a command's ``--threads`` says
-    otherwise (:func:`symalign.commands.checks.default_threads`: faster on shared machines, and
+    otherwise (:func:`symalign.commands.checks.use_threads`: faster on shared machines, and
     the thread count changes results, so it is fixed and recorded). ``$SYMALIGN_ARITHMETIC=portable``
     restarts the command with the same floating-point code on every x86-64 CPU
-    (:mod:`symalign.arithmetic`)."""
+    (:mod:`symalign.arithmetic`). Ctrl-C exits 130 with one line saying what the command kept
+    (:mod:`symalign.commands.interrupt`); a command's ``typer.Exit(code)`` is its exit status."""
     from symalign import arithmetic
+    from symalign.commands import interrupt
 
+    interrupt.reset()
     try:
         want = arithmetic.requested()
         if want is not None:
             arithmetic.ensure(want)  # the console script restarts in that mode; in-process callers keep theirs
-        import torch
+        from symalign.commands.checks import use_threads
 
-        from symalign.commands.checks import default_threads
-
-        torch.set_num_threads(default_threads())
-        app(standalone_mode=False, prog_name="symalign")
+        use_threads(None)
+        # standalone_mode=False: typer returns the code of a typer.Exit, and 130 for a KeyboardInterrupt
+        code = app(standalone_mode=False, prog_name="symalign")
+    except KeyboardInterrupt:  # before typer took over (imports, the arithmetic restart)
+        code = INTERRUPTED
     except SymalignError as exc:
         typer.echo(f"symalign: error: {exc}", err=True)
         sys.exit(2)
@@ -114,7 +118,7 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except typer.Abort:
         typer.echo("Aborted.", err=True)
-        sys.exit(130)
+        sys.exit(INTERRUPTED)
     except Exception as exc:  # click usage errors
         import click
 
@@ -129,6 +133,14 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code)
         raise
+    if code == INTERRUPTED:
+        typer.echo(f"symalign: interrupted; {interrupt.message()}", err=True)
+    if isinstance(code, int) and code != 0:
+        sys.exit(code)
+
+
+INTERRUPTED = 130
+"""The exit status of an interrupted command (128 + SIGINT, as a shell reports it)."""
 
 
 def entry() -> None:

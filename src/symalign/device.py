@@ -28,7 +28,7 @@ from symalign.errors import ConfigError
 CHOICES = "auto, cpu, cuda, cuda:N or mps"
 _FORM = re.compile(r"^(auto|cpu|mps|cuda)(?::(\d+))?$")
 
-__all__ = ["CHOICES", "describe", "exact_matmul", "out_of_memory", "resolve", "to_device"]
+__all__ = ["CHOICES", "describe", "exact_matmul", "out_of_memory", "peak_memory", "resolve", "to_device"]
 
 
 def resolve(spec: str | torch.device | None = "auto") -> torch.device:
@@ -98,3 +98,17 @@ def out_of_memory(device: torch.device | str, where: str = "") -> ConfigError:
     at = f" while {where}" if where else ""
     return ConfigError(f"{device} ran out of memory{at}; stream the checkpoints (--stream), cap what stays on the "
                        "device (--max-device-memory), lower --batch-size, or use --device cpu")
+
+
+def peak_memory(device: torch.device | str | None = None) -> dict[str, int]:
+    """``{"host_peak_rss_bytes": ..., "device_peak_bytes": ...}``: this process's peak resident set (``ru_maxrss``)
+    and, on a CUDA device, the most memory torch's allocator held there (``max_memory_allocated``; 0 elsewhere)."""
+    import resource
+    import sys
+
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = {"host_peak_rss_bytes": int(r if sys.platform == "darwin" else r * 1024), "device_peak_bytes": 0}
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        out["device_peak_bytes"] = int(torch.cuda.max_memory_allocated(dev))
+    return out

@@ -94,7 +94,9 @@ class AlignJob:
     ``say``: receives progress lines; ``progress``: rich progress bars (streamed);
     ``return_transform``: keep the group element in :attr:`AlignResult.transform`; ``experts``: how
     mixture-of-experts layers are matched (``--scope model``; ``None``: ``"exact"``, see :data:`EXPERTS`
-    and :func:`symalign.match.experts.match_experts`), refused elsewhere (:func:`check_experts`).
+    and :func:`symalign.match.experts.match_experts`), refused elsewhere (:func:`check_experts`); ``device``:
+    where the matching computes (:mod:`symalign.device`; ``None``: the CPU) -- reading, checking and writing stay
+    on the CPU, and a streamed ``--scope model`` run computes its passes on the CPU (noted in the result).
     """
 
     a_dir: Path
@@ -111,6 +113,7 @@ class AlignJob:
     say: Callable[[str], None] | None = None
     return_transform: bool = False
     experts: str | None = None
+    device: torch.device | None = None
 
     def check(self) -> None:
         """Refuse a bad option with one line naming it."""
@@ -146,7 +149,7 @@ def align(job: AlignJob) -> AlignResult:
 
         res = run_stream_attention(job.a_dir, job.b_dir, out_path, stage2=job.stage2, stage1=job.stage1,
                                    force=job.force, progress=job.progress, return_transform=job.return_transform,
-                                   clock=clock)
+                                   clock=clock, device=job.device)
     elif streamed:
         from symalign.stream.model import run_stream_model
 
@@ -159,6 +162,11 @@ def align(job: AlignJob) -> AlignResult:
     return finish(res, job, out_path, clock)
 
 
+def streamed_model_on_cpu(res: AlignResult, job: AlignJob) -> bool:
+    """Whether a device was asked for but a streamed ``--scope model`` run computed on the CPU."""
+    return job.device is not None and job.device.type != "cpu" and job.scope == "model" and res.path == "streamed"
+
+
 def finish(res: AlignResult, job: AlignJob, out_path: Path, clock: PhaseClock) -> AlignResult:
     """The fields every path shares: paths, options, threads, provenance, timings."""
     res.a, res.b, res.out = str(job.a_dir), str(job.b_dir), str(out_path)
@@ -166,9 +174,15 @@ def finish(res: AlignResult, job: AlignJob, out_path: Path, clock: PhaseClock) -
     if job.scope == "model":
         res.max_sweeps = job.max_sweeps
     res.threads = torch.get_num_threads()
-    res.provenance = provenance(threads=res.threads)
+    res.provenance = provenance(threads=res.threads, device=job.device)
+    if streamed_model_on_cpu(res, job):
+        res.notes.append(f"--device {job.device}: the streamed whole-model passes computed on the CPU (only the "
+                         "attention scope and in-memory alignments match on a device in this version)")
     res.provenance.update(marker_fields({"inputs": [str(job.a_dir), str(job.b_dir)]}))  # Hub ids: their snapshots
     res.timings = clock.timings()
+    from symalign.device import peak_memory
+
+    res.memory = peak_memory(job.device)
     return res
 
 
@@ -235,7 +249,7 @@ class InMemoryAttention(InMemoryEngine):
 
         self.before = attention_distance(self.spec, self.a.state, self.b.state)
         self.result = match_attention(self.spec, self.a.state, self.b.state, stage1=self.job.stage1,
-                                      stage2=self.job.stage2)  # reads fused segments
+                                      stage2=self.job.stage2, device=self.job.device)  # reads fused segments
         self.out_state = apply(self.spec, self.result.transform, self.b.state)
         self.after = attention_distance(self.spec, self.a.state, self.out_state)
         del self.a
@@ -277,8 +291,11 @@ class InMemoryModel(InMemoryEngine):
         from symalign.families import prepare
 
         a, b = self.a, self.b
-        self.pa = prepare(a.config, a.state, a.adapter.spec(a.config, a.state.keys()))
-        self.pb = prepare(b.config, b.state, b.adapter.spec(b.config, b.state.keys()))
+        # Folded and matched in float64 whatever the stored dtype, as the streamed passes do; OUT is rounded to
+        # B's dtypes only when it is written (self.stored), so both paths match the same numbers.
+        self.stored = {k: v.dtype for k, v in b.state.items()}
+        self.pa = prepare(a.config, _float64(a.state), a.adapter.spec(a.config, a.state.keys()))
+        self.pb = prepare(b.config, _float64(b.state), b.adapter.spec(b.config, b.state.keys()))
         self.spec = self.pb.spec
         if self.job.experts is not None and not expert_units(self.spec):
             refuse_experts(f"this {a.config.model_type!r} checkpoint")
@@ -294,13 +311,17 @@ class InMemoryModel(InMemoryEngine):
         d0 = max(distance(pa.spec, pa.state, pb.state), 1e-300)
         self.result = match_whole(pa.spec, pa.state, pb.state, spec_b=pb.spec, stage1=self.job.stage1,
                                   stage2=self.job.stage2, max_iter=n, experts=self.job.experts or "exact",
+                                  device=self.job.device,
                                   **CHECKPOINT_SETTINGS,  # as the streamed engine: --stream gives the same
                                   progress=lambda k, d: self.job.tell(f"sweep {k}/{n}: squared distance "
                                                                       f"{d / d0:.4f} of unaligned"))
         self.job.tell(f"matched in {self.result.iterations} sweeps" + ("" if self.result.converged
                                                                           else " (not converged)"))
-        self.out_state = apply(self.spec, self.result.transform, pb.state)
-        self.after = relative_distance(pa.state, self.out_state, self.spec.tensors)
+        out = apply(self.spec, self.result.transform, pb.state)
+        self.after = relative_distance(pa.state, out, self.spec.tensors)
+        self.out_state = {k: v.to(self.stored.get(k, self.b.dtype)) if v.is_floating_point() else v
+                          for k, v in out.items()}  # B's stored dtypes (a tensor B lacks: B's dtype)
+        del out
 
     def edits(self) -> dict[str, Any] | None:
         return {"tie_word_embeddings": False} if self.pb.untied else None
@@ -334,6 +355,11 @@ class InMemoryModel(InMemoryEngine):
                           transform=dict(res.transform) if self.job.return_transform else None)
 
 
+def _float64(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``state`` with every floating tensor in float64 (exact: every float dtype converts exactly)."""
+    return {k: v.double() if v.is_floating_point() else v for k, v in state.items()}
+
+
 @dataclass
 class Aligned:
     """B aligned to A in memory and checked, never written: ``state`` under the names ``save_pretrained``
@@ -347,7 +373,7 @@ class Aligned:
 
 def align_loaded(a: HFCheckpoint, b: HFCheckpoint, scope: str = "attention", stage1: bool = True,
                  stage2: str = "full", max_sweeps: int = 20, experts: str | None = None,
-                 say: Callable[[str], None] | None = None) -> Aligned:
+                 say: Callable[[str], None] | None = None, device: torch.device | None = None) -> Aligned:
     """B aligned to A, both already in memory, by the in-memory engine of ``scope`` -- the same prepare and
     match as ``symalign align`` -- and checked to compute B's function (:func:`symalign.arch.check.
     check_state_function`: ``from_pretrained`` of the weights in memory; the same tolerance as a written OUT).
@@ -356,7 +382,7 @@ def align_loaded(a: HFCheckpoint, b: HFCheckpoint, scope: str = "attention", sta
     from symalign.checkpoint.config import saved_names
 
     job = AlignJob(Path(a.path), Path(b.path), Path(b.path), scope=scope, stage1=stage1, stage2=stage2,
-                   max_sweeps=max_sweeps, say=say, experts=experts)
+                   max_sweeps=max_sweeps, say=say, experts=experts, device=device)
     job.check()
     engine = (InMemoryAttention if scope == "attention" else InMemoryModel)(job, Path(b.path), PhaseClock())
     engine.a, engine.b = a, b

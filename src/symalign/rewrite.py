@@ -113,7 +113,7 @@ def plan(cfg: ModelConfig) -> RewritePlan:
     centre = cfg.norm == "layernorm" and not sinus
     norm = "centred" if (sinus and cfg.norm == "layernorm") else "rms"
     group = residual_group(cfg)
-    dims = 0 if group is None else (group.k if isinstance(group, FixingOrthogonal) else cfg.d_model)
+    dims = 0 if group is None else group.free_dims
     reason = None
     if sinus:
         fixed = cfg.d_model - dims

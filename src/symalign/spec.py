@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from symalign.errors import SpecError
-from symalign.groups import BlockPermutations, Group, HeadPermutation, PerHead, Permutation, Variance, _generator
+from symalign.groups import BlockPermutations, Group, HeadPermutation, PerHead, Permutation, Variance, as_generator
 
 Transform = dict[str, Tensor]
 """A group element per space name; spaces left out act as the identity."""
@@ -124,7 +124,10 @@ def segment_index(segment: tuple[int, ...], n: int) -> Tensor:
     """The indices (in order) a segment selects on an axis of ``n`` entries."""
     start, length = int(segment[0]), int(segment[1])
     period = int(segment[2]) if len(segment) > 2 else n
-    blocks = torch.arange(n // period).unsqueeze(1) * period if len(segment) > 2 else torch.zeros(1, 1, dtype=torch.long)
+    if len(segment) > 2:
+        blocks = torch.arange(n // period).unsqueeze(1) * period
+    else:
+        blocks = torch.zeros(1, 1, dtype=torch.long)
     return (blocks + start + torch.arange(length)).reshape(-1)
 
 
@@ -318,7 +321,7 @@ def identity(spec: SymmetrySpec) -> Transform:
 
 def sample(spec: SymmetrySpec, gen: int | torch.Generator | None = None, spaces=None) -> Transform:
     """A random element of the declared group (of ``spaces`` only, if given)."""
-    g = _generator(gen)
+    g = as_generator(gen)
     names = spec.spaces if spaces is None else spaces
     return {name: spec.spaces[name].sample(g) for name in names}
 

@@ -363,7 +363,7 @@ def _train(model_cfg, data: str, tc: TrainConfig, out_dir: Path, data_options: d
     except KeyboardInterrupt:
         if step > start:
             last_good = checkpoint(step)
-            rep.log(f"interrupted: saved {last_good}; continue with --resume")
+            rep.log(f"interrupted: saved {last_good}")  # the command says how to continue (it knows its options)
         raise
     finally:
         rep.close()

@@ -22,7 +22,7 @@ from symalign.arch.base import Adapter
 from symalign.tolerance import TOLERANCE, FunctionCheck, function_tolerance, relative_change
 
 __all__ = ["TOLERANCE", "check_function", "check_state_function", "output_change", "check_dtype",
-           "run_checkpoint", "run_state"]
+           "run_checkpoint", "run_model", "run_state"]
 FLOAT64_MAX_PARAMS = 200_000_000  # above this, compute in float32 to bound memory
 
 
@@ -37,46 +37,37 @@ def _first_output(out: Any) -> Tensor:
 
 
 @torch.no_grad()
+def run_model(adapter: Adapter, config: Any, dtype: torch.dtype, path: str | os.PathLike | None = None,
+              state: Mapping[str, Tensor] | None = None, seed: int = 0) -> Tensor:
+    """Output on a random batch (``adapter.dummy_inputs``, seeded) of the model loaded by ``from_pretrained`` with its
+    class, eager attention, in ``dtype``, under :meth:`~symalign.arch.base.Adapter.function_check_config`: from the
+    folder ``path`` (under its own config), or -- ``state`` -- from weights in memory under the names
+    ``save_pretrained`` writes (``from_pretrained(None, state_dict=...)``: transformers' own loading, no file)."""
+    cls = adapter.model_class(config)
+    own = adapter.function_check_config(cls.config_class.from_pretrained(str(path)) if state is None
+                                        else copy.deepcopy(config))
+    source = str(path) if state is None else None
+    model = cls.from_pretrained(source, config=own, dtype=dtype, attn_implementation="eager",
+                                experts_implementation="eager",
+                                **({} if state is None else {"state_dict": dict(state)})).eval()
+    inputs = adapter.dummy_inputs(config, seed=seed)
+    inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
+    y = _first_output(model(**inputs)).to(torch.float64)
+    del model
+    gc.collect()
+    return y
+
+
 def run_checkpoint(adapter: Adapter, config: Any, path: str | os.PathLike, dtype: torch.dtype,
                    seed: int = 0) -> Tensor:
-    """Output of ``path`` (loaded with its model class, eager attention, in ``dtype``, under its own config as
-    :meth:`~symalign.arch.base.Adapter.function_check_config` sets it for a check) on a random batch."""
-    cls = adapter.model_class(config)
-    own = adapter.function_check_config(cls.config_class.from_pretrained(str(path)))
-    model = cls.from_pretrained(str(path), config=own, dtype=dtype, attn_implementation="eager",
-                                experts_implementation="eager").eval()
-    inputs = adapter.dummy_inputs(config, seed=seed)
-    inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
-    y = _first_output(model(**inputs)).to(torch.float64)
-    del model
-    gc.collect()
-    return y
+    """:func:`run_model` of the checkpoint folder ``path``."""
+    return run_model(adapter, config, dtype, path=path, seed=seed)
 
 
-@torch.no_grad()
 def run_state(adapter: Adapter, config: Any, state: Mapping[str, Tensor], dtype: torch.dtype,
               seed: int = 0) -> Tensor:
-    """Output of the model ``config`` describes with the weights ``state`` (under the names ``save_pretrained``
-    writes), loaded by ``from_pretrained(None, state_dict=...)`` -- transformers' own loading, no file -- in
-    ``dtype`` with eager attention, under :meth:`~symalign.arch.base.Adapter.function_check_config`, on the same
-    random batch as :func:`run_checkpoint`."""
-    from transformers.utils import logging
-
-    cls = adapter.model_class(config)
-    own = adapter.function_check_config(copy.deepcopy(config))
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        model = cls.from_pretrained(None, config=own, state_dict=dict(state), dtype=dtype,
-                                    attn_implementation="eager", experts_implementation="eager").eval()
-    finally:
-        logging.set_verbosity(verbosity)
-    inputs = adapter.dummy_inputs(config, seed=seed)
-    inputs = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in inputs.items()}
-    y = _first_output(model(**inputs)).to(torch.float64)
-    del model
-    gc.collect()
-    return y
+    """:func:`run_model` of the weights ``state`` in memory under ``config`` (the same random batch)."""
+    return run_model(adapter, config, dtype, state=state, seed=seed)
 
 
 def check_dtype(n_params: int) -> torch.dtype:

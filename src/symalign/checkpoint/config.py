@@ -19,7 +19,13 @@ import torch
 from torch import Tensor
 
 from symalign.arch import Adapter
+from symalign.checkpoint.native import FORMAT, LATEST
 from symalign.errors import CheckpointError, MatchError
+
+
+BUILT_IN_HINT = ("align, interpolate and merge read save_pretrained folders of Hugging Face models: built-in "
+                 "models are aligned and measured by `symalign experiment CONFIG.toml` (README, section 4)")
+"""What to do with a built-in (``symalign train``) checkpoint given where a Hugging Face one is expected."""
 
 
 def load_config(path: str | os.PathLike) -> Any:
@@ -29,11 +35,18 @@ def load_config(path: str | os.PathLike) -> Any:
         raise CheckpointError(f"{path} is not a directory (expected a save_pretrained checkpoint)")
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
+        if (path / LATEST).is_file():  # a `symalign train` run folder
+            raise CheckpointError(f"{path} is a `symalign train` run folder, not a Hugging Face checkpoint; "
+                                  f"{BUILT_IN_HINT}")
         raise CheckpointError(f"{cfg_file} is missing (expected a save_pretrained checkpoint)")
     try:
-        json.loads(cfg_file.read_text())
+        meta = json.loads(cfg_file.read_text())
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{cfg_file} is not valid JSON: {exc}") from None
+    if isinstance(meta, dict) and meta.get("format") == FORMAT:
+        family = (meta.get("model") or {}).get("family", "built-in")
+        raise CheckpointError(f"{path} is a `symalign train` checkpoint (built-in {family} model), not a Hugging "
+                              f"Face one; {BUILT_IN_HINT}")
     from transformers import AutoConfig
 
     try:

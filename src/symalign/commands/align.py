@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from symalign.align_result import AlignResult
+from symalign.commands import checks, interrupt
 from symalign.io.hub import REVISION_HELP, resolve_all
 from symalign.pipeline import SCOPES, STAGE2, AlignJob, align
 
@@ -25,20 +26,20 @@ __all__ = ["SCOPES", "STAGE2", "run_align", "register"]
 def run_align(a_dir: Path, b_dir: Path, out_dir: Path, scope: str = "attention", stage2: str = "full",
               stage1: bool = True, force: bool = False, max_sweeps: int = 20,
               write_reference: Path | None = None, say: Callable[[str], None] | None = None,
-              stream: bool | None = None, progress: bool = True, max_iter: int | None = None,
-              return_transform: bool = False, experts: str | None = None) -> AlignResult:
+              stream: bool | None = None, progress: bool = True,
+              return_transform: bool = False, experts: str | None = None, device: Any = None) -> AlignResult:
     """Align B to A and write OUT (:func:`symalign.pipeline.align`); returns the result.
 
-    ``max_sweeps`` (``max_iter``: the same, older name) and ``write_reference`` apply to
+    ``max_sweeps`` and ``write_reference`` apply to
     ``scope="model"``; ``say`` receives progress lines. ``stream``: process the checkpoints
     layer by layer (:mod:`symalign.stream`); ``None`` decides by size
     (:func:`symalign.stream.auto.should_stream`). ``experts``: ``"exact"`` or ``"paired"``, how
     mixture-of-experts layers are matched (``scope="model"`` only; ``None``: exact).
     """
     return align(AlignJob(Path(a_dir), Path(b_dir), Path(out_dir), scope=scope, stage1=stage1, stage2=stage2,
-                          max_sweeps=max_iter if max_iter is not None else max_sweeps, force=force,
+                          max_sweeps=max_sweeps, force=force,
                           write_reference=write_reference, stream=stream, progress=progress, say=say,
-                          return_transform=return_transform, experts=experts))
+                          return_transform=return_transform, experts=experts, device=device))
 
 
 def register(app: typer.Typer) -> None:
@@ -51,8 +52,8 @@ def register(app: typer.Typer) -> None:
         scope: str = typer.Option("attention", help="attention | model (model: residual stream, FF units and "
                                   "attention; OUT is written in folded form, see --write-reference and "
                                   "docs/whole-model.md)."),
-        max_sweeps: int = typer.Option(20, "--max-sweeps", "--max-iter", min=1, help="--scope model: sweeps of the alternating "
-                                                                "solver (a warning says when it did not converge)."),
+        max_sweeps: int = typer.Option(20, "--max-sweeps", min=1, help="--scope model: sweeps of the alternating "
+                                       "solver (a warning says when it did not converge)."),
         write_reference: Optional[Path] = typer.Option(None, "--write-reference", metavar="DIR",
                                                        help="--scope model: also write A's folded form to DIR "
                                                             "(interpolate DIR with OUT)."),
@@ -74,8 +75,11 @@ def register(app: typer.Typer) -> None:
         strict: bool = typer.Option(False, "--strict", help="--module: refuse (exit 2, nothing written) when any "
                                     "part of the model would be left unchanged (docs/tracing.md)."),
         revision: Optional[str] = typer.Option(None, "--revision", help=REVISION_HELP),
-        module: Optional[str] = typer.Option(None, "--module", help="pkg.mod:factory returning any nn.Module: A_DIR, B_DIR and "
-                                   "OUT are then state-dict files (torch.save); spec traced (docs/tracing.md)."),
+        module: Optional[str] = typer.Option(None, "--module", help="pkg.mod:factory returning any nn.Module: "
+                                   "A_DIR, B_DIR and OUT are then state-dict files (torch.save); spec traced "
+                                   "(docs/tracing.md)."),
+        threads: Optional[int] = checks.threads_option(),
+        device: str = checks.device_option(),
     ) -> None:
         """Align checkpoint B to A through exact symmetries -- of the attention layers (--scope attention) or
         of the whole model: residual stream, FF units and attention (--scope model); OUT computes B's function."""
@@ -83,6 +87,9 @@ def register(app: typer.Typer) -> None:
 
         err = Console(stderr=True)
         say = (lambda s: err.print(f"[dim]align:[/] {s}")) if not as_json else None
+        checks.use_threads(threads)
+        dev = checks.use_device(device, say)
+        interrupt.keep_output(*([out] + ([write_reference] if write_reference is not None else [])))
         if module:
             from symalign.commands.align_module import run_align_module
 
@@ -92,8 +99,11 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError("--experts applies to Hugging Face mixture-of-experts checkpoints; drop it with "
                                   "--module")
 
+            from symalign.atomic import check_writable
+
+            check_writable(Path(out).parent, f"-o {out}")  # OUT is a state-dict file here, written beside itself
             info = run_align_module(module, a_dir, b_dir, out, scope, stage2, not no_stage1, force,
-                                    max_sweeps=max_sweeps, strict=strict)
+                                    max_sweeps=max_sweeps, strict=strict, device=dev)
         else:
             if strict:
                 from symalign.errors import ConfigError
@@ -103,7 +113,7 @@ def register(app: typer.Typer) -> None:
             a_dir, b_dir = resolve_all([a_dir, b_dir], revision, "checkpoint")  # Hub ids -> cached snapshots
             info = run_align(a_dir, b_dir, out, scope=scope, stage2=stage2, stage1=not no_stage1, force=force,
                              max_sweeps=max_sweeps, write_reference=write_reference, say=say, stream=stream,
-                             experts=experts)
+                             experts=experts, device=dev)
         if as_json:
             typer.echo(json.dumps(info.to_dict(), default=_jsonable))
             return

@@ -66,10 +66,11 @@ def load_state(path: Path, who: str) -> dict[str, torch.Tensor]:
 
 def run_align_module(module: str, a_path: Path, b_path: Path, out: Path, scope: str = "model",
                      stage2: str = "full", stage1: bool = True, force: bool = False,
-                     max_sweeps: int = 20, strict: bool = False) -> AlignResult:
+                     max_sweeps: int = 20, strict: bool = False, device: Any = None) -> AlignResult:
     """Align B.pt to A.pt through the traced symmetries of ``module``'s model and write OUT (module docstring);
     the result has the shape of every ``align`` (:class:`~symalign.align_result.AlignResult`, ``path="module"``,
-    with ``coverage``); ``strict``: refuse when any part would be left unchanged (nothing is written)."""
+    with ``coverage``); ``strict``: refuse when any part would be left unchanged (nothing is written); ``device``:
+    where the matching computes."""
     from symalign.tracing.align import align_states
 
     clock = PhaseClock()
@@ -86,7 +87,7 @@ def run_align_module(module: str, a_path: Path, b_path: Path, out: Path, scope: 
         state_a, state_b = load_state(a_path, "checkpoint A"), load_state(b_path, "checkpoint B")
     with clock("match"):  # trace (prepare), match and the function check (verify): one call
         res = align_states(model, state_a, state_b, inputs, scope=scope, stage1=stage1, stage2=stage2,
-                           max_iter=max_sweeps, strict=strict)
+                           max_iter=max_sweeps, strict=strict, device=device)
     with clock("write"):
         save_state_file(res.state, out)
     m = res.match

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Any, Iterable, Optional
 
 from symalign.errors import ConfigError
 
@@ -20,9 +20,13 @@ def threads(n: Optional[int], option: str = "--threads", allow_zero: bool = Fals
 
 
 def output_dir(path: Path, option: str = "--out") -> None:
-    """An output folder may exist as a folder, never as a file."""
+    """An output folder may exist as a folder, never as a file, and must be writable (it, or the nearest
+    folder above it that exists: :func:`symalign.atomic.check_writable`)."""
+    from symalign.atomic import check_writable
+
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{option} {path} is an existing file, not a folder; pass a folder path")
+    check_writable(path, f"{option} {path}")
 
 
 def output_file(path: Path, option: str = "--out") -> None:
@@ -34,6 +38,9 @@ def output_file(path: Path, option: str = "--out") -> None:
         parent = parent.parent
     if parent.exists() and not parent.is_dir():
         raise ConfigError(f"{option} {path}: {parent} is a file, not a folder")
+    from symalign.atomic import check_writable
+
+    check_writable(path.parent, f"{option} {path}")
 
 
 def input_file(path: Path, what: str) -> None:
@@ -74,6 +81,52 @@ def default_threads() -> int:
             raise ConfigError(f"SYMALIGN_THREADS must be a positive integer, got {env!r}")
         return int(env)
     return 1
+
+
+THREADS_HELP = "torch threads (default 1, or $SYMALIGN_THREADS; results depend on it, see README)."
+
+
+def threads_option(help: str = THREADS_HELP) -> Any:
+    """The ``--threads N`` option every command that runs torch declares (read by :func:`use_threads`)."""
+    import typer
+
+    return typer.Option(None, "--threads", metavar="N", help=help)
+
+
+def use_threads(n: Optional[int], option: str = "--threads", allow_zero: bool = False) -> int:
+    """The one place torch's thread count is set: ``n`` (checked by :func:`threads`; ``None``, or ``0``
+    where ``allow_zero``, means :func:`default_threads`). Returns the count now in use."""
+    import torch
+
+    threads(n, option, allow_zero)
+    count = n or default_threads()
+    torch.set_num_threads(count)
+    return count
+
+
+DEVICE_HELP = ("Where to compute: auto (CUDA when present, else the CPU), cpu, cuda, cuda:N or mps. Matching keeps "
+               "the CPU path's dtypes with TF32 off; see docs/scaling.md, 'Devices'.")
+
+
+def device_option(help: str = DEVICE_HELP) -> Any:
+    """The ``--device`` option every command that computes declares (read by :func:`use_device`)."""
+    import typer
+
+    return typer.Option("auto", "--device", metavar="auto|cpu|cuda|cuda:N|mps", help=help)
+
+
+def use_device(spec: Optional[str], say: Optional[Callable[[str], None]] = None) -> Any:
+    """The one place ``--device`` is read: the :class:`torch.device` it names (:func:`symalign.device.resolve`,
+    which refuses an unknown string or an absent device in one line, before any weight is loaded); ``say``
+    receives the first progress line, which names an accelerator (and the GPU): on the CPU nothing is added to
+    the output (``--json`` and every provenance record the device either way)."""
+    from symalign.device import describe, resolve
+
+    dev = resolve(spec)
+    if say is not None and dev.type != "cpu":
+        info = describe(dev)
+        say(f"device: {info['device']}" + (f" ({info['gpu']})" if "gpu" in info else ""))
+    return dev
 
 
 _INT_OPTIONS = ("split_seed", "subset", "seq_len", "n", "image_size", "per_class")

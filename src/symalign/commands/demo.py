@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import typer
+
+from symalign.commands import checks
 
 
 def register(app: typer.Typer) -> None:
@@ -17,8 +20,8 @@ def demo_command(
                                                                      "curves.png."),
     steps: int = typer.Option(300, min=1, help="Training steps per model."),
     learned_steps: int = typer.Option(100, "--learned-steps", min=1, help="Steps of the learned refinement."),
-    threads: int = typer.Option(0, help="torch threads (0: the default, 1 or $SYMALIGN_THREADS; results depend "
-                                        "on it, see README)."),
+    threads: Optional[int] = checks.threads_option("torch threads (0 or unset: the default, 1 or $SYMALIGN_THREADS; "
+                                         "results depend on it, see README)."),
     fresh: bool = typer.Option(False, "--fresh", "--force", help="Discard the runs of a previous demo recorded "
                                                                  "with other settings, and start over."),
     tour: bool = typer.Option(True, "--tour/--no-tour", help="Print the symmetry-probe tour first."),
@@ -36,18 +39,17 @@ def demo_command(
     same settings reuses finished work; other settings are refused (use --fresh or another --out)."""
     import time
 
-    import torch
     from rich.table import Table
 
     from symalign import arithmetic as arith
-    from symalign.commands import checks
+    from symalign.commands import interrupt
     from symalign.experiments.demo import run_demo
 
     # restarts this command in that mode (a library call keeps its own, and the results record it)
     arith.ensure(arithmetic or arith.requested() or "portable")
-    checks.threads(threads, allow_zero=True)
     checks.output_dir(out)
-    torch.set_num_threads(threads or checks.default_threads())
+    checks.use_threads(threads, allow_zero=True)
+    interrupt.keep_run(out, drop=("--fresh", "--force"))  # re-running with the same settings resumes
     console = checks.console(stderr=as_json)
     t0 = time.perf_counter()
     if tour and not as_json:

@@ -28,4 +28,5 @@ def docs_command(
         typer.echo(f"{len(blocks(root)) - len(stale)} of {len(blocks(root))} tables match their result files")
         raise typer.Exit(1 if stale else 0)
     changed = [p for p in doc_files(root) if render_file(p, root)]
-    typer.echo(f"{len(blocks(root))} tables written; changed: {', '.join(str(p.relative_to(root)) for p in changed) or 'none'}")
+    names = ", ".join(str(p.relative_to(root)) for p in changed)
+    typer.echo(f"{len(blocks(root))} tables written; changed: {names or 'none'}")

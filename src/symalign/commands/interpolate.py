@@ -4,7 +4,10 @@ The checkpoints are evaluated on their own objective with their own tokenizer or
 image processor (:mod:`symalign.evaluate`); ``--data`` is a built-in dataset name,
 a text file, a JSONL file, an image folder or a saved ``datasets`` dataset.
 Writes ``OUT/results.json`` and ``OUT/curves.png`` (with ``--baseline``, the
-baseline curve and the aligned one in one plot); a progress bar per point on stderr.
+baseline curve and the aligned one in one plot) and the marker ``OUT/symalign.json``,
+all at once (OUT is built beside itself and renamed into place; an earlier OUT is
+replaced only with ``--force``); a progress bar per point on stderr. A B that
+``symalign align`` aligned to another A is refused (``--force``: a warning).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Iterator, Optional
 
 import typer
 
+from symalign.commands import checks
 from symalign.io.hub import REVISION_HELP
 
 DATA_HELP = ("A built-in dataset (shakespeare, bible, wordnet, fortunes, digits, fashion-mnist, synthetic, ...), "
@@ -48,7 +52,11 @@ def point_progress(total: int, label: str, enabled: bool = True) -> Iterator:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=False) as bar:
         task = bar.add_task(label, total=total)
-        yield lambda i, t: bar.update(task, completed=i + 1, description=f"{label} t={t:.2f}")
+        try:
+            yield lambda i, t: bar.update(task, completed=i + 1, description=f"{label} t={t:.2f}")
+        except BaseException:
+            bar.live.transient = True  # a refusal or an interrupt leaves its own one line, not the bar
+            raise
 
 
 def _streams(dirs: list[Path], stream: bool | None) -> bool:
@@ -58,6 +66,80 @@ def _streams(dirs: list[Path], stream: bool | None) -> bool:
     if stream is not None:
         return stream
     return sum(weights_bytes(d) for d in dirs) > STREAM_FRACTION * physical_memory()
+
+
+RESULT_FILES = ("results.json", "curves.png")
+"""What ``interpolate`` writes into OUT (with the marker ``symalign.json``)."""
+
+
+def check_results_dir(out: Path, force: bool) -> None:
+    """OUT may be absent, an empty folder, or (with ``--force``) an earlier ``interpolate`` output -- marked
+    ``{"command": "interpolate"}``, or holding only :data:`RESULT_FILES` (outputs older than the marker);
+    any other folder is refused even with ``--force``, as ``align`` and ``merge`` refuse folders they did
+    not make. OUT is replaced as a whole (built beside itself, then renamed), so its parent must be writable."""
+    from symalign.atomic import check_writable
+    from symalign.io.folder import MARKER_NAME, read_marker
+    from symalign.errors import ConfigError
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is an existing file, not a folder; pass a folder path")
+    if out.is_dir() and any(out.iterdir()):
+        names = {p.name for p in out.iterdir()}
+        ours = read_marker(out).get("command") == "interpolate" or (
+            "results.json" in names and names <= {*RESULT_FILES, MARKER_NAME})
+        if not ours:
+            raise ConfigError(f"--out {out} is a folder interpolate did not write ({len(names)} entries); --force "
+                              "only replaces interpolate's own results: pick another folder")
+        if not force:
+            raise ConfigError(f"--out {out} already holds interpolate results; pass --force to replace them, or "
+                              "pick another folder")
+    check_writable(out.parent, f"--out {out}")
+
+
+def check_reference(a_dir: Path, others: list[Path], force: bool) -> list[str]:
+    """Refuse a checkpoint that ``symalign align`` aligned to another A than ``a_dir`` (its ``symalign.json``
+    names that A, and A's folded form when ``--write-reference`` wrote one): the curve would join two
+    parametrisations no alignment relates. ``force``: go on, and return the warnings to print instead."""
+    from symalign.io.folder import read_marker
+    from symalign.errors import ConfigError
+
+    here = Path(a_dir).resolve()
+    warnings = []
+    for d in others:
+        marker = read_marker(d)
+        if marker.get("command") != "align" or not marker.get("a"):
+            continue
+        refs = {Path(r).resolve() for r in (marker["a"], marker.get("reference")) if r}
+        if here in refs:
+            continue
+        line = (f"{d} was aligned to {marker['a']} (its symalign.json), not to {a_dir}: the curve joins "
+                "models no alignment relates")
+        if not force:
+            raise ConfigError(f"{line}; interpolate against {marker['a']}, or pass --force if {a_dir} holds "
+                              "the same checkpoint")
+        warnings.append(f"{line} (--force)")
+    return warnings
+
+
+def write_results(out: Path, res: dict) -> None:
+    """OUT with ``results.json``, ``curves.png`` and the marker, built in a temporary sibling and renamed into
+    place (:func:`symalign.checkpoint.output.commit`): OUT is the previous results or the new ones, never a mix."""
+    from symalign.atomic import fix_modes, make_temp_dir, write_json
+    from symalign.io.folder import MARKER_NAME, commit, discard
+    from symalign.experiments.report import plot_curves
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = make_temp_dir(out.parent, f".{out.name}.tmp-")
+    try:
+        write_json(tmp / "results.json", res)
+        plot_curves(res, tmp / "curves.png")
+        write_json(tmp / MARKER_NAME, {"tool": "symalign", "command": "interpolate",
+                                       "a": str(Path(res["A"]).resolve()), "b": str(Path(res["B"]).resolve())})
+        fix_modes(tmp)
+        commit(tmp, out)
+    except BaseException:
+        discard(tmp)
+        raise
 
 
 def register(app: typer.Typer) -> None:
@@ -92,13 +174,20 @@ def interpolate_command(
                                                      "at most 512)."),
     mask_seed: int = typer.Option(0, "--mask-seed", help="Seed of the fixed 15% masking (masked LM)."),
     batch_size: int = typer.Option(16, "--batch-size", help="Windows or examples per forward pass."),
-    out: Path = typer.Option(Path("runs/interpolate"), "-o", "--out", help="Writes OUT/results.json and OUT/curves.png."),
+    out: Path = typer.Option(Path("runs/interpolate"), "-o", "--out",
+                             help="Writes OUT/results.json and OUT/curves.png."),
     stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Build each point by streaming "
                                           "the weights from disk into one resident model (A's). Default: streamed "
                                           "when the checkpoints exceed a quarter of the memory."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
     revision: Optional[str] = typer.Option(None, "--revision", help=REVISION_HELP),
+    force: bool = typer.Option(False, "--force", help="Replace OUT if it holds earlier interpolate results "
+                               "(other folders are never replaced); and interpolate a B that `symalign align` "
+                               "aligned to another A than A_DIR (refused otherwise; a warning is printed)."),
+    threads: Optional[int] = checks.threads_option(),
+    device: str = checks.device_option("Where the resident model is evaluated: auto (CUDA when present, else the "
+                                       "CPU), cpu, cuda, cuda:N or mps; the points are built on the CPU."),
     module: Optional[str] = typer.Option(None, "--module", help="pkg.mod:factory: A_DIR and B_DIR are state dicts "
                                          "(.pt) of this module (as for `align --module`); --data a built-in "
                                          "classification dataset."),
@@ -112,23 +201,24 @@ def interpolate_command(
     loss and accuracy curves, barriers, PNG plot."""
     if module is not None:  # any torch module: symalign.commands.interpolate_module
         return _interpolate_module(module, a_dir, b_dir, data, data_option, split, points, baseline, eval_items,
-                                   batch_size, out, bn_reset, repair, no_progress, as_json)
+                                   batch_size, out, bn_reset, repair, no_progress, as_json, force, threads, device)
     if repair or bn_reset is not None:
         from symalign.errors import ConfigError
 
         raise ConfigError("--repair and --bn-reset apply to --module curves; the checkpoints' own models are "
                           "measured as they are")
-    from symalign.atomic import write_json
     from symalign.errors import ConfigError
     from symalign.evaluate import EvalOptions
-    from symalign.experiments.report import plot_curves
     from symalign.jobs.interpolate import check_evaluable, open_pair
     from symalign.jobs.interpolate import curve as line_curve
     from symalign.lmc import barrier_ratio
 
-    from symalign.commands import checks
+    from symalign.commands import interrupt
+
+    from symalign.data.user import check_data_path
 
     data_options = checks.data_options(parse_options(data_option))  # arguments checked before any evaluation
+    check_data_path(data)
     if context is not None:
         checks.positive(context, "--context")
     if eval_items is not None:
@@ -146,14 +236,21 @@ def interpolate_command(
     for path in [a_dir, b_dir] + ([baseline] if baseline is not None else []):
         load_config(path)  # a missing folder or a typo fails here, not after the first curve
     check_evaluable(a_dir)  # a head symalign cannot evaluate is refused before any weights are loaded
-    checks.output_dir(out)
     checks.not_inside(out, [a_dir, b_dir] + ([baseline] if baseline is not None else []))
+    check_results_dir(out, force)
+    warnings = check_reference(a_dir, [b_dir] + ([baseline] if baseline is not None else []), force)
+    checks.use_threads(threads)
+    dev = checks.use_device(device, None if as_json or no_progress else
+                            lambda line: typer.echo(f"interpolate: {line}", err=True))
+    interrupt.keep_output(out)
+    for line in warnings:
+        typer.echo(f"symalign: warning: {line}", err=True)
     opts = EvalOptions(split=split, text_field=text_field, label_field=label_field, eval_items=eval_items,
                        eval_tokens=eval_tokens, context=context, batch_size=batch_size, mask_seed=mask_seed,
                        tokenizer=tokenizer, image_processor=image_processor, data_options=data_options)
     base_curve = base_metrics = None
     streamed = _streams([a_dir, b_dir] + ([baseline] if baseline is not None else []), stream)
-    pair = open_pair(a_dir, b_dir, data, opts, scope=scope, stream=streamed)
+    pair = open_pair(a_dir, b_dir, data, opts, scope=scope, stream=streamed, device=dev)
     evalset, info = pair.evalset, pair.info
     base = None
     if baseline is not None:  # checked before any curve; the same resident model and batches
@@ -178,8 +275,7 @@ def interpolate_command(
     res["curve"] = curve.to_dict()
     if sources([a_dir, b_dir, baseline]):
         res["hub"] = sources([a_dir, b_dir, baseline])  # id, revision, commit and snapshot of Hub-id inputs
-    write_json(out / "results.json", res)
-    plot_curves(res, out / "curves.png")
+    write_results(out, res)
     if as_json:
         typer.echo(json.dumps(res, indent=2, default=float))
         return
@@ -194,7 +290,7 @@ def interpolate_command(
 
 
 def _interpolate_module(module, a_path, b_path, data, data_option, split, points, baseline, eval_items, batch_size,
-                        out, bn_reset, repair, no_progress, as_json) -> None:
+                        out, bn_reset, repair, no_progress, as_json, force, threads, device) -> None:
     """``interpolate --module``: the arguments checked, then
     :func:`symalign.commands.interpolate_module.run_interpolate_module`."""
     from symalign.commands import checks
@@ -213,12 +309,16 @@ def _interpolate_module(module, a_path, b_path, data, data_option, split, points
         if not path.is_file():
             raise ConfigError(f"{path}: no such file; interpolate --module takes state-dict files saved with "
                               "torch.save(model.state_dict(), path)")
-    checks.output_dir(out)
+    if device not in ("auto", "cpu"):
+        raise ConfigError(f"--device {device}: interpolate --module evaluates on the CPU; drop --device")
     checks.not_inside(out, inputs)
+    check_results_dir(out, force)
+    checks.use_threads(threads)
     with point_progress(points * (2 if baseline is not None else 1), f"A → {b_path.name}", not no_progress) as cb:
-        res = run_interpolate_module(module, a_path, b_path, data, out, data_options=opts, split=split, points=points,
+        res = run_interpolate_module(module, a_path, b_path, data, data_options=opts, split=split, points=points,
                                      batch_size=batch_size, eval_items=eval_items, bn_reset=bn_reset, repair=repair,
                                      baseline=baseline, progress=cb)
+    write_results(out, res)
     if as_json:
         typer.echo(dumps(res))
         return

@@ -6,8 +6,8 @@ classification dataset (:func:`symalign.data.load_dataset`: ``digits``, ``fashio
 reshaped to the module's example input (``(N, 1, 8, 8)`` digits become ``(N, 64)`` for an MLP whose example input is
 ``(n, 64)``). The curve is measured on ``--split`` (default test) by :func:`symalign.jobs.module_curve.module_curve`:
 BatchNorm statistics recomputed on the training split at every point where the module has BatchNorm (on by default,
-``--no-bn-reset`` to measure the stored statistics), REPAIR with ``--repair``. Writes ``OUT/results.json`` (with how
-the curve was measured) and ``OUT/curves.png``.
+``--no-bn-reset`` to measure the stored statistics), REPAIR with ``--repair``. The command writes
+``OUT/results.json`` (with how the curve was measured) and ``OUT/curves.png``.
 """
 
 from __future__ import annotations
@@ -42,15 +42,14 @@ def _batches(x: Tensor, y: Tensor, size: int):
     return gen
 
 
-def run_interpolate_module(module: str, a_path: Path, b_path: Path, data: str, out: Path, *,
+def run_interpolate_module(module: str, a_path: Path, b_path: Path, data: str, *,
                            data_options: dict | None = None, split: str | None = None, points: int = 25,
                            batch_size: int = 256, eval_items: int | None = None, bn_reset: bool | None = None,
                            repair: bool = False, baseline: Path | None = None, progress=None) -> dict:
-    """Measure the curve(s) and write ``OUT/results.json`` and ``OUT/curves.png``; returns the results."""
-    from symalign.atomic import write_json
+    """Measure the curve(s); returns the results (``symalign interpolate`` writes them into OUT with
+    :func:`symalign.commands.interpolate.write_results`: ``results.json``, ``curves.png``, the marker)."""
     from symalign.commands.align_module import load_factory, load_state
     from symalign.data import load_dataset
-    from symalign.experiments.report import plot_curves
     from symalign.jobs.module_curve import module_curve
     from symalign.lmc import barrier_ratio
     from symalign.provenance import provenance
@@ -91,8 +90,6 @@ def run_interpolate_module(module: str, a_path: Path, b_path: Path, data: str, o
                    barrier_ratio_percent=barrier_ratio(main.curve.loss_barrier, base.curve.loss_barrier))
     else:
         res.update(naive=main.to_dict(), naive_label=f"A → {Path(b_path).name}", variants={})
-    write_json(Path(out) / "results.json", res)
-    plot_curves(res, Path(out) / "curves.png")
     return res
 
 

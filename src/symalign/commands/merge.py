@@ -20,11 +20,13 @@ merged model's loss beside each input's.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import typer
 
+from symalign.commands import checks, interrupt
 from symalign.io.hub import REVISION_HELP, resolve_all
 from symalign.errors import ConfigError
 
@@ -42,8 +44,12 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
               stage2: str = "full", align: bool = True, force: bool = False, eval_data: str | None = None,
               eval_opts: Any = None, universe: bool = False, rounds: int = 3,
               stream: bool | None = None, progress: bool = True, max_sweeps: int = 20,
-              experts: str | None = None) -> dict[str, Any]:
+              experts: str | None = None, device: Any = None) -> dict[str, Any]:
     """Merge ``dirs`` into ``out`` (see the module docstring); returns the diagnostics.
+
+    ``scope``: ``None`` aligns the whole model where the family supports it on the path taken (in memory or
+    streamed; :func:`default_scope`), else the attention layers; the result says which (``scope``,
+    ``scope_default``). ``device``: where the alignments compute (:mod:`symalign.device`).
 
     ``max_sweeps``: sweeps (passes) of the whole-model alignment at most (``--scope model``).
     ``experts``: how mixture-of-experts layers are matched (``"exact"`` or ``"paired"``; ``--scope model``
@@ -51,17 +57,11 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
 
     ``stream``: align and average tensor by tensor (:mod:`symalign.stream.merge`; never a whole
     model in memory); ``None`` decides by size (the checkpoints together exceed a quarter of the
-    memory, as ``symalign align``)."""
-    from symalign.checkpoint.average import RunningAverage
-    from symalign.checkpoint.config import check_same_architecture
-    from symalign.checkpoint.hf import load_checkpoint
-    from symalign.checkpoint.lazy import open_checkpoint
-    from symalign.checkpoint.output import stage_checkpoint
-    from symalign.io.folder import check_output_dir, commit, discard
-    from symalign.evaluate import build_eval, check_same_vocabulary, evaluate_model
-    from symalign.jobs.interpolate import load_hf_model
+    memory, as ``symalign align``). ``progress``: the steps on stderr (:func:`merge_steps`; streamed,
+    the stream's own bars). Every argument is checked before any work."""
+    from symalign.io.folder import check_output_dir
     from symalign.merge import normalise_weights
-    from symalign.pipeline import SCOPES, align_loaded, check_experts
+    from symalign.pipeline import SCOPES, check_experts
 
     if len(dirs) < 2:
         raise ConfigError(f"merge needs at least two checkpoints, got {len(dirs)}")
@@ -69,26 +69,103 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
         raise ConfigError("--universe matches whole models; use it with --scope model (or without --scope)")
     if universe and not align:
         raise ConfigError("--universe aligns the models; drop --no-align")
-    scope = scope or ("model" if universe else "attention")
+    streamed = _streams(dirs, stream, universe)
+    chosen = None
+    if scope is None:
+        scope, chosen = ("model", "universe matching aligns whole models") if universe else \
+            default_scope(dirs[0], streamed)
     if scope not in SCOPES:
         raise ConfigError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
     if experts is not None and not align:
         raise ConfigError("--experts chooses how the models are aligned; drop it with --no-align")
+    check_distinct(dirs)
+    if eval_data is not None:
+        from symalign.data.user import check_data_path
+
+        check_data_path(eval_data)
     check_experts(experts, scope, dirs[0])
     w = normalise_weights(weights, len(dirs))
-    if _streams(dirs, stream, universe):
-        from symalign.stream.merge import run_stream_merge
-
-        res = run_stream_merge(dirs, out, w, scope=scope, stage2=stage2, align=align, force=force, progress=progress,
-                               max_sweeps=max_sweeps, experts=experts or "exact")
-        if eval_data is not None:  # one model resident at a time
-            evalset = build_eval(dirs[0], load_hf_model(dirs[0]), eval_data, eval_opts)
-            res["eval"] = {"data": eval_data, "objective": evalset.objective, "info": evalset.info, "models": {}}
-            for d in dirs:
-                res["eval"]["models"][str(d)] = evaluate_model(load_hf_model(d), evalset).to_dict()
-            res["eval"]["merged"] = evaluate_model(load_hf_model(res["out"]), evalset).to_dict()
-        return res
     out_path = check_output_dir(out, dirs, force)
+    total = merge_step_count(len(dirs), align, universe, streamed, eval_data is not None)
+    with merge_steps(total, progress and not streamed) as step:  # streamed: the stream's own bars
+        if streamed:
+            res = _merge_streamed(dirs, out_path, w, scope, stage2, align, force, eval_data, eval_opts, progress,
+                                  max_sweeps, experts, step, device)
+        else:
+            res = _merge_in_memory(dirs, out_path, w, scope, stage2, align, eval_data, eval_opts, universe, rounds,
+                                   max_sweeps, experts, step, device)
+    res["scope_default"] = chosen
+    from symalign.device import describe, peak_memory
+
+    res["memory"] = peak_memory(device)
+    res["device"] = describe(device)["device"]
+    return res
+
+
+def default_scope(a_dir: Path, streamed: bool) -> tuple[str, str]:
+    """The scope a merge aligns with when none is given, and why: the whole model (residual stream, FF units and
+    attention) where A's family supports it on the path taken -- measured to merge better than the attention
+    layers alone (docs/evaluate-and-merge.md) --, else the attention layers."""
+    from symalign.checkpoint.config import load_config
+    from symalign.families import get_adapter
+    from symalign.stream.auto import streamable
+
+    family = get_adapter(load_config(a_dir))
+    allowed = family.scopes.stream if streamed else family.scopes.memory
+    path = "streamed" if streamed else "in memory"
+    if "model" not in allowed:
+        return "attention", f"{family.family} is aligned whole-model only {'in memory' if streamed else 'streamed'}"
+    why = streamable(a_dir, "model") if streamed else None
+    if why is not None:
+        return "attention", why
+    return "model", f"the default: whole-model alignment, which the {family.family} family supports {path}"
+
+
+def _merge_streamed(dirs: list[Path], out_path: Path, w: list[float], scope: str, stage2: str, align: bool,
+                    force: bool, eval_data: str | None, eval_opts: Any, progress: bool, max_sweeps: int,
+                    experts: str | None, step: Callable[[str], None], device: Any = None) -> dict[str, Any]:
+    """:func:`run_merge` tensor by tensor (:func:`symalign.stream.merge.run_stream_merge`); with ``--eval``
+    the batches are built (and bad data refused) first, and one model is resident at a time."""
+    from symalign.evaluate import build_eval, check_tokenizers, evaluate_model
+    from symalign.jobs.interpolate import load_hf_model
+    from symalign.stream.merge import run_stream_merge
+
+    evalset = None
+    if eval_data is not None:
+        step("building the evaluation batches")
+        evalset = build_eval(dirs[0], load_hf_model(dirs[0]), eval_data, eval_opts)
+        check_tokenizers(dirs, evalset, eval_opts)
+    step(f"aligning and averaging {len(dirs)} checkpoints tensor by tensor")
+    res = run_stream_merge(dirs, out_path, w, scope=scope, stage2=stage2, align=align, force=force,
+                           progress=progress, max_sweeps=max_sweeps, experts=experts or "exact", device=device)
+    if evalset is not None:
+        step(f"evaluating {len(dirs)} inputs and the merged model")
+        res["eval"] = {"data": eval_data, "objective": evalset.objective, "info": evalset.info, "models": {}}
+        for d in dirs:
+            res["eval"]["models"][str(d)] = evaluate_model(load_hf_model(d), evalset).to_dict()
+        res["eval"]["merged"] = evaluate_model(load_hf_model(res["out"]), evalset).to_dict()
+    return res
+
+
+def _merge_in_memory(dirs: list[Path], out_path: Path, w: list[float], scope: str, stage2: str, align: bool,
+                     eval_data: str | None, eval_opts: Any, universe: bool, rounds: int, max_sweeps: int,
+                     experts: str | None, step: Callable[[str], None], device: Any = None) -> dict[str, Any]:
+    """:func:`run_merge` in memory (its arguments checked); ``step`` is told each step. Every checkpoint is
+    checked from its headers first; then A is loaded once, and each other model is read, aligned to A in memory
+    (:func:`symalign.pipeline.align_loaded`: never written or read back) and added to a running weighted sum
+    (:class:`symalign.checkpoint.average.RunningAverage`), so only A, the model being aligned and the sum are
+    resident. ``--universe`` holds every model (universe matching needs them all)."""
+    from symalign.checkpoint.average import RunningAverage
+    from symalign.checkpoint.config import check_same_architecture
+    from symalign.checkpoint.hf import load_checkpoint
+    from symalign.checkpoint.lazy import open_checkpoint
+    from symalign.checkpoint.output import stage_checkpoint
+    from symalign.evaluate import build_eval, check_same_vocabulary, check_tokenizers, evaluate_model
+    from symalign.io.folder import commit, discard
+    from symalign.jobs.interpolate import load_hf_model
+    from symalign.pipeline import align_loaded
+
+    step(f"reading {len(dirs)} checkpoints")
     opened = [open_checkpoint(d) for d in dirs]  # headers only: every refusal before any tensor is read
     for c in opened[1:]:
         check_same_architecture(opened[0], c)
@@ -99,14 +176,17 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
 
     evalset = None
     if eval_data is not None:
+        step("building the evaluation batches")
         evalset = build_eval(dirs[0], load_hf_model(dirs[0]), eval_data, eval_opts)
+        check_tokenizers(dirs, evalset, eval_opts)
     spread: list[float] | None = None
     edits: dict[str, Any] = {}
     aligned_info: list[dict] = []
-    total = RunningAverage()  # only the sum stays resident: each model is read, aligned and added in turn
+    total = RunningAverage()
     if universe:
         from symalign.merge import universe_states
 
+        step(f"universe matching of {len(dirs)} checkpoints ({rounds} rounds)")
         ckpts = [a_ckpt] + [load_checkpoint(d) for d in dirs[1:]]
         states, untied, spread = universe_states(ckpts, w, rounds, stage2, experts=experts or "exact")
         del ckpts
@@ -129,8 +209,9 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
             elif k == 0 or not align:
                 state = a_ckpt.state if k == 0 else load_checkpoint(d).state
             else:
+                step(f"aligning {Path(d).name} to {Path(dirs[0]).name} ({k}/{len(dirs) - 1})")
                 got = align_loaded(a_ckpt, load_checkpoint(d), scope=scope, stage2=stage2, max_sweeps=max_sweeps,
-                                   experts=experts)
+                                   experts=experts, device=device)
                 info = got.result
                 aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict(),
                                      "experts": info.match.get("experts")})
@@ -143,11 +224,13 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
                                   "--scope") from None
             del state
     del a_ckpt
+    step("averaging and writing")
     merged = total.result()
     del total
     tmp = stage_checkpoint(out_path, merged, dirs[0], edits or None, marker={
         "command": "merge", "scope": scope, "folded": scope == "model", "weights": list(w),
         "inputs": [str(Path(d).resolve()) for d in dirs]})
+    step("checking that the merged checkpoint loads")
     try:
         load_checkpoint(tmp)  # config and tensors agree
         load_hf_model(tmp)  # and from_pretrained reads it
@@ -163,10 +246,59 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
         "experts": _experts_ran(align, scope, a_adapter, experts),
     }
     if evalset is not None:
+        step(f"evaluating {len(dirs)} inputs and the merged model")
         res["eval"] = {"data": eval_data, "objective": evalset.objective, "info": evalset.info,
                        "models": {str(d): evaluate_model(load_hf_model(d), evalset).to_dict() for d in dirs},
                        "merged": evaluate_model(load_hf_model(out_path), evalset).to_dict()}
     return res
+
+
+def check_distinct(dirs: list[Path]) -> None:
+    """Refuse a checkpoint listed twice (``merge A B A``): give each once, and its share with ``--weights``."""
+    seen: dict[Path, int] = {}
+    for i, d in enumerate(dirs, 1):
+        r = Path(d).resolve()
+        if r in seen:
+            raise ConfigError(f"{d} is listed twice (checkpoints {seen[r]} and {i}); list each checkpoint once and "
+                              "weight it with --weights (e.g. --weights 2,1)")
+        seen[r] = i
+
+
+@contextmanager
+def merge_steps(total: int, enabled: bool = True) -> Iterator[Callable[[str], None]]:
+    """The merge's steps on stderr as a rich progress display (spinner, step k of ``total``, elapsed time):
+    yields ``step(text)``, called as each step starts. On an error or an interrupt the display is cleared,
+    so the one line that says why is all that remains."""
+    if not enabled:
+        yield lambda text: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("merge: {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True)) as bar:
+        task = bar.add_task("starting", total=total)
+        done = [0]
+
+        def step(text: str) -> None:
+            bar.update(task, completed=min(done[0], total), description=text)
+            done[0] += 1
+
+        try:
+            yield step
+        except BaseException:
+            bar.live.transient = True  # a refusal or an interrupt leaves its own one line, not the display
+            raise
+        bar.update(task, completed=total, description="done")
+
+
+def merge_step_count(n: int, align: bool, universe: bool, streamed: bool, evaluate: bool) -> int:
+    """The steps :func:`run_merge` announces: read, (evaluation batches), align each or universe matching,
+    average and write, check, (evaluate); streamed: (evaluation batches), the streamed merge, (evaluate)."""
+    if streamed:
+        return 1 + 2 * evaluate
+    aligns = 1 if universe else (n - 1 if align else 0)
+    return 1 + aligns + 2 + 2 * evaluate
 
 
 def _experts_ran(align: bool, scope: str, adapter: Any, experts: str | None) -> str | None:
@@ -192,18 +324,19 @@ def _streams(dirs: list[Path], stream: bool | None, universe: bool) -> bool:
 def register(app: typer.Typer) -> None:
     @app.command("merge")
     def merge(
-        models: list[Path] = typer.Argument(..., help="Two or more save_pretrained checkpoints (or Hub ids "
-                                                      "org/name) of one family; all are aligned to the first."),
+        models: list[Path] = typer.Argument(..., help="Two or more save_pretrained checkpoints of one family; "
+                                                      "all are aligned to the first."),
         out: Path = typer.Option(..., "-o", "--out", help="Output directory: the merged checkpoint."),
         weights: Optional[str] = typer.Option(None, "--weights", help="Comma-separated weights, one per model "
                                                                       "(normalised to sum 1; default uniform)."),
         scope: Optional[str] = typer.Option(None, help="attention | model: what is aligned before averaging "
-                                            "(as in `symalign align`; default attention, model with --universe)."),
+                                            "(as in `symalign align`). Default: model (the whole model) where the "
+                                            "family supports it, else attention; the output says which."),
         universe: bool = typer.Option(False, "--universe", help="Universe matching (whole model): align all models "
                                       "to their evolving weighted average instead of to the first."),
         rounds: int = typer.Option(3, "--rounds", help="Universe matching rounds."),
         stage2: str = typer.Option("full", help="Inside-head alignment: none | orthogonal | full."),
-        max_sweeps: int = typer.Option(20, "--max-sweeps", "--max-iter", min=1, help="--scope model: sweeps of the "
+        max_sweeps: int = typer.Option(20, "--max-sweeps", min=1, help="--scope model: sweeps of the "
                                        "alternating whole-model alignment at most (as `symalign align`)."),
         no_align: bool = typer.Option(False, "--no-align", help="Average the checkpoints as they are (naive merge)."),
         eval_data: Optional[str] = typer.Option(None, "--eval", help="Also evaluate the inputs and the merged model "
@@ -220,7 +353,8 @@ def register(app: typer.Typer) -> None:
                                                 "without one."),
         image_processor: Optional[str] = typer.Option(None, "--image-processor", help="Image processor folder for "
                                                       "checkpoints saved without one."),
-        force: bool = typer.Option(False, "--force", help="Replace OUT if it exists (atomically)."),
+        force: bool = typer.Option(False, "--force", help="Replace OUT if it is a previous symalign output "
+                                                          "(atomically); other folders are never replaced."),
         stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Align and average tensor by "
                                               "tensor, never a whole model in memory (--scope attention; --scope "
                                               "model: Llama-like families). Default: "
@@ -230,10 +364,18 @@ def register(app: typer.Typer) -> None:
                                               "(as `symalign align --experts`; default exact, paired: approximate "
                                               "and much cheaper on Mixtral-like shapes)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the diagnostics."),
+        no_progress: bool = typer.Option(False, "--no-progress", help="No progress display on stderr."),
+        threads: Optional[int] = checks.threads_option(),
+        device: str = checks.device_option(),
         revision: Optional[str] = typer.Option(None, "--revision", help=REVISION_HELP),
     ) -> None:
         """Align checkpoints to the first and write their weighted average as a loadable checkpoint."""
         from symalign.evaluate import EvalOptions
+
+        checks.use_threads(threads)
+        dev = checks.use_device(device, None if as_json or no_progress else
+                                lambda line: typer.echo(f"merge: {line}", err=True))
+        interrupt.keep_output(out)
 
         opts = EvalOptions(split=split, text_field=text_field, label_field=label_field, eval_items=eval_items,
                            eval_tokens=eval_tokens, context=context, tokenizer=tokenizer,
@@ -241,13 +383,16 @@ def register(app: typer.Typer) -> None:
         models = resolve_all(models, revision, "checkpoint")  # Hub ids -> cached snapshots
         res = run_merge(list(models), out, _parse_weights(weights), scope=scope, stage2=stage2, align=not no_align,
                         force=force, eval_data=eval_data, eval_opts=opts, universe=universe, rounds=rounds,
-                        stream=stream, max_sweeps=max_sweeps, experts=experts)
+                        stream=stream, max_sweeps=max_sweeps, experts=experts, progress=not no_progress,
+                        device=dev)
         if as_json:
             typer.echo(json.dumps(res, default=float))
             return
         typer.echo(f"merged {len(models)} {res['architecture']} checkpoints (weights "
                    f"{', '.join(f'{x:.3g}' for x in res['weights'])}; aligned: {res['scope']}"
                    f"{', universe' if res['universe'] else ''}) -> {res['out']}")
+        if res.get("scope_default"):
+            typer.echo(f"scope: {res['scope']} ({res['scope_default']}; --scope chooses)")
         if "eval" in res:
             ev = res["eval"]
             typer.echo(f"{ev['objective']} loss on {ev['data']}:")

@@ -174,6 +174,8 @@ def register(app: typer.Typer) -> None:
         probes: int = typer.Option(16, "--probes", help="Hutchinson probes (matrix-free)"),
         seed: int = typer.Option(0, "--seed", help="seed of the weights, inputs and probes"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
+        threads: int = checks.threads_option(),
+        device: str = checks.device_option(),
     ) -> None:
         """Measure the Jacobian nullity (the continuous symmetry group) of one generic attention layer in
         float64 and whether a head swap is a symmetry; compare with the predicted group dimension. With
@@ -181,6 +183,8 @@ def register(app: typer.Typer) -> None:
         encoder-decoder (T5) has three attention sites: --layer encoder.I (encoder self-attention),
         --layer decoder.I (decoder self-attention, causal) and --layer decoder.I --cross (cross-attention).
         Refuses (exit 2) a spectrum without a clean gap rather than print a nullity that depends on the cut."""
+        checks.use_threads(threads)
+        dev = checks.use_device(device)
         if method not in ("auto", "dense", "matrix-free"):
             raise ConfigError(f"unknown --method {method!r}; use auto, dense or matrix-free")
         if probes < 2:
@@ -198,7 +202,8 @@ def register(app: typer.Typer) -> None:
             stack, index = parse_layer(layer)
             from symalign.probe.hf import probe_hf
 
-            rows = probe_hf(hf, index, stack=stack, cross=cross, block=block, seed=seed, method=method, probes=probes)
+            rows = probe_hf(hf, index, stack=stack, cross=cross, block=block, seed=seed, method=method, probes=probes,
+                            device=dev)
             if as_json:
                 typer.echo(json.dumps({"hf": hf, "probes": [r.to_dict() for r in rows]}))
             else:
@@ -209,7 +214,7 @@ def register(app: typer.Typer) -> None:
         cfg = build_config(pe, d_model, heads, head_dim, kv_heads, rotary_fraction, pairing, bias, causal, seq_len)
         from symalign.probe import probe_attention
 
-        result = probe_attention(cfg, seq_len, batch, seed=seed, method=method, probes=probes)
+        result = probe_attention(cfg, seq_len, batch, seed=seed, method=method, probes=probes, device=dev)
         if as_json:
             typer.echo(json.dumps({**result.to_dict(), "config": cfg.to_dict()}))
         else:

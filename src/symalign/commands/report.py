@@ -17,11 +17,12 @@ def report_command(
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Report path (default RUNS_DIR/report.md)."),
 ) -> None:
     """Collect every results.json under RUNS_DIR into one Markdown report with tables and plots."""
-    from symalign.commands import checks
+    from symalign.commands import checks, interrupt
     from symalign.experiments.report import write_report, write_summary
 
     if out is not None:
         checks.output_file(out, "--out")
+    interrupt.keep_output(*(p for p in (runs_dir / "summary.md", out or runs_dir / "report.md")))
     write_summary(runs_dir)
     path = write_report(runs_dir, out)
     typer.echo(str(path))

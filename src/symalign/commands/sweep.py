@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+from symalign.commands import checks, interrupt
 
 
 def register(app: typer.Typer) -> None:
@@ -25,6 +28,9 @@ def sweep_command(
                                        help="Sweep directory (store + runs). Default: runs/sweeps/<grid name>."),
     as_json: bool = typer.Option(False, "--json", help="Print the final summary as JSON."),
     quiet: bool = typer.Option(False, help="No progress output."),
+    threads: Optional[int] = checks.threads_option("torch threads in each run, overriding the grid's [resources] "
+                                                   "threads_per_run (default: that, else CPUs / workers locally, "
+                                                   "cpus_per_run on Ray; results depend on it, see README)."),
 ) -> None:
     """Expand GRID into runs, run those not yet done, and record every result in OUT/sweep.sqlite.
 
@@ -34,8 +40,13 @@ def sweep_command(
 
     from symalign.experiments.sweep import STORE_FILE, load_grid, run_sweep
 
+    checks.threads(threads)
     g = load_grid(grid)  # every run validated before anything runs
+    if threads is not None:
+        g = replace(g, resources=replace(g.resources, threads_per_run=threads))
     out = out or Path("runs/sweeps") / g.name
+    checks.output_dir(out)
+    interrupt.keep_run(out)  # re-running skips the runs recorded as done
     console = Console(stderr=True)
     log = None if quiet else (lambda s: console.print(s))
     summary = run_sweep(g, out, workers=workers, ray=ray, progress=not quiet, log=log)

@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from symalign.atomic import write_json as write_json_atomic
-from symalign.commands import checks
+from symalign.commands import checks, interrupt
 from symalign.errors import ConfigError
 
 
@@ -50,11 +50,15 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("runs/tour"), "--out", "-o", help="folder for symmetry.json"),
         as_json: bool = typer.Option(False, "--json", help="print the tour as JSON instead of a table"),
         seed: int = typer.Option(0, "--seed", help="seed of the weights and inputs"),
+        threads: int = checks.threads_option(),
     ) -> None:
         """Probe every positional encoding (none, sinusoidal, learned, RoPE half/interleaved, partial RoPE,
         ALiBi, GQA), with and without biases: measured Jacobian nullity vs predicted group dimension,
         and whether head swaps are symmetries. Writes OUT/symmetry.json."""
         check_out_folder(out)
+        checks.output_dir(out)  # and writable, before the tour runs
+        checks.use_threads(threads)
+        interrupt.keep_output(out / "symmetry.json")
         from symalign.probe import probe_tour
 
         rows = probe_tour(seed=seed)

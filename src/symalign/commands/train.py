@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from symalign.commands import checks
+
 
 
 def register(app: typer.Typer) -> None:
@@ -21,7 +23,8 @@ def train_command(
                              "lm1b, ag_news, imdb, dbpedia; see docs/paper-setting.md)."),
     root: Optional[Path] = typer.Option(None, help="Folder of a public dataset (default $SYMALIGN_DATA/<name>)."),
     download: bool = typer.Option(False, help="Download a missing public dataset (where a download URL exists)."),
-    tokenizer: Optional[Path] = typer.Option(None, help="Hugging Face tokenizer folder for text data (default: bytes)."),
+    tokenizer: Optional[Path] = typer.Option(None,
+                                             help="Hugging Face tokenizer folder for text data (default: bytes)."),
     image_size: Optional[int] = typer.Option(None, "--image-size", help="Resize image-folder images to this size."),
     pe: str = typer.Option("rope", help="Positional encoding: none, sinusoidal, learned, rope, alibi."),
     d_model: int = typer.Option(64, "--d-model", help="Residual width D."),
@@ -48,8 +51,7 @@ def train_command(
     seed: int = typer.Option(0, help="Seed for initialisation, data order and dropout."),
     out: Path = typer.Option(Path("runs/train"), "-o", "--out", help="Run directory (checkpoints go here)."),
     resume: bool = typer.Option(False, help="Continue from the latest checkpoint in --out."),
-    threads: Optional[int] = typer.Option(None, help="torch threads (default 1, or $SYMALIGN_THREADS; results "
-                                          "depend on it, see README)."),
+    threads: Optional[int] = checks.threads_option(),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
     eval_every: int = typer.Option(200, "--eval-every", help="Evaluate and checkpoint every K steps."),
     eval_items: Optional[int] = typer.Option(None, "--eval-items", help="Cap on evaluation examples/windows."),
@@ -61,7 +63,8 @@ def train_command(
     from symalign.models.config import ModelConfig
     from symalign.train import TrainConfig, train
 
-    from symalign.commands import checks
+    from symalign.checkpoint import has_checkpoint
+    from symalign.commands import interrupt
 
     canonical_name(data)  # unknown dataset -> one-line error before anything heavy
     checks.threads(threads)
@@ -70,7 +73,8 @@ def train_command(
         from symalign.errors import ConfigError
 
         raise ConfigError(f"--rotary-fraction applies to --pe rope only (got --pe {pe}); drop it or use --pe rope")
-    threads = threads or checks.default_threads()
+    threads = checks.use_threads(threads)
+    interrupt.keep_run(out, add=("--resume",), resumable=lambda: has_checkpoint(out))
     model = dict(family=family, pe=pe, d_model=d_model, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
                  head_dim=head_dim,
                  d_ff=d_ff, norm=norm, activation=activation, pooling=pooling, rope_pairing=rope_pairing,

@@ -239,7 +239,8 @@ def _image_folder(root: Path, spec: str, split: str | None) -> UserData:
                 with Image.open(p) as im:
                     images.append(im.convert("RGB") if im.mode not in ("L", "RGB") else im.copy())
             except Exception as exc:
-                raise DatasetError(f"{p} is not a readable image ({type(exc).__name__}); remove or replace it") from None
+                raise DatasetError(f"{p} is not a readable image ({type(exc).__name__}); "
+                                   "remove or replace it") from None
             labels.append(k)
     return UserData(spec, "image", images=images, labels=labels, classes=classes, split=split)
 
@@ -283,15 +284,63 @@ def _offline(datasets: Any) -> Iterator[None]:
         datasets.config.HF_HUB_OFFLINE = old
 
 
+DATA_SUFFIXES = (".txt", ".text", ".md", ".json", ".csv", ".tsv", ".parquet", ".arrow", *JSONL_SUFFIXES,
+                 *IMAGE_SUFFIXES)
+"""File suffixes that mark ``--data`` as a path (a ``datasets`` cache name is ``NAME`` or ``OWNER/NAME``)."""
+
+
+def looks_like_path(spec: str) -> bool:
+    """Whether ``spec`` was meant as a file or folder: it starts with ``/``, ``.`` or ``~``, ends with a data
+    file suffix (:data:`DATA_SUFFIXES`), or has more folders than a cache name's ``OWNER/NAME``."""
+    return (spec.startswith(("/", ".", "~")) or spec.lower().endswith(DATA_SUFFIXES)
+            or spec.rstrip("/").count("/") > 1 or os.sep != "/" and os.sep in spec)
+
+
+def _missing_path(spec: str) -> DatasetError:
+    """A path that does not exist: name the first missing folder, or a close name beside it."""
+    import difflib
+
+    path = Path(spec).expanduser()
+    parent = path.parent
+    while not parent.is_dir() and parent != parent.parent:
+        path, parent = parent, parent.parent
+    if path != Path(spec).expanduser():
+        return DatasetError(f"{spec}: no such file or folder ({path} does not exist)")
+    near = difflib.get_close_matches(path.name, [p.name for p in parent.iterdir()], n=1) if parent.is_dir() else []
+    hint = f"; did you mean {parent / near[0]}?" if near else ""
+    return DatasetError(f"{spec}: no such file or folder{hint}")
+
+
+def check_data_path(spec: str) -> None:
+    """Refuse, before any work, a ``--data`` that was meant as a path (:func:`looks_like_path`) and does not
+    exist (one line naming the first missing folder or a close name)."""
+    if looks_like_path(spec) and not Path(spec).expanduser().exists():
+        raise _missing_path(spec)
+
+
+# What ``datasets`` raises offline for a name it has not cached: said in words, not by class name.
+_NOT_CACHED = ("ConnectionError", "DatasetNotFoundError", "FileNotFoundError", "OfflineModeIsEnabled",
+               "LocalEntryNotFoundError", "HfHubHTTPError")
+
+
 def _from_cache(spec: str, split: str | None, text_field: str | None, label_field: str | None) -> UserData:
+    if looks_like_path(spec):
+        raise _missing_path(spec)
     datasets = _require_datasets()
     try:
         with _offline(datasets):
             ds = datasets.load_dataset(spec)
     except Exception as exc:
+        import difflib
+
+        from symalign.data import ALIASES, DATASETS
+
+        near = difflib.get_close_matches(spec.lower(), [*DATASETS, *ALIASES], n=1)
+        hint = f"did you mean the built-in {near[0]!r}? Else give" if near else "give"
+        first = str(exc).splitlines()[0][:120] if str(exc).strip() else ""
+        why = "" if type(exc).__name__ in _NOT_CACHED else f" ({type(exc).__name__}: {first})"
         raise DatasetError(f"{spec!r} is neither a file, a folder, a built-in dataset nor a dataset in the local "
-                           f"datasets cache ({type(exc).__name__}); give a path, or save the dataset with "
-                           f"save_to_disk") from None
+                           f"datasets cache{why}; {hint} a path, or save the dataset with save_to_disk") from None
     return _from_datasets(ds, spec, split, text_field, label_field)
 
 
@@ -333,4 +382,5 @@ def _from_datasets(ds: Any, spec: str, split: str | None, text_field: str | None
     return UserData(spec, "text", texts=texts, labels=labels, classes=classes, split=split)
 
 
-__all__ = ["UserData", "load_user_data", "load_pairs", "is_user_source", "PAIR_FIELDS"]
+__all__ = ["UserData", "load_user_data", "load_pairs", "is_user_source", "check_data_path", "looks_like_path",
+           "PAIR_FIELDS"]

@@ -103,10 +103,26 @@ def resolve_tokenizer(ckpt_dir: str | Path, override: str | None = None) -> Any:
     if override is not None:
         return load_tokenizer(override).tok
     if not has_tokenizer(ckpt_dir):
-        raise ConfigError(f"{ckpt_dir} has no tokenizer files ({', '.join(TOKENIZER_FILES[:4])}, ...): save the "
-                          f"model's tokenizer there with tokenizer.save_pretrained('{ckpt_dir}'), or name one with "
-                          f"--tokenizer PATH (--tokenizer bytes for byte-level models)")
+        raise _no_tokenizer(ckpt_dir)
     return load_tokenizer(ckpt_dir).tok
+
+
+def _no_tokenizer(ckpt_dir: str | Path) -> ConfigError:
+    return ConfigError(f"{ckpt_dir} has no tokenizer files ({', '.join(TOKENIZER_FILES[:4])}, ...): save the "
+                       f"model's tokenizer there with tokenizer.save_pretrained('{ckpt_dir}'), or name one with "
+                       f"--tokenizer PATH (--tokenizer bytes for byte-level models)")
+
+
+def check_tokenizers(dirs: list[str | Path], evalset: EvalSet, opts: EvalOptions | None = None) -> None:
+    """Every checkpoint is held to the rule the first one met: when the batches were read with the first
+    checkpoint's own tokenizer (text data, no ``--tokenizer``), each other checkpoint must have tokenizer
+    files too (refused as the first would be, :func:`resolve_tokenizer`); :func:`check_same_vocabulary`
+    then compares them."""
+    if "tokenizer" not in evalset.info or (opts is not None and opts.tokenizer is not None):
+        return
+    for d in dirs[1:]:
+        if not has_tokenizer(d):
+            raise _no_tokenizer(d)
 
 
 def check_same_vocabulary(dirs: list[str | Path]) -> None:
@@ -338,6 +354,7 @@ def _seq2seq_eval(ckpt_dir: str | Path, model: nn.Module, data: str, opts: EvalO
                           "tokenizer")
     cfg = model.config
     _check_vocab(tok, cfg)
+    info["tokenizer"] = getattr(tok, "name_or_path", None) or str(opts.tokenizer or ckpt_dir)
     pairs = load_pairs(data)[:_limit(opts.eval_items)]
     pad = getattr(tok, "pad_token_id", None)
     if pad is None:
@@ -432,6 +449,7 @@ def _registry_eval(ckpt_dir: str | Path, cfg: Any, name: str, objective: str, op
         tok = resolve_tokenizer(ckpt_dir, opts.tokenizer)
         _check_vocab(tok, cfg)
         tokenizer = "bytes" if isinstance(tok, ByteLevel) else str(opts.tokenizer or ckpt_dir)
+        info["tokenizer"] = tokenizer
     ds = load_dataset(name, tokenizer=tokenizer, **opts.data_options)
     need_vocab = int(ds.vocab_size or 0)
     if need_vocab > int(cfg.vocab_size):
@@ -461,4 +479,4 @@ def _registry_eval(ckpt_dir: str | Path, cfg: Any, name: str, objective: str, op
 
 
 __all__ = ["EvalOptions", "EvalSet", "build_eval", "resolve_tokenizer", "resolve_processor", "check_same_vocabulary",
-           "has_tokenizer", "choose_context", "MAX_CONTEXT"]
+           "check_tokenizers", "has_tokenizer", "choose_context", "MAX_CONTEXT"]

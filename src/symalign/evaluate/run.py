@@ -46,9 +46,12 @@ class Metrics:
 
 @torch.no_grad()
 def evaluate_state(model: nn.Module, state: Mapping[str, Tensor], evalset: EvalSet) -> Metrics:
-    """Metrics of ``model`` with parameters ``state`` on ``evalset`` (see the module docstring)."""
+    """Metrics of ``model`` with parameters ``state`` on ``evalset`` (see the module docstring). Each batch is
+    moved to the device ``state`` lives on (the batches stay on the CPU between points)."""
     total = Stats()
+    dev = next((v.device for v in state.values() if isinstance(v, Tensor)), torch.device("cpu"))
     for batch in evalset.batches:
+        batch = {k: (v.to(dev) if isinstance(v, Tensor) else v) for k, v in batch.items()}
         kwargs = {k: v for k, v in batch.items() if k != "labels"}
         logits = logits_of(functional_call(model, dict(state), (), kwargs))
         total.add(batch_stats(evalset.objective, logits, batch["labels"]))

@@ -89,7 +89,8 @@ class Protocol:
                               f"{self.learned_steps} and {self.method_batch_size}")
         lam = self.learned_lambda
         if not (isinstance(lam, (list, tuple)) and len(lam) == 2
-                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in lam) and 0 <= lam[0] < lam[1] <= 1):
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in lam)
+                and 0 <= lam[0] < lam[1] <= 1):
             raise ConfigError(f"protocol.learned_lambda must be [lo, hi] with 0 <= lo < hi <= 1 (the range of "
                               f"lambda ~ U(lo, hi) in learned matching), got {lam!r}")
         self.learned_lambda = [float(x) for x in lam]

@@ -62,7 +62,8 @@ def _short(prov: Mapping[str, Any]) -> str:
     parts = [f"`{prov['command']}`" if prov.get("command") else None]
     commit = prov.get("commit")
     if commit:
-        parts.append(f"commit `{str(commit)[:10]}`" + (" (uncommitted changes)" if str(commit).endswith("+dirty") else ""))
+        dirty = " (uncommitted changes)" if str(commit).endswith("+dirty") else ""
+        parts.append(f"commit `{str(commit)[:10]}`" + dirty)
     if prov.get("threads") is not None:
         parts.append(f"{prov['threads']} thread{'s' if prov['threads'] != 1 else ''}")
     ver = prov.get("versions") or {}

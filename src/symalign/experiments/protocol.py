@@ -63,14 +63,15 @@ def _finished(run_dir: Path, steps: int) -> bool:
 
 
 
-def _train(cfg: ExperimentConfig, seed: int, out: Path, init: dict | None, progress: bool) -> Path:
+def _train(cfg: ExperimentConfig, seed: int, out: Path, init: dict | None, progress: bool,
+           device: str = "auto") -> Path:
     from symalign.checkpoint import has_checkpoint
     from symalign.train import TrainConfig, train
 
     tc = TrainConfig(**{**cfg.train, "seed": seed})
     if not _finished(out, tc.steps):
         train(cfg.model | {"family": cfg.model.get("family", "gpt")}, cfg.data, tc, out,
-              data_options=cfg.data_options, resume=has_checkpoint(out), init=init, progress=progress)
+              data_options=cfg.data_options, resume=has_checkpoint(out), init=init, progress=progress, device=device)
     return out
 
 
@@ -151,8 +152,13 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
 
 
 def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = True,
-                   log: Callable[[str], None] | None = None, fresh: bool = False) -> list[dict]:
+                   log: Callable[[str], None] | None = None, fresh: bool = False,
+                   device: str | None = None) -> list[dict]:
     """Run (or resume) every scope of ``cfg`` under ``out_dir/cfg.name``; returns the per-scope results.
+
+    ``device`` (``--device``): train and evaluate there (``"cpu"``, ``"cuda"``, ``"auto"``); it becomes the
+    config's ``protocol.device``, so a run folder made on another device is refused like any other change.
+    ``None``: training picks CUDA where it exists (``auto``) and the curves run on ``protocol.device``.
 
     A run directory recorded with another config is refused (:func:`check_recorded`) unless
     ``fresh``, which discards it first. Every result records the torch thread count
@@ -160,6 +166,11 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = 
     """
     from symalign.experiments.report import plot_curves, write_summary
 
+    if device is not None:
+        from symalign.experiments.config import Protocol
+
+        cfg.protocol = Protocol(**{**vars(cfg.protocol), "device": device})  # validated and recorded
+    train_device = device or "auto"
     check_inputs(cfg)
     root = Path(out_dir) / cfg.name
     if fresh:
@@ -186,10 +197,10 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = 
             else:
                 if base is None:
                     say("training the base model")
-                    base = _train(cfg, p.base_seed, root / "base", None, progress)
+                    base = _train(cfg, p.base_seed, root / "base", None, progress, train_device)
                 init = {"base": str(base), "scope": scope, "seed": seed, "freeze": p.freeze}
             say(f"{scope}: training seed {seed}")
-            dirs.append(_train(cfg, seed, root / scope / f"seed{seed}", init, progress))
+            dirs.append(_train(cfg, seed, root / scope / f"seed{seed}", init, progress, train_device))
         res = align_and_measure(cfg, dirs[0], dirs[1], scope, progress=say, bars=progress)
         res["experiment"] = cfg.name
         res["seeds"] = list(p.seeds)

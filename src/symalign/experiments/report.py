@@ -47,8 +47,8 @@ def plot_curves(results: dict | list[dict], path: Path, title: str | None = None
             ax_a.plot(c["t"], [100 * a for a in c["acc"]], style, marker=".", label=name)
         ax_l.set(xlabel="t  (A → B)", ylabel="held-out loss", title=label)
         ax_a.set(xlabel="t  (A → B)", ylabel="accuracy (%)", title=label)
-        ax_l.legend(fontsize=8)
-        ax_a.legend(fontsize=8)
+        for ax in (ax_l, ax_a):  # below the axes: a legend inside covered the curves it names
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
         ax_l.grid(alpha=0.3)
         ax_a.grid(alpha=0.3)
     if title:

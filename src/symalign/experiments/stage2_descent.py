@@ -32,7 +32,6 @@ from torch import Tensor, nn
 
 from symalign import lmc
 from symalign.arch.fused import split_segments
-from symalign.groups import GeneralLinear, PerHead
 from symalign.match import match_attention
 from symalign.spec import SymmetrySpec, apply
 
@@ -66,7 +65,7 @@ def weight_distance(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: 
 
 def gl_spaces(spec: SymmetrySpec) -> list[str]:
     """The spaces of ``spec`` whose blocks are ``GL`` (descended); the others are held."""
-    return [s for s, g in spec.spaces.items() if isinstance(g, PerHead) and isinstance(g.inner, GeneralLinear)]
+    return [s for s, g in spec.spaces.items() if g.head_block is not None and g.head_block.block_matcher == "gl"]
 
 
 def curvature(spec: SymmetrySpec, space: str, state_b: Mapping[str, Tensor]) -> float:

@@ -51,7 +51,7 @@ from symalign.arch.base import Adapter, AttentionLayout, Proj, UnsupportedArchit
     find_prefix, heads_of
 from symalign.arch.rope import rotary_dims
 from symalign.errors import ConfigError
-from symalign.groups import GeneralLinear, MatrixGroup, OffsetPerHead, Orthogonal, Permutation, PlaneIdentity, \
+from symalign.groups import GeneralLinear, MatrixGroup, OffsetPerHead, Orthogonal, Permutation, \
     PlaneScales, PlaneSigns, RotaryPlanes
 from symalign.families.declared import Case, Experiment, Scopes, Tiny
 from symalign.families.common import RESIDUAL, Prepared, back, copy_spec, ff_group, fold_layernorm, meet, to_f64
@@ -470,10 +470,10 @@ def bias_gauge(lay: AttentionLayout, keys: Iterable[str]) -> dict[str, int]:
     """
     keys = set(keys)
     d, kv = lay.head_dim, lay.n_kv_heads
-    r = lay.qk.r if isinstance(lay.qk, RotaryPlanes) else 0
+    shift = lay.qk.key_bias_shift  # the unrotated width d - r (QK-norm: none)
     out = {}
-    if lay.k.bias and not isinstance(lay.qk, (PlaneSigns, PlaneIdentity)) and d - r:  # QK-norm: no shift
-        out["key bias (softmax shift)"] = kv * (d - r)
+    if lay.k.bias and shift:
+        out["key bias (softmax shift)"] = kv * shift
     o_bias = lay.o.weight[: -len("weight")] + "bias"
     if lay.v.bias and o_bias in keys:
         out["value bias -> output bias"] = kv * d

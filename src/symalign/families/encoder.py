@@ -1,4 +1,5 @@
-r"""Encoder families (BERT, RoFormer, ViT, ModernBERT) as declared data: :class:`Encoder`, :class:`Head`, :class:`EncoderFamily`.
+r"""Encoder families (BERT, RoFormer, ViT, ModernBERT) as declared data: :class:`Encoder`, :class:`Head`,
+:class:`EncoderFamily`.
 
 An encoder module declares an :class:`Encoder` -- the attention, FF and norm names of
 a :class:`~symalign.families.base.Decoder`, plus what writes the stream at the input

@@ -88,7 +88,8 @@ class T5Family(Family):
     scopes = Scopes(stream=())
     tiny = Tiny("T5ForConditionalGeneration", "T5Config", {
         "vocab_size": 64, "d_model": 16, "d_kv": 4, "d_ff": 24, "num_layers": 2, "num_decoder_layers": 3,
-        "num_heads": 4, "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1})  # its tests: tests/test_family_t5.py
+        "num_heads": 4, "decoder_start_token_id": 0, "pad_token_id": 0,
+        "eos_token_id": 1})  # its tests: tests/test_family_t5.py
     probe_kw = {"num_heads": 2, "d_ff": 16, "num_layers": 1, "num_decoder_layers": 1}
     # docs/symmetry.md's rows: every attention site of a one-block encoder-decoder (probe_sites' order)
     cases = tuple(Case(exact=False, row=f"T5 ({site})", layer=i) for i, site in enumerate(

@@ -51,8 +51,9 @@ class ViTFamily(EncoderFamily):
         layer="layers.{i}.", q="attention.q_proj", k="attention.k_proj", v="attention.v_proj",
         o="attention.o_proj", gate=None, up=None, ff_in="mlp.fc1", down="mlp.fc2", norm="layer",
         pre_attn_norm="layernorm_before", pre_ff_norm="layernorm_after", final_norm="layernorm", base="vit.",
-        embeds=(("embeddings.patch_embeddings.projection.weight", 0), ("embeddings.patch_embeddings.projection.bias", 0),
-                ("embeddings.cls_token", 2), ("embeddings.mask_token", 2), ("embeddings.position_embeddings", 2)),
+        embeds=(("embeddings.patch_embeddings.projection.weight", 0),
+                ("embeddings.patch_embeddings.projection.bias", 0), ("embeddings.cls_token", 2),
+                ("embeddings.mask_token", 2), ("embeddings.position_embeddings", 2)),
         archs={"ViTForImageClassification": Head(reads=("classifier",)),
                "ViTForMaskedImageModeling": Head(reads=("decoder.0",))},
         bare=("ViTModel",))

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from torch import Tensor
 
-from symalign.atomic import fix_modes, make_temp_dir
+from symalign.atomic import check_writable, fix_modes, make_temp_dir
 from symalign.errors import CheckpointError
 from symalign.io.layout import INDEX_NAME, WEIGHTS_NAME, shard_map
 
@@ -30,7 +30,8 @@ def _inside(child: Path, parent: Path) -> bool:
 
 
 def check_output_dir(out: str | os.PathLike, inputs: Iterable[str | os.PathLike], force: bool) -> Path:
-    """Refuse an output directory that exists (unless ``force``) or overlaps an input directory."""
+    """Refuse an output directory that exists (unless ``force``; never one symalign did not write), overlaps
+    an input directory, or lies where nothing can be written (:func:`symalign.atomic.check_writable`)."""
     out_r = Path(out).resolve()
     for src in inputs:
         src_r = Path(src).resolve()
@@ -45,6 +46,7 @@ def check_output_dir(out: str | os.PathLike, inputs: Iterable[str | os.PathLike]
     if out_r.exists() and not is_symalign_output(out_r):
         raise CheckpointError(f"{out} exists and is not an output of symalign (no {MARKER_NAME}); --force only "
                               "replaces symalign's own outputs: remove it yourself or pick another folder")
+    check_writable(out_r.parent, f"output folder {out}")  # OUT is built beside itself, then renamed
     return out_r
 
 

@@ -31,8 +31,10 @@ from torch import nn
 
 from symalign import lmc
 from symalign.arithmetic import describe
+from symalign.device import describe as device_of
 from symalign.errors import CheckpointError, ConfigError, MatchError, SymalignError
-from symalign.evaluate import EvalOptions, EvalSet, build_eval, check_same_vocabulary, evaluate_model
+from symalign.evaluate import (EvalOptions, EvalSet, build_eval, check_same_vocabulary, check_tokenizers,
+                               evaluate_model)
 from symalign.evaluate.run import Metrics
 from symalign.io.tensors import StateTensors, TensorSource
 
@@ -146,7 +148,7 @@ class Pair:
 
 def open_pair(dir_a: str | Path, dir_b: str | Path, data: str, opts: EvalOptions | None = None,
               evalset: EvalSet | None = None, scope: str = "attention", stream: bool = False,
-              reuse: Pair | None = None) -> Pair:
+              reuse: Pair | None = None, device: torch.device | None = None) -> Pair:
     """A and B checked (same architecture, same vocabulary, an evaluable head) and opened as sources, A's model
     loaded as the resident model, and the batches built from it (``evalset``: reuse batches built before, e.g. for
     a baseline curve, so both curves see the very same tokens and masks; ``reuse``: a pair opened before from the
@@ -155,7 +157,9 @@ same A, whose resident model and A source serve again).
     ``scope="model"``, or a B marked folded (an ``align --scope model`` output) with an A that is not: both are
     first rewritten exactly in the whole-model format (:func:`load_rewritten`), so B' is interpolated against A in
     the parametrisation it was aligned in. ``stream``: the sources are the checkpoint folders, read lazily; only
-    the plain parametrisation streams (folded checkpoints need the in-memory rewrite and are refused)."""
+    the plain parametrisation streams (folded checkpoints need the in-memory rewrite and are refused).
+    ``device``: the resident model lives and is evaluated there (:mod:`symalign.device`); the sources stay on the
+    CPU and each point's chunks are copied over."""
     from symalign.checkpoint.config import check_same_architecture
     from symalign.checkpoint.lazy import open_checkpoint
     from symalign.checkpoint.folded import is_folded
@@ -196,8 +200,12 @@ same A, whose resident model and A source serve again).
         lmc.check_compatible(a.state, b.state)
     if evalset is None:
         evalset = build_eval(dir_a, model, data, opts)
+    check_tokenizers([dir_a, dir_b], evalset, opts)  # B is held to the rule A met
+    if device is not None and reuse is None:
+        model.to(device)
     info = {"task": evalset.objective, "data": data, "model_type": model.config.model_type, "scope": scope,
-            "a_folded": a_folded or scope == "model", "threads": torch.get_num_threads(), "arithmetic": describe()}
+            "a_folded": a_folded or scope == "model", "threads": torch.get_num_threads(), "arithmetic": describe(),
+            **device_of(next(model.parameters()).device)}
     if stream:
         info["streamed"] = True
     return Pair(model, a, b, evalset, info)

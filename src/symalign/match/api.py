@@ -25,9 +25,9 @@ from symalign.errors import MatchError, SymalignError
 from symalign.match.heads import assign_heads, head_cost, objective
 from symalign.match.inputs import check_pair, check_spec_fits
 from symalign.match.qk import Grams, one_thread, solve_gl
-from symalign.match.qknorm import has_qknorm, match_qknorm
+from symalign.match.qknorm import exact_solutions, has_qknorm, relaxed
 from symalign.match.rope import solve_rope
-from symalign.match.views import AttentionLayer, SpaceSides, block_rows, find_layers, side_gram
+from symalign.match.views import AttentionLayer, SpaceSides, block_rows, direct_distance, find_layers, side_gram
 from symalign.match.vo import solve_vo
 from symalign.spec import SymmetrySpec, Transform, act_on, apply, segment_view
 
@@ -147,24 +147,6 @@ def _identity_distance(g: Grams) -> Tensor:
     return g.objective(eye, eye)
 
 
-def _direct_distance(s: SpaceSides, state_a, state_b) -> Tensor:
-    """``||X_A - X_B||^2 + ||Y_A - Y_B||^2`` per block, directly from the tensors.
-
-    The difference is taken in the tensors' common dtype and its squares are summed in
-    float64 (relative error ``<= 3 u`` of that dtype; exact to float64 for float64 weights).
-    """
-    nb = s.group.n_blocks
-    out = torch.zeros(nb, dtype=torch.float64)
-    for p in s.co + s.contra:
-        xa, xb = p.read(state_a), p.read(state_b)
-        dt = torch.promote_types(xa.dtype, xb.dtype)
-        sq = torch.sub(xa.to(dt), xb.to(dt)).pow_(2)
-        other = [i for i in range(sq.dim()) if i != p.axis]
-        per_index = sq.sum(other, dtype=torch.float64) if other else sq.double()
-        out += per_index.reshape(nb, -1).sum(1)
-    return out
-
-
 def stage1_precision(layers: list[AttentionLayer], *states: Mapping[str, Tensor]) -> torch.dtype:
     """The weights' own precision for the stage-1 products: float64 if any attention tensor
     is float64, else float32 (half precision is computed in float32)."""
@@ -261,9 +243,13 @@ def match_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: 
         res.transform = to_device(dict(res.transform), torch.device("cpu"))
         return res
     if has_qknorm(spec):  # signs on Q-K and gain rescalings: solved on top of the relaxed match
-        return match_qknorm(spec, state_a, state_b, stage1=stage1, stage2=stage2, spec_b=spec_b, max_iter=max_iter,
-                            xtol=xtol, ftol=ftol, max_cond=max_cond, rope_grid=rope_grid, t_cap=t_cap,
-                            stage1_dtype=stage1_dtype)
+        if spec_b is not None and spec_b.describe() != spec.describe():
+            raise MatchError("the models have different symmetry specs (QK-norm groups differ)")
+        base = match_attention(relaxed(spec), state_a, state_b, stage1=stage1, stage2=stage2, spec_b=None,
+                               max_iter=max_iter, xtol=xtol, ftol=ftol, max_cond=max_cond, rope_grid=rope_grid,
+                               t_cap=t_cap, stage1_dtype=stage1_dtype)
+        transform = exact_solutions(spec, base, state_a, state_b, stage2)
+        return AttentionMatch(transform, base.layers, spec, base.stage1, base.stage2, base.totals)
     prep = prepare_attention(spec, state_a, state_b, stage1=stage1, stage2=stage2, spec_b=spec_b,
                              stage1_dtype=stage1_dtype)
     return solve_attention(prep, max_iter=max_iter, xtol=xtol, ftol=ftol, max_cond=max_cond, rope_grid=rope_grid,
@@ -331,8 +317,8 @@ def prepare_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b
             transform[lay.heads] = pi
             diag.permutation = [int(i) for i in pi]
         tg = time.perf_counter()
-        diag.qk_before = _direct_distance(lay.qk, state_a, state_b).tolist()
-        diag.vo_before = _direct_distance(lay.vo, state_a, state_b).tolist()
+        diag.qk_before = direct_distance(lay.qk, state_a, state_b).tolist()
+        diag.vo_before = direct_distance(lay.vo, state_a, state_b).tolist()
         sb = _permuted(lay, spec, state_b, pi) if pi is not None and not torch.equal(
             pi, torch.arange(pi.numel())) else state_b
         for kind, side in (("qk", lay.qk), ("vo", lay.vo)):

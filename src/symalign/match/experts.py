@@ -71,7 +71,7 @@ import torch
 from torch import Tensor
 
 from symalign.errors import MatchError
-from symalign.groups import BlockPermutations, Permutation, assign_max
+from symalign.groups import assign_max
 from symalign.spec import SymmetrySpec, Transform, segment_view
 
 Method = Literal["exact", "all-pairs", "paired"]
@@ -99,8 +99,9 @@ def expert_units(spec: SymmetrySpec) -> dict[str, tuple[str, ...]]:
     """Expert permutation space -> its coupled :class:`BlockPermutations` unit spaces (empty if none)."""
     out = {}
     for p, blocks in spec.couplings.items():
-        units = tuple(b for b in blocks if isinstance(spec.spaces.get(b), BlockPermutations))
-        if units and isinstance(spec.spaces.get(p), Permutation):
+        units = tuple(b for b in blocks if b in spec.spaces and spec.spaces[b].permutes_within_blocks)
+        experts = spec.spaces.get(p)  # S_E (or positive monomials: an int64 permutation is an element of either)
+        if units and experts is not None and (experts.is_permutation or experts.scales_units):
             out[p] = units
     return out
 

@@ -63,6 +63,8 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from symalign.groups import condition, polar
+
 
 CHUNK_BYTES = 128 * 2**20  # working-memory budget of one batch of the GL solver
 
@@ -149,12 +151,6 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(n)
 
 
-def polar(m: Tensor) -> Tensor:
-    """Orthogonal polar factor ``W Z^T`` of ``m = W S Z^T`` (batched)."""
-    w, _, zt = torch.linalg.svd(m)
-    return w @ zt
-
-
 def orthogonal_solution(g: Grams) -> Tensor:
     """Orthogonal Procrustes ``U`` per block: ``U^T = polar(G_AB^T + H_AB^T)``."""
     return polar(g.co_ab.mT + g.ct_ab.mT).mT.contiguous()
@@ -170,12 +166,6 @@ class GLSolution:
     converged: Tensor
     cond: Tensor
     fallback: Tensor  # True where the orthogonal solution was kept (better or better conditioned)
-
-
-def condition(u: Tensor) -> Tensor:
-    """2-norm condition number per block (``inf`` for singular blocks)."""
-    s = torch.linalg.svdvals(u)
-    return s[..., 0] / s[..., -1]
 
 
 def _dot(a: Tensor, b: Tensor) -> Tensor:
@@ -394,12 +384,13 @@ def solve_gl(g: Grams, mode: str = "full", *, max_iter: int = 500, xtol: float =
     zeros = torch.zeros(n, dtype=torch.int64)
     if mode == "none" or n == 0:
         u = eye.clone()
-        return GLSolution(u, g.objective(u, u), zeros, torch.ones(n, dtype=torch.bool), torch.ones(n, dtype=torch.float64),
-                          torch.zeros(n, dtype=torch.bool))
+        return GLSolution(u, g.objective(u, u), zeros, torch.ones(n, dtype=torch.bool),
+                          torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.bool))
     uo = orthogonal_solution(g) if u0 is None else u0
     fo = g.objective(uo, uo.mT if u0 is None else None)
     if mode == "orthogonal":
-        return GLSolution(uo, fo, zeros, torch.ones(n, dtype=torch.bool), condition(uo), torch.zeros(n, dtype=torch.bool))
+        return GLSolution(uo, fo, zeros, torch.ones(n, dtype=torch.bool), condition(uo),
+                          torch.zeros(n, dtype=torch.bool))
     if mode != "full":
         raise ValueError(f"unknown stage-2 mode {mode!r}; use 'none', 'orthogonal' or 'full'")
     # chunks of blocks bound the solver's working memory (~40 (n, d, d) float64 tensors)

@@ -6,14 +6,14 @@ and learned gains, the Q-K group of a K/V block is
 :class:`~symalign.groups.PlaneScales` (``g_q -> c g_q``, ``g_k -> g_k / c`` per plane).
 See docs/symmetry.md ("QK-norm") for the derivation.
 
-:func:`match_qknorm` runs the two-stage matcher on the *relaxed* spec in which each
-``PlaneSigns`` Q-K space is replaced by the RoPE group ``H (+) GL`` it is a subgroup
+:func:`symalign.match.match_attention` runs the two-stage matcher on the *relaxed* spec (:func:`relaxed`)
+in which each ``PlaneSigns`` Q-K space is replaced by the RoPE group ``H (+) GL`` it is a subgroup
 of (``GL`` when RoPE is proportional -- its turning planes are not the first ``r``
-dimensions' -- or absent): stage 1's head costs are invariant under ``H`` hence under
-the signs, and the V-O solution is unaffected (the V-O spaces are untouched). Its Q-K elements are then
-discarded and replaced by the exact optimum over the signs, per block and plane (under a
-centring QK-norm -- Phi's ``qk_layernorm``, Q-K group :class:`~symalign.groups.PlaneIdentity` --
-by the identity, and the gain spaces act on the norms' biases as well)::
+dimensions' -- or absent; :meth:`~symalign.groups.MatrixGroup.relaxation`): stage 1's head costs
+are invariant under ``H`` hence under the signs, and the V-O solution is unaffected (the V-O spaces are
+untouched). Its Q-K elements are then discarded and replaced by the exact optimum over the signs, per block
+and plane (:func:`exact_solutions`; under a centring QK-norm -- Phi's ``qk_layernorm``, Q-K group
+:class:`~symalign.groups.PlaneIdentity` -- by the identity, and the gain spaces act on the norms' biases as well)::
 
     s_p = sign( sum_{Q, K rows} < a_p, b'_p > )          (b' = head-permuted B)
 
@@ -27,6 +27,10 @@ Under a clamp of V (OLMoE's ``clip_qkv``) the V-O space is a per-block
 match as well, and its element replaced by the exact optimum over signed permutations,
 ``argmax_T <T, M>`` with ``M = sum_{V rows} a b'^T + sum_{O columns} a b'^T`` per block
 (``T^{-T} = T``, so both sides enter alike).
+
+Which exact step a per-head space takes is the block group's
+:attr:`~symalign.groups.MatrixGroup.block_matcher` (``"signs"``, ``"identity"``, ``"scales"``,
+``"signed-permutations"``); this module never tests a group's class.
 """
 
 from __future__ import annotations
@@ -38,33 +42,37 @@ import torch
 from torch import Tensor
 
 from symalign.errors import MatchError
-from symalign.groups import GeneralLinear, PerHead, PlaneIdentity, PlaneScales, PlaneSigns, RotaryPlanes, \
-    SignedPermutations
-from symalign.spec import SymmetrySpec, apply, segment_view
+from symalign.groups import Group
+from symalign.match.views import direct_distance, find_layers
+from symalign.spec import SymmetrySpec, Transform, apply, segment_view
 
 GRID = torch.linspace(-6.0, 6.0, 241, dtype=torch.float64)
+EXACT_STEPS = ("signs", "identity", "scales", "signed-permutations")
+"""The block matchers (:attr:`~symalign.groups.MatrixGroup.block_matcher`) solved here, on top of the relaxed match."""
+
+
+def exact_step(g: Group | None) -> str | None:
+    """The exact step of a per-head space of group ``g`` (one of :data:`EXACT_STEPS`), or ``None`` when the
+    two-stage matcher solves it directly (or it is not a per-head space)."""
+    block = None if g is None else g.head_block
+    step = None if block is None else block.block_matcher  # type: ignore[attr-defined]
+    return step if step in EXACT_STEPS else None
 
 
 def has_qknorm(spec: SymmetrySpec) -> bool:
-    """Whether any space is a per-head :class:`PlaneSigns`, :class:`PlaneIdentity` or :class:`PlaneScales` group."""
-    return any(isinstance(g, PerHead) and isinstance(g.inner, (PlaneSigns, PlaneIdentity, PlaneScales,
-                                                                SignedPermutations))
-               for g in spec.spaces.values())
+    """Whether any per-head space has an exact step: QK-norm plane signs, identity or gain scales, or the
+    signed permutations of a clamped V-O."""
+    return any(exact_step(g) is not None for g in spec.spaces.values())
 
 
 def relaxed(spec: SymmetrySpec) -> SymmetrySpec:
-    """The spec with ``PlaneSigns`` / ``PlaneIdentity`` Q-K spaces widened to ``H (+) GL`` and gain spaces dropped."""
-    keep = [n for n, g in spec.spaces.items() if not (isinstance(g, PerHead) and isinstance(g.inner, PlaneScales))]
+    """The spec with every per-head space of an exact step widened to its block group's
+    :meth:`~symalign.groups.MatrixGroup.relaxation` (``H (+) GL`` or ``GL``), and the gain spaces dropped."""
+    keep = [n for n, g in spec.spaces.items() if exact_step(g) != "scales"]
     out = spec.restrict(keep)
     for n, g in out.spaces.items():
-        if isinstance(g, PerHead) and isinstance(g.inner, (PlaneSigns, PlaneIdentity)):
-            s = g.inner
-            # proportional RoPE's planes are not those of a partial H (+) GL: widen to GL (no rotation: GL too)
-            wide = GeneralLinear(s.n) if (s.proportional and s.r < s.n) or s.r == 0 else RotaryPlanes(s.n, s.pairing,
-                                                                                                       s.r)
-            out.spaces[n] = replace(g, inner=wide)
-        elif isinstance(g, PerHead) and isinstance(g.inner, SignedPermutations):
-            out.spaces[n] = replace(g, inner=GeneralLinear(g.inner.n))
+        if exact_step(g) is not None:
+            out.spaces[n] = replace(g, inner=g.head_block.relaxation())  # type: ignore[union-attr]
     return out
 
 
@@ -72,7 +80,7 @@ def _heads_applied(spec: SymmetrySpec, transform: Mapping[str, Tensor], t: str, 
     """``x`` with the head permutations of ``transform`` applied (heads act first)."""
     for a in spec.tensors[t]:
         g = spec.spaces[a.space]
-        if a.space in transform and not isinstance(g, PerHead):
+        if a.space in transform and g.head_block is None:
             view = x if a.segment is None else segment_view(x, a.axis, a.segment)
             x = g.act(transform[a.space], view, a.axis, a.variance, a.rep)
     return x
@@ -81,7 +89,7 @@ def _heads_applied(spec: SymmetrySpec, transform: Mapping[str, Tensor], t: str, 
 def _unit_products(spec: SymmetrySpec, space: str, transform: Mapping[str, Tensor], state_a, state_b,
                    variance: str) -> tuple[Tensor, Tensor]:
     """Per (block, unit): ``sum <a, b'>`` and ``sum ||b'||^2`` over the tensors on one side."""
-    g: PerHead = spec.spaces[space]  # type: ignore[assignment]
+    g: Any = spec.spaces[space]  # a per-head space
     inner = g.inner
     nb, d = g.n_blocks, inner.n
     ab = torch.zeros(nb, d, dtype=torch.float64)
@@ -108,8 +116,8 @@ def _unit_products(spec: SymmetrySpec, space: str, transform: Mapping[str, Tenso
 
 
 def solve_signs(spec: SymmetrySpec, space: str, transform, state_a, state_b) -> Tensor:
-    """The optimal :class:`PlaneSigns` element per block (``(n_blocks, d, d)``)."""
-    g: PerHead = spec.spaces[space]  # type: ignore[assignment]
+    """The optimal :class:`~symalign.groups.PlaneSigns` element per block (``(n_blocks, d, d)``)."""
+    g: Any = spec.spaces[space]  # a per-head space
     co, _ = _unit_products(spec, space, transform, state_a, state_b, "co")
     ct, _ = _unit_products(spec, space, transform, state_a, state_b, "contra")
     s = torch.where(co + ct >= 0, 1.0, -1.0).to(torch.float64)
@@ -117,9 +125,9 @@ def solve_signs(spec: SymmetrySpec, space: str, transform, state_a, state_b) -> 
 
 
 def solve_signed_permutations(spec: SymmetrySpec, space: str, transform, state_a, state_b) -> Tensor:
-    """The optimal :class:`SignedPermutations` element per block: ``argmax_T <T, M_k>`` with ``M_k`` the
-    sum over the space's tensors of ``a_k b'_k^T`` (rows of block ``k``; ``b'`` head-permuted B)."""
-    g: PerHead = spec.spaces[space]  # type: ignore[assignment]
+    """The optimal :class:`~symalign.groups.SignedPermutations` element per block: ``argmax_T <T, M_k>`` with
+    ``M_k`` the sum over the space's tensors of ``a_k b'_k^T`` (rows of block ``k``; ``b'`` head-permuted B)."""
+    g: Any = spec.spaces[space]  # a per-head space
     nb, d = g.n_blocks, g.inner.n
     m = torch.zeros(nb, d, d, dtype=torch.float64)
     for t, a in spec.tensors_of(space):
@@ -136,8 +144,9 @@ def solve_signed_permutations(spec: SymmetrySpec, space: str, transform, state_a
 
 
 def solve_scales(spec: SymmetrySpec, space: str, transform, state_a, state_b, newton: int = 60) -> Tensor:
-    """The optimal :class:`PlaneScales` element per block: ``argmin_c ||a_q - c b_q||^2 + ||a_k - b_k/c||^2``."""
-    g: PerHead = spec.spaces[space]  # type: ignore[assignment]
+    """The optimal :class:`~symalign.groups.PlaneScales` element per block:
+    ``argmin_c ||a_q - c b_q||^2 + ||a_k - b_k/c||^2``."""
+    g: Any = spec.spaces[space]  # a per-head space
     a1, b1 = _unit_products(spec, space, transform, state_a, state_b, "co")
     a2, b2 = _unit_products(spec, space, transform, state_a, state_b, "contra")
 
@@ -157,44 +166,37 @@ def solve_scales(spec: SymmetrySpec, space: str, transform, state_a, state_b, ne
     return g.inner.from_units(c)
 
 
-def match_qknorm(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor],
-                 **kw: Any):
-    """:func:`symalign.match.match_attention` for specs with QK-norm spaces (see the module docstring)."""
-    from symalign.match.api import AttentionMatch, match_attention
-
-    spec_b = kw.pop("spec_b", None)
-    if spec_b is not None and spec_b.describe() != spec.describe():
-        raise MatchError("the models have different symmetry specs (QK-norm groups differ)")
-    base = match_attention(relaxed(spec), state_a, state_b, spec_b=None, **kw)
+def exact_solutions(spec: SymmetrySpec, base: Any, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor],
+                    stage2: str = "full") -> Transform:
+    """The transform of ``spec`` from ``base``, the attention match of :func:`relaxed` ``(spec)``: every space of an
+    exact step replaced by its exact optimum (the identity with ``stage2="none"`` or for ``"identity"``). The
+    layers of ``base`` are updated in place: Q-K (and clamped V-O) distances after the exact solution, and each
+    layer's ``encoding`` the declared Q-K block group."""
     transform = dict(base.transform)
-    stage2 = kw.get("stage2", "full")
     for name, g in spec.spaces.items():
-        if not (isinstance(g, PerHead) and isinstance(g.inner, (PlaneSigns, PlaneIdentity, PlaneScales,
-                                                                SignedPermutations))):
+        step = exact_step(g)
+        if step is None:
             continue
-        if stage2 == "none" or isinstance(g.inner, PlaneIdentity):
+        if stage2 == "none" or step == "identity":
             transform[name] = g.identity()
-        elif isinstance(g.inner, SignedPermutations):
+        elif step == "signed-permutations":
             transform[name] = solve_signed_permutations(spec, name, transform, state_a, state_b)
-        elif isinstance(g.inner, PlaneSigns):
+        elif step == "signs":
             transform[name] = solve_signs(spec, name, transform, state_a, state_b)
         else:
             transform[name] = solve_scales(spec, name, transform, state_a, state_b)
     if stage2 != "none":  # Q-K distances after the exact (sign) solution, not the relaxed one
-        from symalign.match.api import _direct_distance
-        from symalign.match.views import find_layers
-
         rel = relaxed(spec)
         out_b = apply(rel, {k: v for k, v in transform.items() if k in rel.spaces}, state_b)
         for lay, view in zip(base.layers, find_layers(rel, state_a)):
-            lay.qk_after = _direct_distance(view.qk, state_a, out_b).tolist()
+            lay.qk_after = direct_distance(view.qk, state_a, out_b).tolist()
             lay.qk_cond = [1.0] * len(lay.qk_after)
-            if isinstance(getattr(spec.spaces.get(view.vo.name), "inner", None), SignedPermutations):
-                lay.vo_after = _direct_distance(view.vo, state_a, out_b).tolist()
+            if exact_step(spec.spaces.get(view.vo.name)) == "signed-permutations":
+                lay.vo_after = direct_distance(view.vo, state_a, out_b).tolist()
                 lay.vo_cond = [1.0] * len(lay.vo_after)
         base.totals["distance_after"] = sum(sum(d.qk_after) + sum(d.vo_after) for d in base.layers)
     for lay in base.layers:
         qk = spec.spaces.get(f"qk.{lay.tag}")
         if qk is not None:
             lay.encoding = qk.inner.describe()  # type: ignore[union-attr]
-    return AttentionMatch(transform, base.layers, spec, base.stage1, base.stage2, base.totals)
+    return transform

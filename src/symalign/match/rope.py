@@ -45,8 +45,8 @@ import torch
 from scipy.optimize import minimize_scalar
 from torch import Tensor
 
-from symalign.groups import RotaryPlanes, rotary_pairs
-from symalign.match.qk import GLSolution, Grams, condition, solve_gl
+from symalign.groups import RotaryPlanes, condition, rotary_pairs
+from symalign.match.qk import GLSolution, Grams, solve_gl
 
 _GOLD = (math.sqrt(5) - 1) / 2
 

@@ -18,11 +18,11 @@ query rows and ``Y`` the key rows restricted to the columns ``S`` (paper layout)
 by :func:`symalign.match.qk.solve_gl` from two starts, ``M = I`` (which never ends above B''s
 distance) and the orthogonal Procrustes solution (the exact matcher's start), keeping the
 better per block (the problem is not convex: from ``I`` alone a planted ``GL(4)`` element was
-missed in one block of two, from Procrustes it was found); and the element applied is ``U = I`` on the other columns and ``M``
-on ``S``. The objective separates over column sets exactly (``U`` is block-diagonal
-over ``S`` and its complement), so the other planes keep B''s exact optimum. ``GL(S)``
-contains the slow planes' own complex scalars, so the result is at least as close to A
-in weights as B'.
+missed in one block of two, from Procrustes it was found); and the element applied is
+``U = I`` on the other columns and ``M`` on ``S``. The objective separates over column sets
+exactly (``U`` is block-diagonal over ``S`` and its complement), so the other planes keep B''s
+exact optimum. ``GL(S)`` contains the slow planes' own complex scalars, so the result is at
+least as close to A in weights as B'.
 
 **What it costs.** ``U`` is not a symmetry: queries and keys at positions ``m, n`` meet
 through ``R(n - m)`` on ``S``, which ``M`` does not commute with unless ``M`` is a
@@ -62,8 +62,8 @@ def slow_columns(group: RotaryPlanes, planes: Sequence[int]) -> Tensor:
 def relaxed_spec(spec: SymmetrySpec) -> SymmetrySpec:
     """``spec`` with every ``PerHead(RotaryPlanes)`` space replaced by ``PerHead(GL(d_h))`` (same blocks and
     tensors): the spec a :class:`SlowPlaneMatch` is applied through. Its elements are *not* symmetries."""
-    spaces = {name: (PerHead(GeneralLinear(g.inner.n), g.n_blocks)
-                     if isinstance(g, PerHead) and isinstance(g.inner, RotaryPlanes) else g)
+    spaces = {name: (PerHead(GeneralLinear(g.inner.n), g.n_blocks)  # type: ignore[attr-defined]
+                     if g.head_block is not None and g.head_block.block_matcher == "rope" else g)
               for name, g in spec.spaces.items()}
     return SymmetrySpec(spaces, {t: list(a) for t, a in spec.tensors.items()}, dict(spec.couplings), dict(spec.info))
 

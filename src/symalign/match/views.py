@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from symalign.errors import MatchError
-from symalign.groups import GeneralLinear, HeadPermutation, PerHead, RotaryPlanes
+from symalign.groups import HeadPermutation, PerHead, RotaryPlanes
 from symalign.spec import SymmetrySpec, segment_view
 
 
@@ -72,7 +72,8 @@ class SpaceSides:
 
     @property
     def rope(self) -> RotaryPlanes | None:
-        return self.group.inner if isinstance(self.group.inner, RotaryPlanes) else None
+        inner = self.group.inner
+        return inner if inner.block_matcher == "rope" else None  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -109,11 +110,12 @@ class AttentionLayer:
 
 def _sides(spec: SymmetrySpec, space: str) -> SpaceSides:
     g = spec.spaces[space]
-    if not isinstance(g, PerHead) or not isinstance(g.inner, (GeneralLinear, RotaryPlanes)):
+    block = g.head_block
+    if block is None or block.block_matcher not in ("gl", "rope"):  # type: ignore[attr-defined]
         raise MatchError(f"space {space!r} ({g.describe()}) is not a per-head GL/RoPE space; "
                          "the attention matcher needs PerHead(GeneralLinear) or PerHead(RotaryPlanes)")
-    if isinstance(g.inner, RotaryPlanes) and g.inner.r % 2:
-        raise MatchError(f"space {space!r}: odd rotated width {g.inner.r}; RoPE planes need an even width")
+    if block.block_matcher == "rope" and block.r % 2:  # type: ignore[attr-defined]
+        raise MatchError(f"space {space!r}: odd rotated width {block.r}; RoPE planes need an even width")
     co, contra = [], []
     for t, a in spec.tensors_of(space):
         part = Part(t, a.axis, a.variance, a.rep, homogeneous=False, segment=a.segment)  # biases: _mark_bias
@@ -156,7 +158,7 @@ def find_layers(spec: SymmetrySpec, state: Mapping[str, Tensor] | None = None) -
         if hq != hv:
             raise MatchError(f"layer {tag!r}: {name!r} and {vo!r} are coupled to different head spaces ({hq}, {hv})")
         hg = spec.spaces[hq] if hq is not None else None
-        if hg is not None and not isinstance(hg, HeadPermutation):
+        if hg is not None and not hg.permutes_heads:
             raise MatchError(f"layer {tag!r}: head space {hq!r} is {hg.describe()}, not a HeadPermutation")
         qk, vos = _sides(spec, name), _sides(spec, vo)
         if state is not None:
@@ -173,6 +175,24 @@ def _mark_bias(s: SpaceSides, state: Mapping[str, Tensor]) -> SpaceSides:
         return tuple(Part(p.tensor, p.axis, p.variance, p.rep, state[p.tensor].dim() == 1, p.segment) for p in ps)
 
     return SpaceSides(s.name, s.group, mark(s.co), mark(s.contra))
+
+
+def direct_distance(s: SpaceSides, state_a, state_b) -> Tensor:
+    """``||X_A - X_B||^2 + ||Y_A - Y_B||^2`` per block, directly from the tensors.
+
+    The difference is taken in the tensors' common dtype and its squares are summed in
+    float64 (relative error ``<= 3 u`` of that dtype; exact to float64 for float64 weights).
+    """
+    nb = s.group.n_blocks
+    out = torch.zeros(nb, dtype=torch.float64)
+    for p in s.co + s.contra:
+        xa, xb = p.read(state_a), p.read(state_b)
+        dt = torch.promote_types(xa.dtype, xb.dtype)
+        sq = torch.sub(xa.to(dt), xb.to(dt)).pow_(2)
+        other = [i for i in range(sq.dim()) if i != p.axis]
+        per_index = sq.sum(other, dtype=torch.float64) if other else sq.double()
+        out += per_index.reshape(nb, -1).sum(1)
+    return out
 
 
 def block_rows(x: Tensor, part: Part, n_blocks: int, d: int, dtype=torch.float64) -> Tensor:

@@ -49,10 +49,10 @@ labels, by block-coordinate descent (git re-basin's loop, for any spec):
 
 and repeat 1-3 (a *sweep*) until a sweep lowers ``D`` by at most ``rtol * D(identity)``
 (``converged``; not tested after an anchored first sweep that solved some space on part of
-its tensors: that sweep is an initialisation and may end above the identity), or ``max_sweeps`` sweeps. Steps 1 and 3 are exact minimisers of their
-block (for permutation, positive-monomial and orthogonal spaces), and a sweep lowers ``D`` by the sum of
-its blocks' decreases, so the rule means that no space improved by more than
-``rtol * D(identity)`` (``rtol = 0``: a fixed point, where every space is the exact
+its tensors: that sweep is an initialisation and may end above the identity), or ``max_sweeps`` sweeps.
+Steps 1 and 3 are exact minimisers of their block (for permutation, positive-monomial and orthogonal
+spaces), and a sweep lowers ``D`` by the sum of its blocks' decreases, so the rule means that no space
+improved by more than ``rtol * D(identity)`` (``rtol = 0``: a fixed point, where every space is the exact
 minimiser given all the others); step 2 is the attention matcher's (exact on planted
 pairs). The per-sweep distances are recorded in
 :attr:`WholeMatch.distances`, the number of unit spaces that moved in each sweep in
@@ -362,7 +362,7 @@ def balanced_gauge(spec: SymmetrySpec, state: Mapping[str, Tensor], max_passes: 
     scale 1. The gauge is a property of the function's orbit: ``state`` and ``h . state``,
     ``h`` any positive scaling, have the same balanced state. Returns the transform
     (unit permutations, the scales) taking ``state`` there; ``{}`` without ReLU spaces."""
-    names = [n for n, g in spec.spaces.items() if isinstance(g, PositiveMonomial)]
+    names = [n for n, g in spec.spaces.items() if g.scales_units]
     if not names:
         return {}
     total = {n: torch.ones(spec.spaces[n].n, dtype=torch.float64) for n in names}

@@ -40,4 +40,5 @@ def build_model(cfg: ModelConfig | HFConfig | dict, seed: int | None = 0) -> nn.
     return model
 
 
-__all__ = ["ModelConfig", "HFConfig", "build_model", "config_from_dict", "GPT", "ViT", "EncoderClassifier", "MODEL_CLASSES"]
+__all__ = ["ModelConfig", "HFConfig", "build_model", "config_from_dict", "GPT", "ViT", "EncoderClassifier",
+           "MODEL_CLASSES"]

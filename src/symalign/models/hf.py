@@ -406,7 +406,8 @@ class HFModel(nn.Module):
     def __init__(self, cfg: HFConfig, seed: int | None = 0):
         super().__init__()
         self.cfg = cfg
-        self.rewritten = False  # True: in symalign.families.prepare's coordinates, where the spec has the residual stream
+        # True: in symalign.families.prepare's coordinates, where the spec has the residual stream
+        self.rewritten = False
         cls = getattr(_transformers(), cfg.class_name)
         config = cfg.hf_config()
         if seed is None:
@@ -531,5 +532,5 @@ def build_hf_model(cfg: HFConfig | dict, seed: int | None = 0) -> HFModel:
     return HFModel(cfg, seed=seed)
 
 
-__all__ = ["ExperimentFamily", "FAMILIES", "HFConfig", "HFModel", "build_hf_model", "check_model_section", "fit_hf_config",
-           "is_hf_family", "family_of", "whole_model_refusal", "HF_PREFIX", "PREFIX"]
+__all__ = ["ExperimentFamily", "FAMILIES", "HFConfig", "HFModel", "build_hf_model", "check_model_section",
+           "fit_hf_config", "is_hf_family", "family_of", "whole_model_refusal", "HF_PREFIX", "PREFIX"]

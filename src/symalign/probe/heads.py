@@ -27,7 +27,7 @@ def head_permutation_spec(module: nn.Module, spec: SymmetrySpec | None = None) -
     from the spec of a copy of the config without ALiBi -- which is exactly the
     permutation whose (non-)invariance we want to test.
     """
-    if spec is not None and any(isinstance(g, HeadPermutation) for g in spec.spaces.values()):
+    if spec is not None and any(g.permutes_heads for g in spec.spaces.values()):
         return spec
     if isinstance(module, MultiHeadAttention):
         cfg = module.cfg
@@ -60,7 +60,7 @@ def head_permutations_preserved(module: nn.Module, inputs: Any, spec: SymmetrySp
     hspec = head_permutation_spec(module, spec)
     if hspec is None:
         return None
-    name, group = next((n, g) for n, g in hspec.spaces.items() if isinstance(g, HeadPermutation))
+    name, group = next((n, g) for n, g in hspec.spaces.items() if g.permutes_heads)
     pi = head_swap(group)
     if pi is None:
         return None

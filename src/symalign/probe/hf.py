@@ -58,7 +58,6 @@ from torch import Tensor, nn
 
 from symalign.families import get_adapter
 from symalign.errors import ConfigError
-from symalign.groups import GeneralLinear, PerHead, PlaneIdentity, PlaneScales, RotaryPlanes
 from symalign.probe.measure import ProbeResult, probe
 from symalign.probe.precision import Float64Mode
 
@@ -166,6 +165,14 @@ def hf_config(source: Any) -> Any:
                 pass
     if isinstance(getattr(config, "rotary_dim", None), int) and config.rotary_dim > d:  # GPT-J's 64: partial RoPE
         config.rotary_dim = d // 2
+    rope = getattr(config, "rope_parameters", None)  # StableLM's 0.25 of a 4-wide head would rotate 1 dimension
+    holder = rope if isinstance(rope, dict) and "partial_rotary_factor" in rope else None
+    factor = holder["partial_rotary_factor"] if holder is not None else getattr(config, "partial_rotary_factor", None)
+    if isinstance(factor, float) and 0 < factor < 1 and int(factor * d) % 2:
+        if holder is not None:  # still partial, on an even number of dimensions (whole rotation planes)
+            holder["partial_rotary_factor"] = 0.5
+        else:
+            config.partial_rotary_factor = 0.5
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     for name in list(vars(config)):  # special tokens of the full vocabulary would not fit the tiny one
         value = getattr(config, name)
@@ -181,7 +188,8 @@ def generic_model(config: Any, seed: int = 0) -> nn.Module:
     if hasattr(config, "use_cache"):
         config.use_cache = False
     torch.manual_seed(seed)
-    model = transformers.AutoModel.from_config(config, attn_implementation="eager", experts_implementation="eager").to(torch.float64).eval()
+    model = transformers.AutoModel.from_config(config, attn_implementation="eager", experts_implementation="eager")
+    model = model.to(torch.float64).eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -233,22 +241,20 @@ def undeclared_terms(spec: Any, state: dict[str, Tensor]) -> dict[str, int]:
     """
     terms: dict[str, int] = {}
     for space, group in spec.spaces.items():
-        if not isinstance(group, PerHead):
+        inner = group.head_block
+        if inner is None:
             continue
-        inner, blocks = group.inner, group.n_blocks
+        blocks = group.n_blocks
         role = spec.role(space) if hasattr(spec, "role") else space.split(".")[0]
         biases = [t for t in (_space_tensors(spec, space, "contra") + _space_tensors(spec, space, "co"))
                   if state[t].dim() == 1]
-        if role == "qk" and isinstance(inner, PlaneIdentity):  # a centring QK-norm removes 1 v^T, c 1 per head
+        if role == "qk" and inner.centring:  # a centring QK-norm removes 1 v^T, c 1 per head
             terms["qk_centring"] = sum(act.size_of(state[t]) // inner.n * (state[t].numel() // state[t].shape[act.axis])
                                        for t, act in spec.tensors_of(space))
         elif role == "qk":
             k_bias = [t for t in _space_tensors(spec, space, "contra") if state[t].dim() == 1]
-            if k_bias and isinstance(inner, RotaryPlanes):
-                if inner.n > inner.r:
-                    terms["key_bias"] = blocks * (inner.n - inner.r)
-            elif k_bias and isinstance(inner, GeneralLinear):
-                terms["key_bias"] = blocks * inner.n
+            if k_bias and inner.key_bias_shift:  # the unrotated width (GL: all of it; QK-norm: none)
+                terms["key_bias"] = blocks * inner.key_bias_shift
         elif role == "vo" and any(t in _space_tensors(spec, space, "co") for t in biases):
             out = [t for t in _space_tensors(spec, space, "contra") if state[t].dim() == 2]
             if out:
@@ -257,9 +263,9 @@ def undeclared_terms(spec: Any, state: dict[str, Tensor]) -> dict[str, int]:
                 kernel = max(0, blocks * inner.n - int(model_dim))
                 if kernel:
                     terms["value_bias_kernel"] = kernel
-        elif isinstance(inner, PlaneScales) and inner.n > inner.r and any(
+        elif inner.rescales_gains and inner.key_bias_shift and any(
                 t.endswith(".bias") for t in _space_tensors(spec, space, "contra")):
-            terms["key_norm_bias"] = blocks * (inner.n - inner.r)  # an affine key norm's bias, unrotated part
+            terms["key_norm_bias"] = blocks * inner.key_bias_shift  # an affine key norm's bias, unrotated part
     return terms
 
 
@@ -275,6 +281,20 @@ class _Call(nn.Module):
         super().__init__()
         self.layer = layer
         self.args, self.kwargs, self.site = args, kwargs, site
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "_Call":
+        """``.to(device)`` (and every other ``_apply``) also moves the tensors of the captured call."""
+        def each(x: Any) -> Any:
+            if isinstance(x, Tensor):
+                return fn(x)
+            if isinstance(x, (tuple, list)):
+                return type(x)(each(v) for v in x)
+            if isinstance(x, dict):
+                return {k: each(v) for k, v in x.items()}
+            return x
+
+        self.args, self.kwargs = each(self.args), each(self.kwargs)
+        return super()._apply(fn, recurse)
 
     def forward(self) -> Tensor:
         target = self.layer.get_submodule(self.site) if self.site else self.layer
@@ -454,13 +474,15 @@ def probe_site(adapter: Any, config: Any, layer: int, stack: str | None = None,
 
 
 def probe_hf(source: Any, layer: int = 0, *, stack: str | None = None, cross: bool = False, block: bool = False,
-             seed: int = 0, method: str = "auto", ad: str = "both", probes: int = 16) -> list[HFProbe]:
+             seed: int = 0, method: str = "auto", ad: str = "both", probes: int = 16,
+             device: str | torch.device | None = None) -> list[HFProbe]:
     """Probe one attention site of a Hugging Face family (module doc): ``[attention]`` or ``[attention, block]``.
 
     ``source``: a checkpoint folder, a ``model_type``, or a transformers config.
     ``layer``: the layer's index in its stack; ``stack``: ``"encoder"`` / ``"decoder"`` of an
     encoder-decoder family (default: its encoder); ``cross``: the decoder layer's
-    cross-attention instead of its self-attention (:func:`probe_site`).
+    cross-attention instead of its self-attention (:func:`probe_site`); ``device``: where the Jacobians are
+    measured (:func:`symalign.probe.measure.probe`'s ``device``).
     Raises :class:`~symalign.errors.ConfigError` for an unknown source, a family
     without an adapter, or a site that does not exist, and
     :class:`~symalign.probe.spectrum.AmbiguousSpectrumError` when a spectrum has no clean gap.
@@ -495,7 +517,8 @@ def probe_hf(source: Any, layer: int = 0, *, stack: str | None = None, cross: bo
     call = _Call(model.get_submodule(attn_name), args, kwargs, site[len(attn_name) + 1:] if attn_name else site)
     names = ["layer." + t[len(attn_name) + 1:] if attn_name else "layer." + t for t in tensors]
     res = probe(call, (), method=method, ad=ad, probes=probes, seed=seed, parameters=names, check_heads=False,
-                predicted=declared + sum(undeclared.values()), frequencies=freqs, seq_len=seq_len, spec=spec)
+                predicted=declared + sum(undeclared.values()), frequencies=freqs, seq_len=seq_len, spec=spec,
+                device=device)
     kind = "cross-attention" if cross else "attention"
     rows.append(HFProbe(adapter.family, config.model_type, layer, kind, attn_name, declared, spec.describe(),
                         undeclared, res, cfg_summary, stack))
@@ -511,7 +534,7 @@ def probe_hf(source: Any, layer: int = 0, *, stack: str | None = None, cross: bo
         bargs, bkwargs = capture_call(model, block_name, _inputs(adapter, config, _batch(n_block, per_item), seed))
         bargs, bkwargs, bseq = generic_hidden_states(bargs, bkwargs, seed + 3)
         bres = probe(_Call(block_module, bargs, bkwargs, ""), (), method=method, ad=ad, probes=probes, seed=seed,
-                     check_heads=False, frequencies=freqs, seq_len=bseq)
+                     check_heads=False, frequencies=freqs, seq_len=bseq, device=device)
         rows.append(HFProbe(adapter.family, config.model_type, layer, "block", block_name, None, {}, {}, bres,
                             cfg_summary, stack))
     return rows

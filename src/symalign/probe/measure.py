@@ -115,7 +115,7 @@ def probe(module: nn.Module, inputs: Any = (), *, spec: SymmetrySpec | None = No
           method: str = "auto", tol: float | None = None, probes: int = 16, seed: int = 0,
           equilibrate: bool = True, maxiter: int = 2000, check_heads: bool = True, ad: str = "forward",
           parameters: Sequence[str] | None = None, frequencies: Sequence[float] | torch.Tensor | None = None,
-          seq_len: int | None = None) -> ProbeResult:
+          seq_len: int | None = None, device: str | torch.device | None = None) -> ProbeResult:
     r"""Measure the Jacobian nullity of ``module`` at its parameters on ``inputs`` (see :mod:`symalign.probe`).
 
     ``inputs``: a tensor or tuple of positional arguments (floating ones cast to
@@ -131,9 +131,25 @@ def probe(module: nn.Module, inputs: Any = (), *, spec: SymmetrySpec | None = No
     rest stay fixed). ``frequencies`` and ``seq_len``: the RoPE plane frequencies and
     context length for the plane report (the reference layer supplies its own).
 
+    ``device``: measure there (:mod:`symalign.device`): the module (its parameters and buffers, and the tensors
+    of a captured call) and the inputs are moved there, every tensor the probe makes is made there, TF32 is off;
+    the probes' random stream is the device's generator, so on a GPU the Hutchinson estimates (not the exact
+    dense spectrum's cut) may differ from the CPU's in their last digits. ``None``: where the module is.
+
     Raises :class:`~symalign.probe.spectrum.AmbiguousSpectrumError` when the dense
     spectrum has no clean gap (never a nullity that depends on the cut).
     """
+    if device is not None:
+        from symalign.device import exact_matmul, resolve
+
+        dev = resolve(device)
+        moved = tuple(x.to(dev) if isinstance(x, torch.Tensor) else x
+                      for x in (inputs if isinstance(inputs, tuple) else (inputs,)))
+        with torch.device(dev), exact_matmul():
+            return probe(module.to(dev), moved if isinstance(inputs, tuple) else moved[0], spec=spec,
+                         predicted=predicted, method=method, tol=tol, probes=probes, seed=seed, equilibrate=equilibrate,
+                         maxiter=maxiter, check_heads=check_heads, ad=ad, parameters=parameters,
+                         frequencies=frequencies, seq_len=seq_len)
     t0 = time.perf_counter()
     if method not in ("auto", "dense", "matrix-free"):
         raise SymalignError(f"unknown probe method {method!r}; use auto, dense or matrix-free")
@@ -145,7 +161,7 @@ def probe(module: nn.Module, inputs: Any = (), *, spec: SymmetrySpec | None = No
         m = f(f.theta).numel()
     if method == "auto":
         method = choose_method(m, p)
-    gen = torch.Generator().manual_seed(int(seed))
+    gen = torch.Generator(device=f.theta.device).manual_seed(int(seed))
     if method == "dense":
         push, pull = plain_push(f), None
     else:

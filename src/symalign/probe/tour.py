@@ -33,8 +33,9 @@ def probe_batch(cfg: AttentionConfig, seq_len: int, ratio: float = 2.0) -> int:
 
 def probe_attention(cfg: AttentionConfig, seq_len: int, batch: int | None = None, *, seed: int = 0,
                     method: str = "auto", probes: int = 16, tol: float | None = None,
-                    maxiter: int = 2000) -> ProbeResult:
-    """Probe a generic :class:`MultiHeadAttention` with ``cfg`` on random ``(batch, seq_len, D)`` inputs."""
+                    maxiter: int = 2000, device: str | torch.device | None = None) -> ProbeResult:
+    """Probe a generic :class:`MultiHeadAttention` with ``cfg`` on random ``(batch, seq_len, D)`` inputs (drawn on
+    the CPU; ``device``: measured there, :func:`symalign.probe.measure.probe`)."""
     if seq_len <= 0:
         raise SymalignError(f"seq_len must be positive, got {seq_len}")
     if cfg.pe in ("sinusoidal", "learned") and seq_len > cfg.max_len:
@@ -45,7 +46,7 @@ def probe_attention(cfg: AttentionConfig, seq_len: int, batch: int | None = None
     layer = generic_attention(cfg, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(batch, seq_len, cfg.d_model, generator=gen, dtype=torch.float64)
-    return probe(layer, x, method=method, probes=probes, seed=seed, tol=tol, maxiter=maxiter)
+    return probe(layer, x, method=method, probes=probes, seed=seed, tol=tol, maxiter=maxiter, device=device)
 
 
 TOUR: tuple[tuple[str, dict], ...] = (

@@ -108,11 +108,14 @@ def open_pair(a_dir: Path, b_dir: Path) -> tuple[LazyCheckpoint, LazyCheckpoint]
 
 def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
                          force: bool = False, progress: bool = True, return_transform: bool = False,
-                         clock: PhaseClock | None = None) -> AlignResult:
+                         clock: PhaseClock | None = None, device: torch.device | None = None) -> AlignResult:
     """Align B's attention to A's layer by layer and write OUT (see the module docstring).
 
     ``return_transform``: keep the group element found (space -> tensor) in ``transform``;
-    ``clock``: sums the time of each phase over the layers (:func:`symalign.pipeline.align`).
+    ``clock``: sums the time of each phase over the layers (:func:`symalign.pipeline.align`);
+    ``device``: where each layer is matched (:func:`symalign.match.match_attention`'s ``device``: the layer's
+    tensors moved there, the transform back; ``None`` or the CPU: the overlapped CPU path above). Reading, the
+    function checks and writing stay on the CPU.
     """
     from symalign.io.folder import check_output_dir, commit
     from symalign.arch.fused import split_segments
@@ -122,6 +125,7 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
     from symalign.spec import apply
 
     clock = clock or PhaseClock()
+    on_device = device is not None and torch.device(device).type != "cpu"
     bound_heap()
     out_path = check_output_dir(out_dir, [a_dir, b_dir], force)
     with clock("read"):
@@ -205,10 +209,11 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
                     la, lb = {n: raw_a[n].to(dt) for n in names}, {n: raw_b[n].to(dt) for n in names}
                 with clock("match"):
                     view_spec, (va, vb) = split_segments(sub, la, lb)
-                    if has_qknorm(view_spec):  # solved in one piece (no prepared form), here
+                    if has_qknorm(view_spec) or on_device:  # solved in one piece here (QK-norm: no prepared form)
                         done_now: Future = Future()
                         done_now.set_result(match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2,
-                                                            stage1_dtype=s1dtype))
+                                                            stage1_dtype=s1dtype, device=device if on_device
+                                                            else None))
                         solved = done_now
                     else:  # stage 1 and the Grams here; stage 2 on the worker thread, overlapping the next layer
                         prep = prepare_attention(view_spec, va, vb, stage1=stage1, stage2=stage2,

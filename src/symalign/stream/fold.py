@@ -27,7 +27,6 @@ from torch import Tensor
 from symalign.io.layout import TensorInfo
 from symalign.checkpoint.lazy import LazyCheckpoint
 from symalign.errors import CheckpointError, ConfigError
-from symalign.groups import Orthogonal, Permutation
 from symalign.spec import SymmetrySpec
 
 
@@ -314,7 +313,7 @@ def residual_space(spec: SymmetrySpec) -> str:
         raise ConfigError(f"streamed --scope model needs one residual-stream space (found {len(res)}); "
                           "use --no-stream")
     g = spec.spaces[res[0]]
-    if not (isinstance(g, Orthogonal) or type(g) is Permutation):
+    if not (g.matcher == "orthogonal" or g.is_permutation):  # O(D) and its subgroups (Procrustes), or S_D
         raise ConfigError(f"streamed --scope model does not solve a {g.describe()} residual stream; use --no-stream")
     return res[0]
 

@@ -78,7 +78,8 @@ def average_into(out_path: Path, inputs: Sequence[Any], weights: Sequence[float]
     """Write ``sum_k w_k inputs[k]`` laid out like ``inputs[0]`` (or ``layout``, the checkpoint ``inputs[0]``
     reads through, e.g. :class:`~symalign.stream.fold.FoldedCheckpoint`) into a staged folder; returns it and
     the bytes written. ``extra``: tensors ``inputs[0]`` has beyond ``layout`` (name -> dtype, shape: an untied
-    head, :class:`~symalign.io.shards.ShardWriter`); ``config_edits``: merged into OUT's config. Float tensors: row blocks of at most :data:`CHUNK_ELEMENTS` values, summed in
+    head, :class:`~symalign.io.shards.ShardWriter`); ``config_edits``: merged into OUT's config. Float
+    tensors: row blocks of at most :data:`CHUNK_ELEMENTS` values, summed in
     :func:`~symalign.checkpoint.average.accumulate_dtype` (float32 for bfloat16/float16, float64
     otherwise) and rounded to ``inputs[0]``'s dtype; others copied from ``layout``.
 
@@ -177,7 +178,8 @@ def check_loads_lazily(path: Path) -> dict[str, Any]:
 
 def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], scope: str = "attention",
                      stage2: str = "full", align: bool = True, force: bool = False,
-                     progress: bool = True, max_sweeps: int = 20, experts: str = "exact") -> dict[str, Any]:
+                     progress: bool = True, max_sweeps: int = 20, experts: str = "exact",
+                     device: Any = None) -> dict[str, Any]:
     """Merge ``dirs`` into ``out`` by streaming (module docstring); ``weights`` already normalised;
     ``max_sweeps``: passes of the streamed model scope at most; ``experts``: how its mixture-of-experts
     blocks are solved (:func:`symalign.match.experts.match_experts`)."""
@@ -214,7 +216,7 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
                                             progress=progress, max_iter=max_sweeps, experts=experts)
                 else:
                     info = run_stream_attention(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2,
-                                                progress=progress)
+                                                progress=progress, device=device)
                 t_align += time.perf_counter() - ta
                 aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict()})
                 inputs.append(open_checkpoint(scratch / str(k)))

@@ -23,9 +23,9 @@ once, in row chunks, in pass 0, which also gives the initial ``O``; also a permu
 stream's norm gains). Unit spaces other than plain FF permutations (ReLU units, the
 expert blocks of a mixture of experts) are solved by :func:`~symalign.match.whole.match_whole`'s
 own steps on the layer; a mixture of experts' layer is prepared in transformers' fused layout one
-expert at a time (:func:`symalign.stream.fold.prepare_experts`, into stacked tensors in the working dtype) and written back
-one tensor per expert. Because ``O``
-is orthogonal (a permutation matrix too), the distance after the pass needs no further read:
+expert at a time (:func:`symalign.stream.fold.prepare_experts`, into stacked tensors in the
+working dtype) and written back one tensor per expert. Because ``O`` is orthogonal (a
+permutation matrix too), the distance after the pass needs no further read:
 
 ``d = sum_t (||A_t||^2 + ||B'_t||^2) - 2 <O, M + M_free>`` (plus the tensors no
 residual acts on, summed directly).
@@ -55,7 +55,6 @@ from torch import Tensor
 
 from symalign.align_result import AlignResult, CheckReport, PhaseClock, new_result
 from symalign.errors import ConfigError, MatchError
-from symalign.groups import Permutation
 from symalign.match.whole import CHECKPOINT_SETTINGS
 from symalign.spec import SymmetrySpec, apply, segment_view
 from symalign.stream import blocks
@@ -271,7 +270,7 @@ class StreamedWhole:
         sub = self.layer_spec(i)
         part = partition(sub)
         units, _ = unit_spaces(sub, part)
-        fast = [u for u in units if type(sub.spaces[u]) is Permutation and u not in part.experts
+        fast = [u for u in units if sub.spaces[u].is_permutation and u not in part.experts
                 and all(x.space in (u, self.res) for t, _ in sub.tensors_of(u) for x in sub.tensors[t])]
         return fast, [u for u in units if u not in fast], part.attention
 

@@ -84,11 +84,12 @@ def _outputs(model: nn.Module, state, args, kwargs) -> list[Tensor]:
 def align_states(model: nn.Module, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor], example_inputs,
                  example_kwargs: dict | None = None, *, scope: str = "model", stage1: bool = True,
                  stage2: str = "full", max_iter: int = 20, traced: TraceResult | None = None,
-                 strict: bool = False) -> ModuleAlignment:
+                 strict: bool = False, device: str | torch.device | None = None) -> ModuleAlignment:
     """Align ``state_b`` to ``state_a`` through the traced exact symmetries of ``model`` (module docstring).
 
     ``model`` is only used as the architecture (its own weights are not read or changed).
-    ``strict``: refuse (:class:`~symalign.errors.MatchError`) when any part would be left unchanged.
+    ``strict``: refuse (:class:`~symalign.errors.MatchError`) when any part would be left unchanged;
+    ``device``: where the matching computes (:func:`symalign.match.whole.match_whole`'s ``device``).
     """
     from symalign.match.distance import relative_distance
     from symalign.match.whole import attention_step, match_whole
@@ -120,7 +121,7 @@ def align_states(model: nn.Module, state_a: Mapping[str, Tensor], state_b: Mappi
     if scope == "attention":
         match = attention_step(spec, list(spec.spaces), sa, sb, stage1, stage2)
     else:
-        match = match_whole(spec, sa, sb, stage1=stage1, stage2=stage2, max_iter=max_iter)
+        match = match_whole(spec, sa, sb, stage1=stage1, stage2=stage2, max_iter=max_iter, device=device)
     transform = match.transform
     out = apply(spec, transform, sb)
     after = relative_distance(sa, out, spec.tensors)

@@ -31,7 +31,8 @@ from symalign.groups import GeneralLinear, MatrixGroup, RotaryPlanes
 
 def identify_map(run: Callable[[Tensor], Tensor], x: Tensor, d_axis: int, gen: torch.Generator,
                  tol: float = 1e-12) -> Tensor | None:
-    """``M`` of shape ``(*other_axes, d, d)`` with ``run(p)[idx] = M[idx] p[idx]``, or None if ``run`` is not such a map."""
+    """``M`` of shape ``(*other_axes, d, d)`` with ``run(p)[idx] = M[idx] p[idx]``, or None if ``run`` is not such a
+    map."""
     d = x.shape[d_axis]
     cols = []
     for j in range(d):

@@ -1,0 +1,51 @@
+"""Linear assignment (Hungarian, :func:`scipy.optimize.linear_sum_assignment`) and permutation matrices."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import Tensor
+
+
+def assign_max(c: Tensor) -> Tensor:
+    """``perm`` maximising ``sum_i c[i, perm[i]]`` (int64; ``scipy.optimize.linear_sum_assignment``)."""
+    _, col = linear_sum_assignment(c.detach().cpu().numpy().astype(np.float64), maximize=True)
+    return torch.as_tensor(col, dtype=torch.int64)
+
+
+def assign_grouped(cost: Tensor, kv: int, g: int) -> tuple[Tensor, Tensor | None]:
+    """The pairing minimising ``sum_i cost[i, pi[i]]`` over ``kv`` groups of ``g`` items that map onto groups.
+
+    Returns ``(sigma, taus)``: without groups (``g == 1``) one linear assignment, ``sigma = pi`` and
+    ``taus = None``; else, for every pair of groups ``(k, l)``, the best within-group assignment
+    ``taus[k, l]`` of cost ``C_kl``, then the best assignment ``sigma`` of groups on ``C``, and the rows
+    ``taus[k, sigma[k]]`` (``(kv, g)``). Exact: given the group assignment, the groups separate.
+    """
+    c = cost.detach().cpu().numpy().astype(np.float64)
+    if g == 1:
+        return torch.as_tensor(linear_sum_assignment(c)[1], dtype=torch.int64), None
+    c4 = c.reshape(kv, g, kv, g)
+    cg = np.empty((kv, kv))
+    taus = np.empty((kv, kv, g), dtype=np.int64)
+    for k in range(kv):
+        for l_ in range(kv):
+            r, col = linear_sum_assignment(c4[k, :, l_, :])
+            cg[k, l_] = c4[k, r, l_, col].sum()
+            taus[k, l_] = col
+    sigma = linear_sum_assignment(cg)[1]
+    tau = torch.as_tensor(np.stack([taus[k, sigma[k]] for k in range(kv)]))
+    return torch.as_tensor(sigma, dtype=torch.int64), tau
+
+
+def one_hot(perm: Tensor, dtype=torch.float64) -> Tensor:
+    """The permutation matrix ``P[i, perm[i]] = 1`` (``(P x)_i = x_{perm[i]}``)."""
+    n = perm.numel()
+    m = torch.zeros(n, n, dtype=dtype)
+    m[torch.arange(n), perm] = 1.0
+    return m
+
+
+def straight_through(perm: Tensor, z: Tensor) -> Tensor:
+    """``P + Z - sg(Z)``: the permutation matrix of ``perm`` with the gradient of ``z``."""
+    return one_hot(perm, z.dtype) + z - z.detach()
