@@ -267,3 +267,51 @@ def test_activation_and_learned_matching_return_exact_elements_on_relu():
         c = rewrite_model(model("gpt", "learned", seed=2, activation="relu"))
         c.load_state_dict(res.apply(b.state_dict()))
         assert rel_out(c(x), y) <= 1e-10
+
+
+def _companion_scales(p, q, r, t, max_scale=1e4, polish=3):
+    """The previous solver, kept as the reference: the quartic's roots as companion-matrix eigenvalues."""
+    from symalign.groups.newton import _newton
+
+    lo, hi = 1.0 / max_scale, float(max_scale)
+    both = (p > 0) & (r > 0)
+    ps, rs = torch.where(both, p, torch.ones_like(p)), torch.where(both, r, torch.ones_like(r))
+    s0 = (rs / ps) ** 0.25
+    a3, a1 = -q * s0 ** 3 / rs, t * s0 / rs
+    comp = torch.zeros(p.shape[0], 4, 4, dtype=torch.float64)
+    comp[:, 0, 0], comp[:, 0, 2], comp[:, 0, 3] = -a3, -a1, 1.0
+    comp[:, 1, 0] = comp[:, 2, 1] = comp[:, 3, 2] = 1.0
+    x = _newton(torch.linalg.eigvals(comp).real, a3[:, None], a1[:, None], polish)
+    cand = torch.where(both[:, None] & (x > 0), s0[:, None] * x, torch.full_like(x, float("nan"))).clamp(lo, hi)
+    f = scale_objective(cand, p[:, None], q[:, None], r[:, None], t[:, None])
+    f = torch.where(torch.isnan(cand), torch.full_like(f, float("inf")), f)
+    return cand.gather(1, f.argmin(1, keepdim=True)).squeeze(1)
+
+
+def test_quartic_roots_closed_form_finds_every_real_root():
+    from symalign.groups import quartic_roots
+
+    g = torch.Generator().manual_seed(5)
+    n = 4000
+    a3 = torch.randn(n, generator=g, dtype=torch.float64) * torch.exp(torch.randn(n, generator=g, dtype=torch.float64))
+    a1 = torch.randn(n, generator=g, dtype=torch.float64) * torch.exp(torch.randn(n, generator=g, dtype=torch.float64))
+    a3[:3], a1[:3] = 0.0, torch.tensor([0.0, 1.0, -1.0], dtype=torch.float64)  # Q = 0 (biquadratic) and friends
+    cand = quartic_roots(a3, a1)
+    for i in range(n):
+        real = [z.real for z in np.roots([1.0, float(a3[i]), 0.0, float(a1[i]), -1.0]) if abs(z.imag) < 1e-9]
+        for z in real:  # every real root is a candidate, to closed-form accuracy (Newton polishes it after)
+            assert float((cand[i] - z).abs().min()) <= 1e-6 * max(1.0, abs(z)), (i, z, cand[i])
+
+
+def test_closed_form_scales_match_the_companion_solver_on_many_problems():
+    # wide dynamic range, both signs, two-minimum cases: never worse than the eigenvalue solver
+    g = torch.Generator().manual_seed(11)
+    n = 100_000
+    lg = lambda k: torch.exp(torch.randn(n, generator=g, dtype=torch.float64) * k)  # noqa: E731
+    p, r = lg(2.0), lg(2.0)
+    q = torch.randn(n, generator=g, dtype=torch.float64) * lg(2.0)
+    t = torch.randn(n, generator=g, dtype=torch.float64) * lg(2.0)
+    s_new, s_ref = positive_scales(p, q, r, t), _companion_scales(p, q, r, t)
+    f_new, f_ref = scale_objective(s_new, p, q, r, t), scale_objective(s_ref, p, q, r, t)
+    size = (p * s_ref ** 2).abs() + (2 * q * s_ref).abs() + (r / s_ref ** 2).abs() + (2 * t / s_ref).abs()
+    assert float(((f_new - f_ref) / size).max()) <= 1e-12

@@ -81,7 +81,7 @@ def universe_states(ckpts: list[Any], weights: list[float], rounds: int = 3, sta
     """
     from symalign.match.distance import distance
     from symalign.families import prepare
-    from symalign.match.whole import match_whole
+    from symalign.match.whole import CHECKPOINT_SETTINGS, match_whole
     from symalign.spec import apply
 
     if rounds < 1:
@@ -95,7 +95,7 @@ def universe_states(ckpts: list[Any], weights: list[float], rounds: int = 3, sta
         aligned = []
         for k, p in enumerate(prepared):
             res = match_whole(p.spec, ref, p.state, spec_b=prepared[0].spec, init=transforms[k], stage2=stage2,
-                              experts=experts)
+                              experts=experts, **CHECKPOINT_SETTINGS)  # as the streamed merge aligns
             transforms[k] = res.transform
             aligned.append(apply(p.spec, res.transform, p.state))
         ref = average_states(aligned, weights)

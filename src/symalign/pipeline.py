@@ -302,7 +302,7 @@ class InMemoryModel(InMemoryEngine):
 
     def match(self) -> None:
         from symalign.match.distance import distance, relative_distance
-        from symalign.match.whole import match_whole
+        from symalign.match.whole import CHECKPOINT_SETTINGS, match_whole
 
         pa, pb, n = self.pa, self.pb, self.job.max_sweeps
         self.before = relative_distance(pa.state, pb.state, self.spec.tensors)
@@ -312,6 +312,7 @@ class InMemoryModel(InMemoryEngine):
         self.result = match_whole(pa.spec, pa.state, pb.state, spec_b=pb.spec, stage1=self.job.stage1,
                                   stage2=self.job.stage2, max_iter=n, experts=self.job.experts or "exact",
                                   device=self.job.device,
+                                  **CHECKPOINT_SETTINGS,  # as the streamed engine: --stream gives the same
                                   progress=lambda k, d: self.job.tell(f"sweep {k}/{n}: squared distance "
                                                                       f"{d / d0:.4f} of unaligned"))
         self.job.tell(f"matched in {self.result.iterations} sweeps" + ("" if self.result.converged

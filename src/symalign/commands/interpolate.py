@@ -188,9 +188,25 @@ def interpolate_command(
     threads: Optional[int] = checks.threads_option(),
     device: str = checks.device_option("Where the resident model is evaluated: auto (CUDA when present, else the "
                                        "CPU), cpu, cuda, cuda:N or mps; the points are built on the CPU."),
+    module: Optional[str] = typer.Option(None, "--module", help="pkg.mod:factory: A_DIR and B_DIR are state dicts "
+                                         "(.pt) of this module (as for `align --module`); --data a built-in "
+                                         "classification dataset."),
+    bn_reset: Optional[bool] = typer.Option(None, "--bn-reset/--no-bn-reset", help="--module: recompute BatchNorm "
+                                            "statistics on the training split at every point (default: on where "
+                                            "the module has BatchNorm)."),
+    repair: bool = typer.Option(False, "--repair", help="--module: REPAIR-renormalise the interpolated "
+                                "network's hidden activations to the interpolated endpoint statistics."),
 ) -> None:
     """Evaluate (1-t) A + t B on held-out data with the checkpoint's own tokenizer and objective:
     loss and accuracy curves, barriers, PNG plot."""
+    if module is not None:  # any torch module: symalign.commands.interpolate_module
+        return _interpolate_module(module, a_dir, b_dir, data, data_option, split, points, baseline, eval_items,
+                                   batch_size, out, bn_reset, repair, no_progress, as_json, force, threads, device)
+    if repair or bn_reset is not None:
+        from symalign.errors import ConfigError
+
+        raise ConfigError("--repair and --bn-reset apply to --module curves; the checkpoints' own models are "
+                          "measured as they are")
     from symalign.errors import ConfigError
     from symalign.evaluate import EvalOptions
     from symalign.jobs.interpolate import check_evaluable, open_pair
@@ -270,4 +286,42 @@ def interpolate_command(
     typer.echo(f"loss barrier {curve.loss_barrier:.4f}, accuracy barrier {curve.acc_barrier:.4f}, "
                f"midpoint loss barrier {curve.midpoint_loss_barrier:.4f}"
                + (f"; ratio vs baseline {res['barrier_ratio_percent']:.1f}%" if baseline is not None else ""))
+    typer.echo(f"wrote {out / 'results.json'} and {out / 'curves.png'}")
+
+
+def _interpolate_module(module, a_path, b_path, data, data_option, split, points, baseline, eval_items, batch_size,
+                        out, bn_reset, repair, no_progress, as_json, force, threads, device) -> None:
+    """``interpolate --module``: the arguments checked, then
+    :func:`symalign.commands.interpolate_module.run_interpolate_module`."""
+    from symalign.commands import checks
+    from symalign.commands.interpolate_module import dumps, run_interpolate_module, summary_lines
+    from symalign.errors import ConfigError
+
+    opts = checks.data_options(parse_options(data_option))
+    if points < 2:
+        raise ConfigError(f"--points must be at least 2 (the two endpoints), got {points}")
+    if batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
+    if eval_items is not None:
+        checks.positive(eval_items, "--eval-items")
+    inputs = [a_path, b_path] + ([baseline] if baseline is not None else [])
+    for path in inputs:
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such file; interpolate --module takes state-dict files saved with "
+                              "torch.save(model.state_dict(), path)")
+    if device not in ("auto", "cpu"):
+        raise ConfigError(f"--device {device}: interpolate --module evaluates on the CPU; drop --device")
+    checks.not_inside(out, inputs)
+    check_results_dir(out, force)
+    checks.use_threads(threads)
+    with point_progress(points * (2 if baseline is not None else 1), f"A → {b_path.name}", not no_progress) as cb:
+        res = run_interpolate_module(module, a_path, b_path, data, data_options=opts, split=split, points=points,
+                                     batch_size=batch_size, eval_items=eval_items, bn_reset=bn_reset, repair=repair,
+                                     baseline=baseline, progress=cb)
+    write_results(out, res)
+    if as_json:
+        typer.echo(dumps(res))
+        return
+    for line in summary_lines(res):
+        typer.echo(line)
     typer.echo(f"wrote {out / 'results.json'} and {out / 'curves.png'}")

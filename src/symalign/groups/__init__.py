@@ -25,7 +25,7 @@ from symalign.groups.base import PAIRINGS, Group, Latent, Pairing, Variance
 from symalign.groups.diagonal import PlaneIdentity, PlaneScales, PlaneSigns
 from symalign.groups.fixing import CenteredOrthogonal, FixingOrthogonal, centred_basis, stabiliser
 from symalign.groups.linear import GeneralLinear, MatrixGroup, Orthogonal, SignedPermutations
-from symalign.groups.newton import pair_costs, positive_scales, scale_objective
+from symalign.groups.newton import pair_costs, positive_scales, quartic_roots, scale_objective
 from symalign.groups.permutation import BlockPermutations, HeadPermutation, Permutation
 from symalign.groups.polar import condition, polar, polar_st
 from symalign.groups.product import OffsetPerHead, PerHead
@@ -39,7 +39,7 @@ __all__ = [
     "HeadPermutation", "Latent", "MatrixGroup", "OffsetPerHead", "Orthogonal", "Pairing", "PerHead", "Permutation",
     "PlaneIdentity", "PlaneScales", "PlaneSigns", "PositiveMonomial", "RotaryPlanes", "SignedPermutations",
     "Variance", "apply_on_axis", "as_generator", "assign_grouped", "assign_max", "centred_basis", "condition",
-    "one_hot", "pair_costs", "plane_of", "polar", "polar_st", "positive_scales", "random_orthogonal",
+    "one_hot", "pair_costs", "plane_of", "polar", "polar_st", "positive_scales", "quartic_roots", "random_orthogonal",
     "random_well_conditioned", "rotary_block_matrix", "rotary_pairs", "scale_objective", "stabiliser",
     "straight_through", "variance_matrix",
 ]

@@ -55,6 +55,7 @@ from torch import Tensor
 
 from symalign.align_result import AlignResult, CheckReport, PhaseClock, new_result
 from symalign.errors import ConfigError, MatchError
+from symalign.match.whole import CHECKPOINT_SETTINGS
 from symalign.spec import SymmetrySpec, apply, segment_view
 from symalign.stream import blocks
 from symalign.stream.fold import (CHUNK_ELEMENTS, SMALL_ELEMENTS, Preparer, added_tensors, own_tensors, prepare_experts,
@@ -407,7 +408,8 @@ def stream_inputs(checker: LayerChecker, w: StreamedWhole) -> dict[str, Tensor]:
 
 def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
                      force: bool = False, progress: bool = True, max_iter: int = 20,
-                     rtol: float = 1e-6, clock: PhaseClock | None = None, experts: str = "exact") -> AlignResult:
+                     rtol: float = CHECKPOINT_SETTINGS["rtol"], clock: PhaseClock | None = None,
+                     experts: str = "exact") -> AlignResult:
     """Streamed whole-model alignment (see the module docstring); writes OUT. ``clock``: sums the
     time of each phase (the matching passes count as ``match``; :func:`symalign.pipeline.align`);
     ``experts``: how mixture-of-experts blocks are solved (:func:`symalign.match.experts.match_experts`)."""
