@@ -91,11 +91,11 @@ def match_scope(spec: SymmetrySpec, sa: dict, sb: dict, stage1: bool, stage2: st
     """Attention-only spaces: the two-stage matcher (which reads fused Q|K|V tensors such as GPT-2's
     ``c_attn`` by their segments); otherwise whole-model weight matching."""
     from symalign.match import match_attention
-    from symalign.match.whole import match_whole
+    from symalign.match.whole import PROTOCOL_SETTINGS, match_whole
 
     if all(spec.role(s) in ATTENTION_ROLES for s in spec.spaces):
         return match_attention(spec, sa, sb, stage1=stage1, stage2=stage2)
-    return match_whole(spec, sa, sb, stage1=stage1, stage2=stage2, max_iter=10)
+    return match_whole(spec, sa, sb, stage1=stage1, stage2=stage2, max_iter=10, **PROTOCOL_SETTINGS)
 
 
 def learned_variant(cfg: ExperimentConfig, ds, spec: SymmetrySpec, arch_a: nn.Module, arch_b: nn.Module,

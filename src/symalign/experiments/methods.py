@@ -126,7 +126,7 @@ def align_methods(arch_a: nn.Module, arch_b: nn.Module, batches: Callable[[], It
     """
     from symalign.match.activations import match_activations
     from symalign.match.learned import learn_matching
-    from symalign.match.whole import match_whole, model_states
+    from symalign.match.whole import PROTOCOL_SETTINGS, match_whole, model_states
 
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
@@ -150,7 +150,7 @@ def align_methods(arch_a: nn.Module, arch_b: nn.Module, batches: Callable[[], It
         t0 = time.perf_counter()
         if method in ("weight", "learned") and weight is None:
             weight = match_whole(spec, ra, rb, stage1=True, stage2=stage2, max_iter=max_iter,
-                                 spec_b=arch_b.symmetry_spec())
+                                 spec_b=arch_b.symmetry_spec(), **PROTOCOL_SETTINGS)
         if method == "weight":
             m = weight
         elif method == "activation":

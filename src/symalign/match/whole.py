@@ -344,6 +344,11 @@ GAUGES = ("raw", "balanced")
 #: ``rtol=1e-3``) were chosen on traced modules (``benchmarks/bench_peers.py``).
 CHECKPOINT_SETTINGS: dict[str, Any] = {"gauge": "raw", "rtol": 1e-6}
 
+#: What the papers' protocol (``symalign experiment``, ``symalign demo``) passes to :func:`match_whole`: the settings
+#: every committed protocol result (``results/*.json``, the README's demo table) was made with, so that rerunning a
+#: recorded command reproduces its numbers; the library defaults above may move with new measurements.
+PROTOCOL_SETTINGS: dict[str, Any] = dict(CHECKPOINT_SETTINGS)
+
 
 def balanced_gauge(spec: SymmetrySpec, state: Mapping[str, Tensor], max_passes: int = 500,
                    rtol: float = 1e-13) -> Transform:
