@@ -399,7 +399,8 @@ def summarise(pairs: list[dict], peers: list[str]) -> dict:
         both = [(p, p[f"symalign_{out['default_variant']}"]["runs"][0], p[peer]["runs"][0]) for p in pairs]
         timed = [(a, b) for _, a, b in both if "seconds" in b and b.get("status") in ("ok", "changed the function")]
         valid = [(p, a, b) for p, a, b in both if "loss_barrier" in b and b.get("status") == "ok"]
-        vs = {"valid": len(valid), "changed_function": sum(b.get("status") == "changed the function" for _, _, b in both),
+        changed = sum(b.get("status") == "changed the function" for _, _, b in both)
+        vs = {"valid": len(valid), "changed_function": changed,
               "time_ratio": _stats([a["seconds"] / b["seconds"] for a, b in timed]) if timed else None}
         if valid:  # compared on the pairs where the peer kept the function
             vs.update(at_or_below=sum(a["loss_barrier"] <= b["loss_barrier"] for _, a, b in valid),
