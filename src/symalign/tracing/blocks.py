@@ -49,6 +49,16 @@ def _soft(group, z: Tensor) -> Tensor:
     return p + z - z.detach()
 
 
+def _generator(gen) -> torch.Generator:
+    """``gen`` if it is a generator, else one seeded with it (``None``: 0)."""
+    return gen if isinstance(gen, torch.Generator) else torch.Generator().manual_seed(int(gen or 0))
+
+
+def _block_permutation(m: int, targets, g: torch.Generator) -> Tensor:
+    """A random permutation of each block of ``m`` entries, block ``j`` placed at block ``targets[j]``."""
+    return torch.cat([torch.randperm(m, generator=g) + t * m for t in targets])
+
+
 @dataclass(frozen=True)
 class WithinBlocks(Permutation):
     """``(S_m)^g``: a permutation of each contiguous block of ``m = n / blocks`` entries (module docstring)."""
@@ -63,8 +73,8 @@ class WithinBlocks(Permutation):
         return self.n // self.blocks
 
     def sample(self, gen=None, dtype=None) -> Tensor:
-        g = gen if isinstance(gen, torch.Generator) else torch.Generator().manual_seed(int(gen or 0))
-        return torch.cat([torch.randperm(self.m, generator=g) + j * self.m for j in range(self.blocks)])
+        g = _generator(gen)
+        return _block_permutation(self.m, range(self.blocks), g)
 
     def contains(self, a: Tensor, atol: float = 0.0) -> bool:
         return super().contains(a) and _within(a, self.m)
@@ -99,8 +109,8 @@ class WithinBlocksMonomial(PositiveMonomial):
         return self.n // self.blocks
 
     def sample(self, gen=None, dtype=None) -> Tensor:
-        g = gen if isinstance(gen, torch.Generator) else torch.Generator().manual_seed(int(gen or 0))
-        perm = torch.cat([torch.randperm(self.m, generator=g) + j * self.m for j in range(self.blocks)])
+        g = _generator(gen)
+        perm = _block_permutation(self.m, range(self.blocks), g)
         u = torch.rand(self.n, generator=g, dtype=torch.float64) * 2 - 1
         return self.pack(perm, (u * self.log_scale).exp())
 
@@ -154,9 +164,9 @@ class BlockWreath(Permutation):
         return 0
 
     def sample(self, gen=None, dtype=None) -> Tensor:
-        g = gen if isinstance(gen, torch.Generator) else torch.Generator().manual_seed(int(gen or 0))
+        g = _generator(gen)
         pi = torch.randperm(self.blocks, generator=g)
-        return torch.cat([torch.randperm(self.m, generator=g) + int(pi[j]) * self.m for j in range(self.blocks)])
+        return _block_permutation(self.m, (int(pi[j]) for j in range(self.blocks)), g)
 
     def contains(self, a: Tensor, atol: float = 0.0) -> bool:
         if not super().contains(a):
