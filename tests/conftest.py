@@ -42,3 +42,32 @@ def quiet_transformers():
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     yield
+
+
+# The fast loop runs each family-parametrised test on the first registered family of each kind (each direct base
+# class of the family declarations: a plain decoder, a Llama-like decoder, an encoder, a mixture of experts);
+# `make test` runs every registered family. The other families' cases are marked ``slow`` at collection.
+FAMILY_PARAMETERS = ("family", "name")
+
+
+def fast_families() -> frozenset[str]:
+    """The model type of the first registered family of each kind (direct base class)."""
+    from symalign.families import FAMILIES
+
+    first: dict[type, str] = {}
+    for fam in FAMILIES:
+        first.setdefault(type(fam).__mro__[1], fam.model_types[0])
+    return frozenset(first.values())
+
+
+def pytest_collection_modifyitems(config, items):
+    from symalign.families import FAMILIES
+
+    model_types = {mt for f in FAMILIES for mt in f.model_types}
+    fast = fast_families()
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        family = next((params[p] for p in FAMILY_PARAMETERS
+                       if isinstance(params.get(p), str) and params[p] in model_types), None)
+        if family is not None and family not in fast:
+            item.add_marker(pytest.mark.slow)

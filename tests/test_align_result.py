@@ -24,6 +24,7 @@ def _pair(tmp: Path) -> tuple[Path, Path]:
     return tmp / "A", tmp / "B"
 
 
+@pytest.mark.slow
 def test_every_scope_and_path_prints_one_shape(tmp_path, capsys, monkeypatch):
     da, db = _pair(tmp_path)
     seen = {}

@@ -71,6 +71,7 @@ def test_cli_portable_alignment_is_exact_and_recorded(tmp_path):
     assert rec["mode"] == "portable" and rec["torch_cpu_capability"] == "DEFAULT" and rec["MKL_CBWR"] == "COMPATIBLE"
 
 
+@pytest.mark.slow
 def test_cli_refuses_an_unknown_mode_in_one_line(tmp_path):
     env = {**CLEAN, "PYTHONPATH": str(ROOT / "src"), arithmetic.ENV_VAR: "fast"}
     r = subprocess.run([sys.executable, "-m", "symalign.cli", "demo", "-o", str(tmp_path / "d")], capture_output=True,

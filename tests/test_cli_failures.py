@@ -153,6 +153,7 @@ def test_interrupted_experiment_names_the_command_that_continues_it(tmp_path, mo
     assert calls[0]["fresh"] is True and calls[1]["fresh"] is False and calls[1]["out"] == runs
 
 
+@pytest.mark.slow
 def test_sigint_exits_130_with_the_resume_command(tmp_path):
     """A real SIGINT on the console command (a `symalign train` that has saved a checkpoint)."""
     out = tmp_path / "tr"
@@ -291,6 +292,7 @@ def test_merge_refuses_a_checkpoint_listed_twice(pair, tmp_path, monkeypatch, ca
     assert not (tmp_path / "M").exists()
 
 
+@pytest.mark.slow
 def test_merge_shows_its_steps_on_stderr(pair, tmp_path, monkeypatch, capsys):
     a, b = pair
     code, out, err = run_symalign(monkeypatch, capsys, "merge", a, b, "-o", tmp_path / "M")

@@ -186,6 +186,7 @@ def test_interpolate_output_has_no_loading_bars(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("script", ["bench_match.py", "bench_whole_model.py", "symmetry_table.py"])
+@pytest.mark.slow
 def test_benchmark_help_starts_no_work(script):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"], capture_output=True,
@@ -194,6 +195,7 @@ def test_benchmark_help_starts_no_work(script):
     assert "usage" in r.stdout.lower()
 
 
+@pytest.mark.slow
 def test_align_json_records_threads_and_model_scope_reports_each_sweep(tmp_path, monkeypatch, capsys):
     """Every result records its thread count; --scope model says where each sweep got to (stderr)."""
     import json

@@ -86,6 +86,7 @@ def test_usage_error_exits_2(monkeypatch, capsys):
     assert code == 2 and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_console_script_bad_pe():
     """The installed entry point: unknown --pe is one line on stderr, exit 2, no traceback."""
     exe = Path(sys.executable).parent / "symalign"
@@ -140,6 +141,7 @@ def test_probe_hf_json(monkeypatch, capsys):
     ("decoder.1", False, "attention", "decoder.block.1.layer.0.SelfAttention"),
     ("decoder.1", True, "cross-attention", "decoder.block.1.layer.1.EncDecAttention"),
 ])
+@pytest.mark.slow
 def test_probe_hf_t5_decoder_sites_json(monkeypatch, capsys, layer, cross, site, module):
     """#19: T5's decoder self-attention and cross-attention through the CLI: measured == declared, ``--json``."""
     pytest.importorskip("transformers")
@@ -152,6 +154,7 @@ def test_probe_hf_t5_decoder_sites_json(monkeypatch, capsys, layer, cross, site,
     assert row["nullity"] == row["declared"] == row["expected"] == 2 * 4 * 16 and row["match"] is True
 
 
+@pytest.mark.slow
 def test_probe_hf_table_names_the_module(monkeypatch, capsys):
     """The table's title shows the module path (it is not swallowed as a rich markup tag)."""
     pytest.importorskip("transformers")

@@ -26,6 +26,7 @@ def tiny_demo(tmp_path_factory):
     mp.undo()
 
 
+@pytest.mark.slow
 def test_results_json_keys(tiny_demo):
     out, summary, _ = tiny_demo
     on_disk = json.loads((out / "results.json").read_text())

@@ -147,6 +147,7 @@ def _vit(path, seed):
 
 
 @pytest.mark.parametrize("scope", ["attention", "model"])
+@pytest.mark.slow
 def test_align_device_cpu_is_bit_identical_to_the_default(scope, tmp_path, monkeypatch, capsys):
     from _cli_util import run_symalign
 

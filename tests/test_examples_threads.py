@@ -42,6 +42,7 @@ def module(monkeypatch):
     torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_vit_pair_uses_the_environment_threads_and_records_them(tmp_path):
     r = _run("hf_bert_vit_pairs.py", "pair", "--only", "vit", "--seeds", 0, 1, "--vit-epochs", 1, "--width", 16,
              "--layers", 1, "--heads", 2, "--batch", 256, env={"SYMALIGN_THREADS": "3"}, cwd=tmp_path)
@@ -53,6 +54,7 @@ def test_vit_pair_uses_the_environment_threads_and_records_them(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["hf_gpt2_pair.py", "hf_bert_vit_pairs.py", "hf_bert_vit_results.py"])
+@pytest.mark.slow
 def test_a_bad_thread_count_is_refused_in_one_line(script, tmp_path):
     r = _run(script, "out", "--threads", 0, cwd=tmp_path)
     assert r.returncode == 2 and "--threads must be at least 1, got 0" in r.stderr and "Traceback" not in r.stderr

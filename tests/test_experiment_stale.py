@@ -38,6 +38,7 @@ def first_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_changed_model_is_refused_and_config_kept(first_run):
     root = first_run / "stale"
     before = (root / "config.json").read_text()
@@ -57,6 +58,7 @@ def test_same_config_reuses_and_records_threads(first_run):
     assert res["config"]["model"]["d_model"] == 16
 
 
+@pytest.mark.slow
 def test_fresh_starts_over(tmp_path):
     run_experiment(parse_config(SMALL), tmp_path, progress=False)
     new = _changed(train__steps=8)

@@ -85,6 +85,7 @@ def test_planted_recovery_cli(family, scope, tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_float32_pair_stays_exact(family, tmp_path, capsys, monkeypatch):
     _planted(family, "model", torch.float32, tmp_path)
     out = tmp_path / "OUT"
@@ -99,6 +100,7 @@ def test_float32_pair_stays_exact(family, tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("family", ["gpt2", "bert", "vit", "roformer", "modernbert"])
+@pytest.mark.slow
 def test_older_families_planted_recovery_float64(family, tmp_path, capsys, monkeypatch):
     """GPT-2 and the encoders as hf_tiny builds them (BERT, RoFormer: bare), attention scope, float64."""
     from hf_tiny import inputs, make_model
@@ -130,6 +132,7 @@ OLDER = {"gpt2": "GPT2LMHeadModel", "bert": "BertForMaskedLM", "vit": "ViTForIma
 @pytest.mark.parametrize("scope", ["attention", "model"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("family", list(OLDER))
+@pytest.mark.slow
 def test_gpt2_and_encoders_planted_both_scopes(family, dtype, scope, tmp_path, capsys, monkeypatch):
     """GPT-2 and the encoders (tiny configs of tests/hf_tiny.py, with a head that reads the stream): B = g . A
     (g in the attention spec, or in the whole-model spec of A's rewrite) as saved checkpoints; OUT recovers

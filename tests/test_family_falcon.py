@@ -95,6 +95,7 @@ def test_head_permutations_change_the_alibi_function(layout):
 @pytest.mark.parametrize("scope", ["attention", "model"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.slow
 def test_alibi_planted_recovery_cli(layout, dtype, scope, tmp_path, capsys, monkeypatch):
     """B = g . A (g a random element of the attention spec, or of the whole-model spec of A's rewrite) as
     saved checkpoints; OUT recovers A (or its rewrite) and computes B's function after ``from_pretrained``."""
@@ -122,6 +123,7 @@ def test_alibi_planted_recovery_cli(layout, dtype, scope, tmp_path, capsys, monk
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.slow
 def test_probe_hf_alibi_nullity_equals_declared(layout, tmp_path, capsys, monkeypatch):
     """``symalign probe --hf DIR`` on a checkpoint folder whose config has ``alibi=True``: the real layer's
     Jacobian nullity equals the declared ``2 h_kv d^2`` (per-head fused with biases: plus the key-bias
@@ -143,6 +145,7 @@ def test_probe_hf_alibi_nullity_equals_declared(layout, tmp_path, capsys, monkey
     assert row["nullity"] == row["expected"] and row["match"] is True
 
 
+@pytest.mark.slow
 def test_alibi_interpolate_reads_the_aligned_model(tmp_path, capsys, monkeypatch):
     """``symalign interpolate A OUT`` after a whole-model alignment of a planted pair (grouped K/V layout,
     a vocabulary that covers the synthetic data): OUT is B in A's coordinates, so the path is flat."""

@@ -178,6 +178,7 @@ def _from(path, family, dtype):
 
 @pytest.mark.parametrize("scope", ["attention", "model"])
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_cli_align_recovers_a_and_keeps_b_function(family, scope, tmp_path, capsys, monkeypatch):
     from safetensors.torch import load_file
 
@@ -233,6 +234,7 @@ def test_match_whole_paired_experts_recovers_a_planted_element(family):
         match_whole(spec, a, b, experts="greedy")
 
 
+@pytest.mark.slow
 def test_cli_align_experts_paired(tmp_path, capsys, monkeypatch):
     """``symalign align --scope model --experts paired`` on a planted Mixtral pair: the planted element is
     recovered (distance to A ~ 0), OUT computes B's function through from_pretrained, --json says paired."""
@@ -288,6 +290,7 @@ def test_cli_experts_refused_where_meaningless(tmp_path, capsys, monkeypatch):
         assert not out.exists(), argv
 
 
+@pytest.mark.slow
 def test_cli_merge_experts_paired(tmp_path, capsys, monkeypatch):
     """``symalign merge --scope model --experts paired`` of a planted Mixtral pair: B is aligned onto A, so the
     merge is A's function (folded form); the JSON says paired."""
@@ -402,6 +405,7 @@ def test_olmoe_clip_qkv_larger_groups_break_the_function():
 
 
 @pytest.mark.parametrize("scope", ["attention", "model"])
+@pytest.mark.slow
 def test_cli_aligns_olmoe_with_clip_qkv(scope, tmp_path, capsys, monkeypatch):
     a = make("olmoe", clip_qkv=CLIP)
     _save(a, tmp_path / "A", torch.float64)
@@ -509,6 +513,7 @@ def test_compose_and_invert_reindex_the_experts_blocks():
 
 
 @pytest.mark.parametrize("universe", [False, True], ids=["pairwise", "universe"])
+@pytest.mark.slow
 def test_merge_of_a_planted_pair_is_a(universe, tmp_path, capsys, monkeypatch):
     """``symalign merge --scope model``: B = g . A merged with A computes A's function (saved per expert)."""
     _planted_dirs("qwen2_moe", "model", torch.float64, tmp_path)

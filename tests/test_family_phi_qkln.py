@@ -194,6 +194,7 @@ def _rel_state(a, b):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("scope", ["attention", "model"])
+@pytest.mark.slow
 def test_planted_recovery_cli(scope, dtype, tmp_path, capsys, monkeypatch):
     a = make("phi", dtype=torch.float64, seed=0, **QKLN)
     p = plant_checkpoints(a, scope, dtype, tmp_path)
@@ -216,6 +217,7 @@ def test_planted_recovery_cli(scope, dtype, tmp_path, capsys, monkeypatch):
     assert rel(output(o, _ids()), output(bb, _ids())) <= (1e-10 if dtype == torch.float64 else 1e-5)
 
 
+@pytest.mark.slow
 def test_model_scope_fixes_the_centring_gauge(tmp_path, capsys, monkeypatch):
     """B = g . A with, on top, a centring-gauge shift of every Q/K head (not a group element: exact all the same).
     ``--scope model`` centres both models' Q/K heads in its exact rewrite, so it aligns B to A's rewrite to

@@ -254,6 +254,7 @@ def test_probe_hf_cli_layer(capsys, monkeypatch):
     ("decoder", 2, False, "decoder.block.2.layer.0.SelfAttention", ["qk.3", "vo.3"]),
     ("decoder", 2, True, "decoder.block.2.layer.1.EncDecAttention", ["heads.6", "qk.6", "vo.6"]),
 ])
+@pytest.mark.slow
 def test_probe_hf_every_site(stack, layer, cross, module, spaces):
     """``probe_hf`` reaches every attention site of a T5 (2 encoder, 3 decoder blocks: the decoder's last block
     is out of the encoder's range), through the model's real call (decoder: causal mask and the stack's

@@ -114,6 +114,7 @@ def _function(tmp_path, dtype):
 
 
 @pytest.mark.parametrize("scope", ["attention", "model"])
+@pytest.mark.slow
 def test_planted_recovery_cli(scope, tmp_path, capsys, monkeypatch):
     target, t = _planted(scope, torch.float64, tmp_path)
     code, stdout, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",
@@ -131,6 +132,7 @@ def test_planted_recovery_cli(scope, tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("scope", ["attention", "model"])
+@pytest.mark.slow
 def test_float32_pair_stays_exact(scope, tmp_path, capsys, monkeypatch):
     _planted(scope, torch.float32, tmp_path)
     code, stdout, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",

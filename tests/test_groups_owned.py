@@ -13,6 +13,7 @@ import importlib
 import inspect
 import pkgutil
 from pathlib import Path
+import pytest
 
 import symalign
 import symalign.groups
@@ -90,6 +91,7 @@ ok = isinstance(g, int) or g.head_block is not None or type(g) is dict
     assert [line for line, _ in hits] == [4, 5, 6, 7, 8]
 
 
+@pytest.mark.slow
 def test_no_class_test_on_a_group_outside_the_groups_package_and_spec():
     classes = group_class_names()
     found = []

@@ -69,6 +69,7 @@ def test_causal_loss_at_t0_is_the_models_own(tmp_path, train_text):
         assert metrics[t].loss_per_byte == pytest.approx(metrics[t].loss * metrics[t].count / ev.n_bytes, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_interpolate_cli_text_file_loss_and_plot(monkeypatch, capsys, tmp_path, train_text):
     tok = TOKENIZERS["bpe"](train_text)
     a, b = gpt2(tmp_path / "a", tok, seed=0), gpt2(tmp_path / "b", tok, seed=1)
@@ -254,6 +255,7 @@ def test_saved_image_dataset_and_eval_tokens(tmp_path, train_text):
     assert ev.items == 100 // 16 and ev.info["tokens"] == 6 * 15
 
 
+@pytest.mark.slow
 def test_interpolate_scope_model_after_whole_model_align(monkeypatch, capsys, tmp_path, train_text):
     """B aligned with --scope model (folded norms, untied head): refused with the hint as it is, and with
     --scope model both ends are rewritten exactly: A -> align(g.A) is flat, A -> g.A is not."""

@@ -247,6 +247,7 @@ def _keys(res: dict) -> tuple:
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "bert", "vit", "roformer", "modernbert"])
+@pytest.mark.slow
 def test_run_experiment_writes_the_builtin_results(family, builtin_result, tmp_path):
     device = "auto" if family == "vit" else "cpu"  # auto: the GPU when there is one (here: the CPU)
     (res,) = run_experiment(parse_config(experiment(family, device=device)), tmp_path, progress=False)
@@ -265,6 +266,7 @@ def test_run_experiment_writes_the_builtin_results(family, builtin_result, tmp_p
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.slow
 def test_run_experiment_whole_model_scopes(family, tmp_path):
     """first-block and full through run_experiment: Llama (GQA, RMSNorm folded: O(D)) and GPT-2 (LayerNorm
     folded, head untied: O_1(D)); the other families' whole-model specs are covered by the planted tests."""
@@ -393,6 +395,7 @@ def test_shakespeare_pair_configs_match_the_builtin_budget():
 
 
 @pytest.mark.parametrize("family", ["gpt2", "modernbert"])
+@pytest.mark.slow
 def test_learned_variant_on_fused_families(family, tmp_path):
     """GPT-2's ``c_attn`` and ModernBERT's ``Wqkv`` hold Q|K|V side by side: the ``learned`` variant refines
     the ``full`` result through the segments (it used to raise after training the models)."""

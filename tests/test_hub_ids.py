@@ -103,6 +103,7 @@ def test_an_id_not_in_the_cache_is_refused_in_one_line_before_any_work(hub_cache
         assert not Path("out").exists()
 
 
+@pytest.mark.slow
 def test_a_local_folder_wins_over_a_hub_id(hub_cache, monkeypatch, capsys):
     from hf_tiny import make_model
 
@@ -115,6 +116,7 @@ def test_a_local_folder_wins_over_a_hub_id(hub_cache, monkeypatch, capsys):
     assert [h["id"] for h in json.loads(Path("out/symalign.json").read_text())["hub"]] == ["org/model-a"]
 
 
+@pytest.mark.slow
 def test_merge_reads_hub_ids(hub_cache, monkeypatch, capsys):
     _, snaps = hub_cache
     code, out, err = run_symalign(monkeypatch, capsys, "merge", "org/model-a", "org/model-b", "-o", "merged",

@@ -79,6 +79,7 @@ def test_mismatched_models_raise():
         lmc.curve(TinyClassifier(), a, b, _data(dtype=torch.float32))
 
 
+@pytest.mark.slow
 def test_curve_memory_is_two_models_plus_one():
     """At most one interpolated state is alive at a time (besides A and B themselves)."""
     import gc

@@ -72,6 +72,7 @@ def test_dual_bound_bounds_the_assignment_and_beats_row_maxima():
 
 
 @pytest.mark.parametrize("E,F,D", [(3, 4, 3), (5, 6, 4), (8, 16, 6), (12, 8, 5), (32, 8, 6)])
+@pytest.mark.slow
 def test_exact_equals_all_pairs_on_unrelated_layers(E, F, D):
     for seed in range(4):
         spec, a, units = layer(E, F, D, 0)

@@ -84,6 +84,7 @@ def test_full_never_above_orthogonal_on_independent_models(cfg):
     assert direct == pytest.approx(rf.totals["distance_after"], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_ill_conditioned_solution_falls_back_with_warning():
     gen = torch.Generator().manual_seed(0)
     d = 4

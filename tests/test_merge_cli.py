@@ -54,6 +54,7 @@ def _load(model, path):
 
 @pytest.mark.parametrize("family, scope", [("gpt2", "attention"), ("bert", "attention"), ("vit", "attention"),
                                            ("llama", "attention"), ("gpt2", "model")])
+@pytest.mark.slow
 def test_merge_of_a_and_transformed_a_is_a(family, scope, tmp_path, monkeypatch, capsys, tok):
     a, b, da, db = _planted(family, tmp_path, tok if family == "gpt2" else None)
     x = inputs(a)
@@ -77,6 +78,7 @@ def test_merge_of_a_and_transformed_a_is_a(family, scope, tmp_path, monkeypatch,
     assert _nothing_written(tmp_path, "M.align") and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow
 def test_merge_of_two_copies_returns_the_model_dtype_and_shards(tmp_path, monkeypatch, capsys, tok):
     a = make_model("gpt2", dtype=torch.bfloat16, seed=3, vocab_size=len(tok), n_embd=32, n_layer=2)
     da = _save(a, tmp_path / "A", tok, max_shard_size="20KB")
@@ -98,6 +100,7 @@ def test_merge_of_two_copies_returns_the_model_dtype_and_shards(tmp_path, monkey
     assert all(torch.equal(sa[k], sm[k]) for k in sa)
 
 
+@pytest.mark.slow
 def test_merge_float32_function_and_weights(tmp_path, monkeypatch, capsys, tok):
     a, b, da, db = _planted("gpt2", tmp_path, tok, seed=1)
     c = make_model("gpt2", seed=5, vocab_size=len(tok))
@@ -110,6 +113,7 @@ def test_merge_float32_function_and_weights(tmp_path, monkeypatch, capsys, tok):
     assert json.loads(out)["weights"] == pytest.approx([0.5, 0.5, 5e-13], rel=1e-12, abs=0)
 
 
+@pytest.mark.slow
 def test_merge_eval_prints_losses(tmp_path, monkeypatch, capsys, tok):
     a = make_model("gpt2", seed=0, vocab_size=len(tok))
     b = make_model("gpt2", seed=1, vocab_size=len(tok))
@@ -162,6 +166,7 @@ def test_bad_arguments(tmp_path, monkeypatch, capsys, tok):
 
 
 @pytest.mark.parametrize("family", ["gpt2", "bert"])
+@pytest.mark.slow
 def test_universe_merge_of_transformed_copies_is_a(family, tmp_path, monkeypatch, capsys, tok):
     a, b, da, db = _planted(family, tmp_path, tok if family == "gpt2" else None)
     spec = get_adapter(a).spec(a)
@@ -180,6 +185,7 @@ def test_universe_merge_of_transformed_copies_is_a(family, tmp_path, monkeypatch
     assert code == 2 and "--universe" in err and _nothing_written(tmp_path, "M2")
 
 
+@pytest.mark.slow
 def test_failed_alignment_writes_nothing_and_keeps_old_out(tmp_path, monkeypatch, capsys, tok):
     """If an aligned model would not compute its input's function, the merge stops: no OUT, no scratch
     folders, and an existing OUT survives a --force run."""

@@ -30,6 +30,7 @@ def test_running_average_is_the_batch_average_bit_for_bit(dtype):
 
 
 @pytest.mark.parametrize("scope", ["attention", "model"])
+@pytest.mark.slow
 def test_merge_aligns_in_memory_and_stages_only_out(scope, tmp_path, monkeypatch):
     """Three planted copies of A merge back to A, and the only folder ever staged is OUT itself."""
     from symalign.commands.merge import run_merge

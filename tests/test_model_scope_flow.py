@@ -66,6 +66,7 @@ def _midpoint_in_solver_coordinates(a_dir, out_dir, tmp, data_args):
 
 
 @pytest.mark.parametrize("make", [_gpt2, _vit], ids=["gpt2", "vit"])
+@pytest.mark.slow
 def test_interpolate_measures_the_aligned_path(make, tmp_path, monkeypatch, capsys):
     a, data_args = make(tmp_path / "A", 0)
     b, _ = make(tmp_path / "B", 1)

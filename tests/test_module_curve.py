@@ -152,6 +152,7 @@ def factory(tmp_path, monkeypatch):
     sys.modules.pop("curvefacts", None)
 
 
+@pytest.mark.slow
 def test_interpolate_module_cli_records_the_reset_and_repair(factory, tmp_path, monkeypatch, capsys):
     from curvefacts import mlp, resnet
 

@@ -105,6 +105,7 @@ def test_result_to_dict_is_json_ready():
     assert d["tol"] == 1e-9 and d["match"] is True
 
 
+@pytest.mark.slow
 def test_matrix_free_agrees_with_dense():
     """Hutchinson + CGLS agrees with the exact count within 4 sigma + 1.
 
@@ -178,6 +179,7 @@ def test_near_null_counts():
     assert res.largest_null < 1e-12 and 1e-5 < res.smallest_kept < 1e-4
 
 
+@pytest.mark.slow
 def test_rope_near_null_spectrum_and_slow_planes():
     """#23 item 5: d_h=16, T=17 RoPE head -- exact nullity 272 as predicted, plus the near-null spectrum."""
     cfg = AttentionConfig(d_model=16, n_heads=1, head_dim=16, pe="rope")

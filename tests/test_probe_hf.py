@@ -28,6 +28,7 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("model_type", sorted(EXPECTED))
+@pytest.mark.slow
 def test_declared_equals_measured(model_type):
     (row,) = probe_hf(model_type, ad="forward")
     declared, undeclared = EXPECTED[model_type]
@@ -38,6 +39,7 @@ def test_declared_equals_measured(model_type):
     assert row.match is True and res.largest_null < 1e-12 and res.singular_value_gap > 1e8
 
 
+@pytest.mark.slow
 def test_checkpoint_folder_and_a_later_layer(tmp_path):
     """A saved checkpoint's own config (2 layers, GQA); layer 1; forward and reverse mode agree."""
     from hf_tiny import make_model
@@ -58,6 +60,7 @@ def test_llama_block_nullity():
 
 
 @pytest.mark.parametrize("ad", ["forward", "reverse"])
+@pytest.mark.slow
 def test_modernbert_without_float64_upcast_is_refused_in_both_modes(monkeypatch, ad):
     """ModernBERT rotates Q and K in float32 *before* the scores: without the upcast neither mode is clean."""
     from symalign.probe import AmbiguousSpectrumError, Float64Mode

@@ -236,6 +236,7 @@ def test_planted_permutation_and_scaling_recovered(family, pe, kw):
     assert rel_out(b(x), a(x)) <= 1e-9
 
 
+@pytest.mark.slow
 def test_independent_relu_models_scaling_lowers_the_distance():
     a = rewrite_model(model("gpt", "learned", seed=1, activation="relu"))
     b = rewrite_model(model("gpt", "learned", seed=2, activation="relu"))
@@ -303,6 +304,7 @@ def test_quartic_roots_closed_form_finds_every_real_root():
             assert float((cand[i] - z).abs().min()) <= 1e-6 * max(1.0, abs(z)), (i, z, cand[i])
 
 
+@pytest.mark.slow
 def test_closed_form_scales_match_the_companion_solver_on_many_problems():
     # wide dynamic range, both signs, two-minimum cases: never worse than the eigenvalue solver
     g = torch.Generator().manual_seed(11)

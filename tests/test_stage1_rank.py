@@ -30,6 +30,7 @@ def _planted(pe: str):
 
 
 @pytest.mark.parametrize("pe", ["sinusoidal", "rope"])
+@pytest.mark.slow
 def test_planted_pair_the_chosen_permutation_is_rank_1_with_lhat_0(pe):
     a, spec, sa, sb = _planted(pe)
     batches = _data(a.cfg, 2, seed=5)
@@ -46,6 +47,7 @@ def test_planted_pair_the_chosen_permutation_is_rank_1_with_lhat_0(pe):
     assert r.chosen_is_distance_minimum
 
 
+@pytest.mark.slow
 def test_each_permutation_is_the_single_layer_match_it_claims():
     """The barrier of the identity permutation equals stage 2 alone (stage 1 off) on a one-layer spec,
     measured independently; the chosen one equals the full two-stage matcher's."""

@@ -50,6 +50,7 @@ def _align(monkeypatch, capsys, *args):
     return run_symalign(monkeypatch, capsys, "align", *map(str, args))
 
 
+@pytest.mark.slow
 def test_sharded_run_bit_identical_to_unsharded_and_to_in_memory(tmp_path, capsys, monkeypatch):
     _, mb, da, db = _pair(tmp_path)
     assert len(list(db.glob("*.safetensors"))) > 2
@@ -83,6 +84,7 @@ def test_sharded_run_bit_identical_to_unsharded_and_to_in_memory(tmp_path, capsy
     assert (tmp_path / "OUT" / "tokenizer.json").read_text() == '{"model": "stand-in"}'
 
 
+@pytest.mark.slow
 def test_streamed_output_loads_and_computes_b(tmp_path, capsys, monkeypatch):
     """Through transformers' own loading and forward, float64: OUT computes B's function."""
     _, mb, da, db = _pair(tmp_path, dtype=torch.float64)
@@ -105,6 +107,7 @@ def test_streamed_output_loads_and_computes_b(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])  # qwen2: Q/K/V biases, on which no residual acts
+@pytest.mark.slow
 def test_streamed_model_scope_matches_in_memory_sweeps(family, tmp_path):
     """The streamed passes are match_whole's sweeps: the same distance after every pass."""
     from symalign.commands.align import run_align

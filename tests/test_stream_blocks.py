@@ -70,6 +70,7 @@ def test_assign_in_place_is_scipy_maximize():
     assert torch.equal(blocks.assign_max_inplace(c.float()), want)  # other dtypes: converted first
 
 
+@pytest.mark.slow
 def test_streamed_model_scope_same_output_with_tiny_blocks(tmp_path, monkeypatch):
     """Blocks change only the order of float64 sums: the same distances (1e-12 relative) and the same aligned
     checkpoint to float64 rounding amplified by the polar factor (``O = polar(M)`` moves by about
@@ -91,6 +92,7 @@ def test_streamed_model_scope_same_output_with_tiny_blocks(tmp_path, monkeypatch
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-10 * scale
 
 
+@pytest.mark.slow
 def test_per_tensor_folding_is_the_whole_layer_fold(tmp_path, monkeypatch):
     """Every 2-D tensor read and folded on its own (the 7B path) gives the checkpoint bit for bit."""
     from test_stream import _pair, _state

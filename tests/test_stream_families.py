@@ -94,6 +94,7 @@ def _merge_both(monkeypatch, capsys, tmp_path, da, db) -> dict:
 
 
 @pytest.mark.parametrize("family,kw,group", DENSE, ids=IDS)
+@pytest.mark.slow
 def test_streamed_model_scope_equals_in_memory_float64(family, kw, group, tmp_path):
     """float64 checkpoints, sharded: the streamed passes are match_whole's sweeps (the same distance after each,
     to float64 rounding), the written tensors equal the in-memory ones to 1e-10 of the largest weight, every
@@ -122,6 +123,7 @@ def test_streamed_model_scope_equals_in_memory_float64(family, kw, group, tmp_pa
 
 
 @pytest.mark.parametrize("family,kw", FLOAT32, ids=[case_id(f, kw) for f, kw in FLOAT32])
+@pytest.mark.slow
 def test_streamed_model_scope_float32_single_file(family, kw, tmp_path):
     """float32, one file: OUT stays float32, equals the in-memory output to a few float32 ulps of the largest
     weight (the streamed passes fold in float64 where the in-memory rewrite stores the folded float32 state),
@@ -139,6 +141,7 @@ def test_streamed_model_scope_float32_single_file(family, kw, tmp_path):
 
 
 @pytest.mark.parametrize("family,kw", BIG, ids=[case_id(f, kw) for f, kw in BIG])  # a tied head: in row chunks
+@pytest.mark.slow
 def test_big_tensor_path_equals_in_memory(family, kw, monkeypatch, tmp_path):
     """At scale every weight is folded on its own (the gains and biases held) and the embedding and head in row
     chunks: forced here on tiny models. A LayerNorm reader's bias ``c + W b`` comes from the call given ``W``
@@ -178,6 +181,7 @@ def test_streamed_model_scope_merge_equals_in_memory(family, kw, tmp_path, capsy
 
 
 @pytest.mark.parametrize("family,kw", MERGE_UNTIED, ids=[case_id(f, kw) for f, kw in MERGE_UNTIED])
+@pytest.mark.slow
 def test_merge_with_an_untied_head_equals_in_memory(family, kw, tmp_path, capsys, monkeypatch):
     """A LayerNorm stream with a tied head: the rewrite unties it, in both checkpoints. The streamed merge reads
     the first checkpoint's head as the folded rows of its embedding, appends it to the last shard (row chunks
@@ -214,6 +218,7 @@ MOE = [("mixtral", {"tie_word_embeddings": False}, "O(16)"), ("mixtral", {"tie_w
 
 
 @pytest.mark.parametrize("family,kw,group", MOE, ids=[f"{f}-{'-'.join(map(str, kw.values()))}" for f, kw, _ in MOE])
+@pytest.mark.slow
 def test_mixture_of_experts_streamed_equals_in_memory(family, kw, group, tmp_path):
     """Mixtral, Qwen2-MoE, OLMoE (float64, sharded, one tensor per expert on disk): each layer is read and
     prepared whole in transformers' fused layout, the expert blocks solved by match_whole's own step
@@ -248,6 +253,7 @@ def _near_tie_router(model) -> None:
 
 
 @pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.slow
 def test_mixture_of_experts_bfloat16_check_is_not_refused_by_routing_flips(stream, tmp_path):
     """A bfloat16 Mixtral with top-2 routing whose routers sit on a top-2 boundary: rounding the aligned layer
     to bfloat16 flips which of the tied experts some tokens pick, a jump of the block's output that is not an
@@ -272,6 +278,7 @@ def test_mixture_of_experts_bfloat16_check_is_not_refused_by_routing_flips(strea
 
 
 @pytest.mark.parametrize("command", ["align", "merge"])
+@pytest.mark.slow
 def test_mixture_of_experts_experts_option_reaches_the_streamed_passes(command, tmp_path, capsys, monkeypatch):
     """``--experts paired`` with ``--stream`` (align, merge): every expert block is solved by the paired method."""
     import symalign.match.whole as whole
@@ -294,6 +301,7 @@ def test_mixture_of_experts_experts_option_reaches_the_streamed_passes(command, 
 @pytest.mark.parametrize("family,kw", [("mixtral", {"tie_word_embeddings": False}),
                                        ("qwen2_moe", {"tie_word_embeddings": False, "mlp_only_layers": [1]}),
                                        ("olmoe", {"tie_word_embeddings": True})])
+@pytest.mark.slow
 def test_mixture_of_experts_merge_equals_in_memory(family, kw, tmp_path, capsys, monkeypatch):
     """merge --stream --scope model of a mixture of experts = the in-memory merge: the first checkpoint is folded a
     layer at a time (its experts fold stacked) and read back one tensor per expert; the merge loads."""
@@ -342,6 +350,7 @@ def test_in_memory_only_families_refused_in_one_line(family, tmp_path, capsys, m
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.slow
 def test_streamed_model_scope_equals_in_memory_on_16_bit_checkpoints(dtype, tmp_path, monkeypatch, capsys):
     """16-bit checkpoints: both paths fold and match in float64 and round only what they write, so ``align`` and
     ``merge --scope model`` give the same tensors bit for bit streamed and in memory (they used to start from

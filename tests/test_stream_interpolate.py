@@ -21,6 +21,7 @@ def _curve(monkeypatch, capsys, a, b, out, *extra):
 
 
 @pytest.mark.parametrize("kind", ["llama-bf16-sharded", "gpt2-tied"])
+@pytest.mark.slow
 def test_streamed_points_bit_identical_to_in_memory(kind, tmp_path, capsys, monkeypatch):
     if kind == "gpt2-tied":
         a, b = _gpt2(tmp_path, "A", 0), _gpt2(tmp_path, "B", 1)

@@ -17,6 +17,7 @@ def _merge(monkeypatch, capsys, *args):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.slow
 def test_streamed_merge_bit_identical_to_in_memory(dtype, tmp_path, capsys, monkeypatch):
     """Same aligned checkpoints, same float64 sums: the streamed output equals the in-memory one bit for bit,
     laid out like the first checkpoint (shard names, index), in its dtype (the attention scope: one alignment
@@ -106,6 +107,7 @@ def test_streamed_merge_names_a_non_finite_input(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-9), (torch.float32, 1e-6)])
+@pytest.mark.slow
 def test_streamed_model_scope_merge_matches_in_memory(dtype, tol, tmp_path, capsys, monkeypatch):
     """merge --stream --scope model = the in-memory merge --scope model: A averaged in its folded form, B aligned by
     the streamed passes. The passes are the in-memory sweeps up to float64 rounding (amplified by the polar factor

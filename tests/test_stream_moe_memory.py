@@ -34,6 +34,7 @@ def _expert_values(state) -> int:
 
 
 @pytest.mark.parametrize("command", ["align", "merge"])
+@pytest.mark.slow
 def test_streamed_model_scope_folds_one_expert_at_a_time(command, tmp_path, monkeypatch, capsys):
     """Every float64 copy the rewrite makes during a streamed ``--scope model`` run (align; merge, whose first
     checkpoint is also read folded) holds at most one expert's three tensors, not the layer's ``E`` experts."""

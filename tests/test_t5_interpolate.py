@@ -100,6 +100,7 @@ def _interp(monkeypatch, capsys, a, b, data, out, *extra):
                         "--out", out, "--no-progress", "--json", *extra)
 
 
+@pytest.mark.slow
 def test_interpolate_end_to_end(tmp_path, tok, monkeypatch, capsys):
     a, c = t5(tmp_path / "A", tok, 0), t5(tmp_path / "C", tok, 1)
     data = pairs_file(tmp_path / "pairs.jsonl")

@@ -137,6 +137,7 @@ PLANTED = ["ResNet", "VGG", "ConvViT", "ConvNeXtTiny", "DepthwiseNet", "Pools", 
 
 
 @pytest.mark.parametrize("name", PLANTED)
+@pytest.mark.slow
 def test_planted_element_is_recovered(name):
     """B = g . A for a random element g of the traced spec: match_whole finds g^{-1} (every rule's spaces)."""
     cls = getattr(M, name, None) or globals()[name]

@@ -284,6 +284,7 @@ def test_identity_start_is_guarded_by_the_anchored_descent():
         assert any("start identity (guarded)" in n for n in guarded.notes)
 
 
+@pytest.mark.slow
 def test_default_descent_stops_when_a_sweep_gains_less_than_a_thousandth():
     """The stopping rule: the descent ends after the first sweep (past the anchored initialisation) that lowers
     the distance by at most ``1e-3 D(identity)``; ReLU units (scales creep down for many sweeps) converge well

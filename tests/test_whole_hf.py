@@ -49,6 +49,7 @@ def _rel_state(a: dict, b: dict) -> float:
 
 @pytest.mark.parametrize("family,kw,tol", [("llama", {}, 1e-6), ("qwen2", {}, 1e-6), ("mistral", {}, 1e-6),
                                             ("gpt2", {"tie_word_embeddings": False}, 1e-9)])
+@pytest.mark.slow
 def test_planted_whole_model_recovery_cli(family, kw, tol, tmp_path, capsys, monkeypatch):
     a = make_model(family, dtype=torch.float64, seed=0, **kw)
     pa = _prepared(a)
@@ -69,6 +70,7 @@ def test_planted_whole_model_recovery_cli(family, kw, tol, tmp_path, capsys, mon
     assert rel(output(o, x), output(b, x)) <= tol
 
 
+@pytest.mark.slow
 def test_gpt2_tied_independent_pair_is_untied_and_exact(tmp_path, capsys, monkeypatch):
     a = make_model("gpt2", dtype=torch.float64, seed=0)
     b = make_model("gpt2", dtype=torch.float64, seed=1)
@@ -87,6 +89,7 @@ def test_gpt2_tied_independent_pair_is_untied_and_exact(tmp_path, capsys, monkey
     assert rel(output(o, x), output(b, x)) <= 1e-9
 
 
+@pytest.mark.slow
 def test_float32_checkpoints_stay_float32(tmp_path, capsys, monkeypatch):
     """Every adapted family is mapped now (unmapped model types: tests/test_whole_hf_more.py); a float32
     pair is matched in float64 and written back in float32."""
@@ -101,6 +104,7 @@ def test_float32_checkpoints_stay_float32(tmp_path, capsys, monkeypatch):
     assert {t.dtype for t in _load_out(tmp_path / "OUT").values() if t.is_floating_point()} == {torch.float32}
 
 
+@pytest.mark.slow
 def test_tied_llama_aligns_its_stream_by_permutations(tmp_path, capsys, monkeypatch):
     """A tied head cannot take the final RMSNorm gain (it is also the embedding), so the stream gets S_D with
     every gain permuted along (exact), instead of O(D) after folding."""

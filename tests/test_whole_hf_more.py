@@ -176,6 +176,7 @@ def _check_out(family: str, cls: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("family,cls,kw", CLI_CASES, ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.slow
 def test_planted_whole_model_recovery_cli(family, cls, kw, tmp_path, capsys, monkeypatch):
     a = _model(family, cls, **kw)
     a.save_pretrained(tmp_path / "A")
@@ -194,6 +195,7 @@ def test_planted_whole_model_recovery_cli(family, cls, kw, tmp_path, capsys, mon
 
 
 @pytest.mark.parametrize("family,cls,kw", CLI_CASES, ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.slow
 def test_independent_pair_gets_closer_cli(family, cls, kw, tmp_path, capsys, monkeypatch):
     _model(family, cls, seed=0, **kw).save_pretrained(tmp_path / "A")
     _model(family, cls, seed=1, **kw).save_pretrained(tmp_path / "B")
@@ -203,6 +205,7 @@ def test_independent_pair_gets_closer_cli(family, cls, kw, tmp_path, capsys, mon
     _check_out(family, cls, tmp_path)
 
 
+@pytest.mark.slow
 def test_headless_bert_cli_aligns_ff_and_attention_only(tmp_path, capsys, monkeypatch):
     for name, seed in (("A", 0), ("B", 1)):
         _model("bert", "BertModel", seed=seed).save_pretrained(tmp_path / name)
