@@ -1,0 +1,45 @@
+"""The seed-pair aggregation of the benchmark table scripts: means, sample stds, the paper's numbers."""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_pair_rows_mean_std_and_paper() -> None:
+    rt = _load("results_table")
+    rows = [{"experiment": "e", "scope": "s", "seeds": f"{i}-{i + 1}", "naive": 1.0 + i, "none": 80.0 + i,
+             "orthogonal": 12.0, "full": f} for i, f in zip((1, 3, 5), (10.0, 20.0, 33.0))]
+    rows.append({"experiment": "e", "scope": "t", "seeds": "1-2", "naive": 2.0, "full": 5.0})
+    agg = {(r["experiment"], r["scope"]): r for r in rt.pair_rows(rows)}
+    s = agg[("e", "s")]
+    assert s["pairs"] == 3 and s["seeds"] == "1-2, 3-4, 5-6"
+    assert s["full_mean"] == pytest.approx(21.0)
+    assert s["full_std"] == pytest.approx(statistics.stdev([10.0, 20.0, 33.0]))
+    assert s["full_per_pair"] == "10.0, 20.0, 33.0" and s["full_pm"] == "21.0 ± 11.5"
+    assert s["full_paper"] == "7-12 %" and s["orthogonal_std"] == 0.0
+    one = agg[("e", "t")]
+    assert one["pairs"] == 1 and one["full_std"] is None and one["full_pm"] == "5.0"
+
+
+def test_seed002_summary_cells() -> None:
+    st = _load("seed002_table")
+    rows = [{"seeds": "1-2", "vanilla": 2.0, "weight": 0.5, "weight_pct": 25.0},
+            {"seeds": "3-4", "vanilla": 1.0, "weight": 0.3, "weight_pct": 30.0}]
+    agg = st.summarise("x", rows)
+    assert agg["pairs"] == 2 and agg["vanilla_mean"] == pytest.approx(1.5)
+    assert agg["weight_pct_std"] == pytest.approx(statistics.stdev([25.0, 30.0]))
+    assert agg["weight_cell"] == "0.400 ± 0.141 (27.5 ± 3.5 %)"
+    assert "learned_cell" not in agg
