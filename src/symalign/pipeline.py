@@ -1,14 +1,16 @@
 r"""The ``symalign align`` pipeline: read -> prepare -> match -> verify -> write, for every scope and path.
 
 :func:`align` takes an :class:`AlignJob`, checks it (scope, ``--stage2``, sweeps, output folder),
-decides whether to stream (:func:`symalign.stream.auto.should_stream`) and runs one engine:
+decides whether to stream (:func:`symalign.stream.auto.should_stream`) and runs the scope's engine over
+resident sources (in memory) or lazily opened ones (streamed, one layer in memory at a time):
 
-====================  ==========================================  ============================================
-scope                 in memory                                   streamed (one layer in memory at a time)
-====================  ==========================================  ============================================
-``attention``         :class:`ResidentAttention`                  :func:`symalign.stream.attention.run_stream_attention`
-``model``             :class:`InMemoryModel`                      :func:`symalign.stream.model.run_stream_model`
-====================  ==========================================  ============================================
+* ``--scope attention``: the one attention engine, :func:`symalign.stream.attention.align_attention` --
+  in memory :class:`ResidentAttention` (resident sources, units of :data:`IN_MEMORY_BLOCK_PARAMS`, into a state
+  dict, then the whole model checked), streamed :func:`symalign.stream.attention.run_stream_attention` (lazy
+  sources, one layer per unit, each layer checked, into OUT's shards);
+* ``--scope model``: in memory :class:`InMemoryModel` (:func:`symalign.match.whole.match_whole`), streamed
+  :func:`symalign.stream.model.run_stream_model` (:class:`~symalign.stream.model.StreamedWhole`, which takes
+  resident sources too, and :func:`~symalign.stream.model.write_aligned` into any sink).
 
 Each engine goes through the same phases, timed by one :class:`~symalign.align_result.PhaseClock`:
 
