@@ -39,7 +39,7 @@ class LazyCheckpoint(ShardedTensors):
     adapter: Any = None
 
 
-class ResidentCheckpoint:
+class ResidentCheckpoint(StateTensors):
     """A checkpoint held in memory behind :class:`LazyCheckpoint`'s interface: ``keys``, ``tensors`` (name ->
     :class:`~symalign.io.layout.TensorInfo`: dtype, shape, ``numel``, ``nbytes``), ``shapes``, ``dtype``,
     ``nbytes``, ``read(names, dtype)`` and ``read_rows`` (copies, as a lazy read returns), ``bytes_read`` (bytes
@@ -48,14 +48,11 @@ class ResidentCheckpoint:
 
     def __init__(self, path: str | os.PathLike, state: Mapping[str, Tensor], config: Any = None, adapter: Any = None,
                  checked: bool = False):
-        self.path = Path(path)
-        self.state = state
+        super().__init__(state, Path(path))
         self.config, self.adapter, self.checked = config, adapter, checked
-        self.source = StateTensors(state, self.path)
         self.tensors = {n: TensorInfo(n, self.path, t.dtype, tuple(t.shape), 0, t.numel() * t.element_size())
                         for n, t in state.items()}
         self.shards: list = []
-        self.index = None
         self.bytes_read = 0
 
     @classmethod
@@ -63,49 +60,22 @@ class ResidentCheckpoint:
         """A loaded :class:`~symalign.checkpoint.hf.HFCheckpoint` (``path``, ``state``, ``config``, ``adapter``)."""
         return cls(ck.path, ck.state, ck.config, ck.adapter, checked=True)
 
-    @property
-    def keys(self) -> list[str]:
-        return list(self.state)
-
-    @property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {k: t.shape for k, t in self.tensors.items()}
-
-    @property
-    def files(self) -> list[Path]:
-        return []
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The most common floating dtype (by tensor count), as :attr:`ShardedTensors.dtype`."""
-        floats = [t.dtype for t in self.tensors.values() if t.dtype.is_floating_point]
-        return max(set(floats), key=floats.count) if floats else torch.float32
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors.values())
-
-    @property
-    def numel(self) -> int:
-        return sum(t.numel for t in self.tensors.values())
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self.tensors[name].shape
+    dtype = ShardedTensors.dtype
+    nbytes = ShardedTensors.nbytes
+    numel = ShardedTensors.numel
 
     def read(self, names: Iterable[str], dtype: torch.dtype | None = None,
              check_finite: bool = True) -> dict[str, Tensor]:
         """Copies of ``names`` (in ``dtype`` if given), as :meth:`ShardedTensors.read`."""
-        names = list(names)
-        out = self.source.read(names, dtype, check_finite and not self.checked)
-        self.bytes_read += sum(self.tensors[n].nbytes for n in names)
+        out = super().read(names, dtype, check_finite and not self.checked)
+        self.bytes_read += sum(self.tensors[n].nbytes for n in out)
         return out
 
     def read_rows(self, name: str, start: int, stop: int, dtype: torch.dtype | None = None,
                   check_finite: bool = True) -> Tensor:
         """Rows ``start:stop`` (axis 0) of one tensor, copied, as :meth:`ShardedTensors.read_rows`."""
-        t = self.source.read_rows(name, start, stop, dtype, check_finite and not self.checked)
-        info = self.tensors[name]
-        self.bytes_read += (stop - start) * info.nbytes // max(1, info.shape[0] if info.shape else 1)
+        t = super().read_rows(name, start, stop, dtype, check_finite and not self.checked)
+        self.bytes_read += t.numel() * self.state[name].element_size()
         return t
 
 
