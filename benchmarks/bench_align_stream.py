@@ -11,7 +11,7 @@ in row chunks, so the benchmark itself stays small. Then, in the same run:
   (a copy of B), plus the matcher's exact Gram products (the ``stream.time_grams_s`` the run
   reports: stage-1 head-pair products, stage-2 Grams; model scope: also the FF cost
   matrices and the residual cross-Gram);
-* ``symalign align --stream --scope attention`` and ``--scope model --max-iter N``, each in
+* ``symalign align --stream --scope attention`` and ``--scope model --max-sweeps N``, each in
   its own process: wall time, peak RSS (``ru_maxrss`` of a wrapper's child), bytes read and
   read bandwidth, passes, and the per-layer function checks;
 * that OUT loads: ``from_pretrained(OUT, device_map="meta")`` (no weights materialised; needs
@@ -28,7 +28,7 @@ run that cannot finish still records measured per-layer figures. The results (wi
 provenance: commit, command, threads, versions, load averages) are written to ``--json``
 after every step. The temporary folder is deleted at the end, also on failure. Usage::
 
-    python benchmarks/bench_align_stream.py --llama-size 7b [--tmp DIR] [--max-iter 2] [--limit-s model=1800]
+    python benchmarks/bench_align_stream.py --llama-size 7b [--tmp DIR] [--max-sweeps 2] [--limit-s model=1800]
         [--json OUT.json]
 """
 
@@ -284,7 +284,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="Fewer layers than the shape has (same width): a "
                     "cheap profile of the per-layer cost.")
     ap.add_argument("--tmp", default=None, help="Parent folder of the temporary checkpoints (default: system temp).")
-    ap.add_argument("--max-iter", type=int, default=2, help="--scope model: passes at most.")
+    ap.add_argument("--max-sweeps", type=int, default=2, help="--scope model: passes at most.")
     ap.add_argument("--max-shard-size", default=None, help="Shard size limit (default 5GB for 7b, else 200MB, so "
                     "that the smaller shapes are sharded too).")
     ap.add_argument("--scopes", default="attention,model")
@@ -343,7 +343,7 @@ def main() -> None:
         for scope in args.scopes.split(","):
             out = tmp / f"OUT-{scope}"
             r = measured(["align", str(tmp / "A"), str(tmp / "B"), "-o", str(out), "--stream", "--scope", scope,
-                          "--max-sweeps", str(args.max_iter), "--json"], limit(scope), args.threads)
+                          "--max-sweeps", str(args.max_sweeps), "--json"], limit(scope), args.threads)
             res[scope] = summarise(r, t_read + t_write, n)
             if r["rc"] == 0:
                 res[scope]["loads"] = loads_lazily(out, tmp / "B")

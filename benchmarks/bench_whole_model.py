@@ -8,7 +8,7 @@ Shapes (two independent random rewritten built-in GPTs, float32, learned PE):
 Each shape runs in a fresh subprocess; reported: time of the match (and per
 sweep), number of sweeps, distance before/after, and peak memory (``ru_maxrss``
 minus the RSS once both models exist). Single-threaded by default (shared
-machine); set ``SYMALIGN_BENCH_THREADS``. GPT-2 runs ``max_iter`` sweeps with the
+machine); set ``SYMALIGN_BENCH_THREADS``. GPT-2 runs ``max_sweeps`` sweeps with the
 orthogonal attention stage 2 unless ``--full`` is passed.
 
 Run: ``.venv/bin/python benchmarks/bench_whole_model.py [--full]``.
@@ -28,9 +28,9 @@ import sys  # noqa: E402
 import time  # noqa: E402
 
 SHAPES = {
-    "small": dict(d_model=256, n_layers=6, n_heads=8, d_ff=1024, vocab_size=256, max_len=256, max_iter=20,
+    "small": dict(d_model=256, n_layers=6, n_heads=8, d_ff=1024, vocab_size=256, max_len=256, max_sweeps=20,
                   stage2="full"),
-    "gpt2": dict(d_model=768, n_layers=12, n_heads=12, d_ff=3072, vocab_size=50257, max_len=1024, max_iter=3,
+    "gpt2": dict(d_model=768, n_layers=12, n_heads=12, d_ff=3072, vocab_size=50257, max_len=1024, max_sweeps=3,
                  stage2="orthogonal"),
 }
 
@@ -52,7 +52,7 @@ def one(name: str, full: bool) -> dict:
     from symalign.rewrite import rewrite_model
 
     s = dict(SHAPES[name])
-    max_iter, stage2 = s.pop("max_iter"), s.pop("stage2")
+    max_sweeps, stage2 = s.pop("max_sweeps"), s.pop("stage2")
     if full:
         stage2 = "full"
     cfg = ModelConfig(family="gpt", pe="learned", **s)
@@ -64,7 +64,7 @@ def one(name: str, full: bool) -> dict:
         p.requires_grad_(False)
     base = _rss_mb()
     t0 = time.perf_counter()
-    res = align_whole(a, b, max_iter=max_iter, stage2=stage2)
+    res = align_whole(a, b, max_sweeps=max_sweeps, stage2=stage2)
     dt = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     n_params = sum(p.numel() for p in a.parameters())

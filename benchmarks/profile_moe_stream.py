@@ -5,9 +5,9 @@ Writes two random Mixtral-shaped bfloat16 checkpoints with FEW layers and a chos
 ``--layers``; ``N(0, 0.02)`` weights, unit norm gains, the layout ``save_pretrained`` writes: one
 ``block_sparse_moe.experts.{e}.w1/w2/w3`` matrix per expert, sharded as Hugging Face does), then runs
 
-* ``symalign align A B -o OUT --stream --scope model --max-iter N``,
+* ``symalign align A B -o OUT --stream --scope model --max-sweeps N``,
 * ``symalign align A B -o OUT --stream --scope attention``,
-* ``symalign merge A B -o OUT --stream --scope model --max-iter N``,
+* ``symalign merge A B -o OUT --stream --scope model --max-sweeps N``,
 
 each in a fresh process under the sampler of ``profile_stream_memory.py`` (resident set and the
 ``symalign`` source line running, every few milliseconds). It reports per command the peak RSS
@@ -166,7 +166,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=4000)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--shard", default="200MB", help="max_shard_size of the written pair.")
-    ap.add_argument("--max-iter", type=int, default=1)
+    ap.add_argument("--max-sweeps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--work", choices=("float32", "auto"), default="float32",
                     help="float32: the working dtype of a big layer whatever the width (module docstring).")
@@ -190,7 +190,7 @@ def main() -> None:
                  "load_average_start": [round(x, 2) for x in os.getloadavg()],
                  "shape": {k: getattr(args, k) for k in ("hidden", "ff", "experts", "top_k", "heads", "kv_heads",
                                                          "vocab", "layers")},
-                 "work": args.work, "max_iter": args.max_iter, "sizes": sz}
+                 "work": args.work, "max_sweeps": args.max_sweeps, "sizes": sz}
     layer = sz["layer_work_gib"]
     tmp = Path(tempfile.mkdtemp(prefix="symalign-moeprof-", dir=args.tmp))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -205,7 +205,7 @@ def main() -> None:
                            "merge": ("merge", "model")}[c]
             cmd = [verb, str(tmp / "A"), str(tmp / "B"), "-o", str(out), "--stream", "--scope", scope, "--json"]
             if scope == "model":
-                cmd[-1:-1] = ["--max-sweeps", str(args.max_iter)]
+                cmd[-1:-1] = ["--max-sweeps", str(args.max_sweeps)]
             r = profiled(cmd, args.threads, tmp, args.work == "float32")
             if r.get("rc") == 0:
                 r["peak_layers"] = round(r["peak_rss_gib"] / layer, 2)

@@ -166,7 +166,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-size", choices=tuple(SHAPES), default="7b")
     ap.add_argument("--layers", type=int, default=2, help="Layers of the pair (the width is the size's).")
-    ap.add_argument("--max-iter", type=int, default=2)
+    ap.add_argument("--max-sweeps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--commands", default="align,merge", help="align (--scope model) and/or merge (--scope model).")
     ap.add_argument("--pair", default=None, help="Reuse (and keep) DIR/A and DIR/B; written there if absent.")
@@ -180,7 +180,7 @@ def main() -> None:
                  "load_average_start": [round(x, 2) for x in os.getloadavg()], "size": args.llama_size,
                  "layers": args.layers, "shape": dict(zip(("layers", "D", "heads", "kv_heads", "ff", "vocab"),
                                                           (args.layers, *SHAPES[args.llama_size][1:]))),
-                 "sizes_gib": sizes(args.llama_size, args.layers), "max_iter": args.max_iter}
+                 "sizes_gib": sizes(args.llama_size, args.layers), "max_sweeps": args.max_sweeps}
     tmp = Path(tempfile.mkdtemp(prefix="symalign-memprof-", dir=args.tmp))
     pair = Path(args.pair) if args.pair else tmp
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -195,10 +195,10 @@ def main() -> None:
             out = tmp / f"OUT-{c}"
             if c == "align":
                 cmd = ["align", str(pair / "A"), str(pair / "B"), "-o", str(out), "--stream", "--scope", "model",
-                       "--max-sweeps", str(args.max_iter), "--json"]
+                       "--max-sweeps", str(args.max_sweeps), "--json"]
             else:
                 cmd = ["merge", str(pair / "A"), str(pair / "B"), "-o", str(out), "--stream", "--scope", "model",
-                       "--max-sweeps", str(args.max_iter), "--json"]
+                       "--max-sweeps", str(args.max_sweeps), "--json"]
             res[c] = {"args": cmd[:1] + ["A", "B", "-o", "OUT"] + cmd[5:], **profiled(cmd, args.threads, tmp)}
             print(json.dumps({c: res[c]}, indent=1), flush=True)
             shutil.rmtree(out, ignore_errors=True)

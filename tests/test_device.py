@@ -107,8 +107,8 @@ def test_match_whole_on_a_device_equals_the_default(device):
     ad = get_adapter(a)
     pa = prepare(a.config, a.state_dict(), ad.spec(a.config, a.state_dict().keys()))
     sb = apply(pa.spec, sample(pa.spec, 9), pa.state)
-    ref = match_whole(pa.spec, pa.state, sb, max_iter=3)
-    got = match_whole(pa.spec, pa.state, sb, max_iter=3, device=device)
+    ref = match_whole(pa.spec, pa.state, sb, max_sweeps=3)
+    got = match_whole(pa.spec, pa.state, sb, max_sweeps=3, device=device)
     assert ref.distances == got.distances if device == "cpu" else True
     for k, v in ref.transform.items():
         assert got.transform[k].device.type == "cpu"

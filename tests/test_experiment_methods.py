@@ -12,7 +12,7 @@ from symalign import lmc
 from symalign.errors import MatchError
 from symalign.data.base import Dataset
 from symalign.experiments.methods import TrainStream, align_methods, train_stream
-from symalign.match.learned import interpolated_objective
+from symalign.match.objective import interpolated_objective
 from symalign.rewrite import rewrite_model
 
 

@@ -19,7 +19,8 @@ from symalign.data import eval_batches, load_dataset  # noqa: E402
 from symalign.experiments.protocol import relative_output_change, scope_spaces  # noqa: E402
 from symalign.lmc import full_state  # noqa: E402
 from symalign.match import match_attention  # noqa: E402
-from symalign.match.learned import Latents, learn_matching  # noqa: E402
+from symalign.match.latents import Latents  # noqa: E402
+from symalign.match.learned import learn_matching  # noqa: E402
 from symalign.match.whole import match_whole  # noqa: E402
 from symalign.models import build_model  # noqa: E402
 from symalign.models.hf import fit_hf_config  # noqa: E402

@@ -10,7 +10,7 @@ import torch
 from symalign.errors import GroupError
 from symalign.groups import (GeneralLinear, HeadPermutation, Orthogonal, PerHead, Permutation, PositiveMonomial,
                              RotaryPlanes)
-from symalign.match.residual import CenteredOrthogonal
+from symalign.groups import CenteredOrthogonal
 
 LEARNABLE = [
     Permutation(5),

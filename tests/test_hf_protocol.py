@@ -32,7 +32,8 @@ from symalign.lmc import full_state  # noqa: E402
 from symalign.models import HFConfig, build_model  # noqa: E402
 from symalign.families import FAMILIES as REGISTERED  # noqa: E402
 from symalign.models.hf import FAMILIES, HFModel, fit_hf_config, whole_model_refusal  # noqa: E402
-from symalign.reinit import SCOPES, reinit  # noqa: E402
+from symalign.models.config import SCOPES  # noqa: E402
+from symalign.reinit import reinit  # noqa: E402
 from symalign.spec import apply, sample  # noqa: E402
 from symalign.train import TrainConfig, train  # noqa: E402
 

@@ -81,9 +81,9 @@ def test_streamed_model_scope_same_output_with_tiny_blocks(tmp_path, monkeypatch
     from symalign.stream.model import run_stream_model
 
     _pair(tmp_path, dtype=torch.float64, shard="20KB", tie_word_embeddings=False)
-    ref = run_stream_model(tmp_path / "A", tmp_path / "B", tmp_path / "REF", progress=False, max_iter=3)
+    ref = run_stream_model(tmp_path / "A", tmp_path / "B", tmp_path / "REF", progress=False, max_sweeps=3)
     monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 37)
-    got = run_stream_model(tmp_path / "A", tmp_path / "B", tmp_path / "BLK", progress=False, max_iter=3)
+    got = run_stream_model(tmp_path / "A", tmp_path / "B", tmp_path / "BLK", progress=False, max_sweeps=3)
     for x, y in zip(ref.match["distances"], got.match["distances"]):
         assert abs(x - y) <= 1e-12 * ref.match["distances"][0]
     a, b = _state(tmp_path / "REF"), _state(tmp_path / "BLK")
@@ -100,9 +100,9 @@ def test_per_tensor_folding_is_the_whole_layer_fold(tmp_path, monkeypatch):
     from symalign.stream import model
 
     _pair(tmp_path, dtype=torch.bfloat16, shard="20KB", tie_word_embeddings=False)
-    model.run_stream_model(tmp_path / "A", tmp_path / "B", tmp_path / "REF", progress=False, max_iter=2)
+    model.run_stream_model(tmp_path / "A", tmp_path / "B", tmp_path / "REF", progress=False, max_sweeps=2)
     monkeypatch.setattr(model, "SMALL_ELEMENTS", 64)  # only the norm gains count as small
-    model.run_stream_model(tmp_path / "A", tmp_path / "B", tmp_path / "ONE", progress=False, max_iter=2)
+    model.run_stream_model(tmp_path / "A", tmp_path / "B", tmp_path / "ONE", progress=False, max_sweeps=2)
     a, b = _state(tmp_path / "REF"), _state(tmp_path / "ONE")
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 

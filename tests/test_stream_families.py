@@ -332,7 +332,7 @@ def test_layer_check_refuses_a_residual_that_moves_ones(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sm.StreamedWhole, "match", moved)
     with pytest.raises(SymalignError, match="differs from O times B's layer"):
-        sm.run_stream_model(da, db, tmp_path / "OUT", max_iter=1, progress=False)
+        sm.run_stream_model(da, db, tmp_path / "OUT", max_sweeps=1, progress=False)
     assert _nothing_written(tmp_path)
 
 

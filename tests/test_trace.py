@@ -299,7 +299,7 @@ def test_glu_halves_of_one_projection_are_one_space():
 
 
 def test_gainless_layernorm_stream_is_centred_orthogonal():
-    from symalign.match.residual import CenteredOrthogonal
+    from symalign.groups import CenteredOrthogonal
 
     class Stream(nn.Module):
         def __init__(self):

@@ -11,7 +11,8 @@ import torch
 from symalign.checkpoint import load_run, load_model, save_run
 from symalign.errors import CheckpointError, SymalignError
 from symalign.models import build_model
-from symalign.reinit import SCOPES, reinit
+from symalign.models.config import SCOPES
+from symalign.reinit import reinit
 from symalign.train import TrainConfig, train
 
 VIT = dict(family="vit", d_model=16, n_layers=2, n_heads=2, d_ff=32, pe="rope", patch_size=4)

@@ -24,7 +24,7 @@ from symalign.arch.check import _first_output
 from symalign.errors import ConfigError
 from symalign.groups import Orthogonal, Permutation, PositiveMonomial
 from symalign.families import prepare
-from symalign.match.residual import CenteredOrthogonal
+from symalign.groups import CenteredOrthogonal
 from symalign.match.whole import match_whole
 from symalign.spec import SymmetrySpec, apply, sample
 

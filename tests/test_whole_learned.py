@@ -12,7 +12,9 @@ from _whole_util import inputs, model, rel_out, rel_state
 from symalign.errors import MatchError
 from symalign.groups import PerHead
 from symalign.lmc import interpolate
-from symalign.match.learned import Latents, learn_matching, lr_factor
+from symalign.match.latents import Latents
+from symalign.match.learned import learn_matching
+from symalign.match.optimise import lr_factor
 from symalign.match.whole import align_whole
 from symalign.rewrite import rewrite_model
 from symalign.spec import apply, sample
@@ -52,7 +54,7 @@ def test_learned_is_exact_and_resumable(tmp_path):
     a, b = _pair("gpt", "rope")
     x = inputs(a.cfg)
     yb = b(x)
-    wm = align_whole(a, b, max_iter=2, stage2="orthogonal")
+    wm = align_whole(a, b, max_sweeps=2, stage2="orthogonal")
     ck = tmp_path / "latents.pt"
     sel = _data(a.cfg, 1, seed=99)
     kw = dict(steps=5, lr=0.05, init=wm, select_batches=sel)
@@ -82,7 +84,7 @@ def test_learned_is_exact_and_resumable(tmp_path):
 
 def test_constant_schedule_run_can_be_extended(tmp_path):
     a, b = _pair("vit", "rope")
-    wm = align_whole(a, b, max_iter=2)
+    wm = align_whole(a, b, max_sweeps=2)
     data = _data(a.cfg, 2)
     ck = tmp_path / "latents.pt"
     kw = dict(lr=0.05, init=wm, schedule="constant")
@@ -111,7 +113,7 @@ def test_the_optimiser_follows_the_schedule(monkeypatch):
 
     monkeypatch.setattr(torch.optim.Adam, "step", spy)
     a, b = _pair("vit", "rope")
-    learn_matching(a, b, _data(a.cfg), steps=4, lr=0.04, warmup=1, init=align_whole(a, b, max_iter=1))
+    learn_matching(a, b, _data(a.cfg), steps=4, lr=0.04, warmup=1, init=align_whole(a, b, max_sweeps=1))
     assert seen == pytest.approx([0.04 * lr_factor(s, 4, warmup=1) for s in range(4)], rel=1e-15)
 
 
@@ -128,7 +130,7 @@ def test_every_space_is_learned_and_the_result_is_exact(family, pe, kw):
     spec = a.symmetry_spec()
     x = inputs(a.cfg)
     yb = b(x)
-    wm = align_whole(a, b, max_iter=2)
+    wm = align_whole(a, b, max_sweeps=2)
     res = learn_matching(a, b, _data(a.cfg), steps=6, lr=0.05, init=wm)
     assert set(res.transform) == set(spec.spaces)
     for s, g in spec.spaces.items():
@@ -146,7 +148,7 @@ def test_every_space_is_learned_and_the_result_is_exact(family, pe, kw):
 def test_training_forward_starts_at_weight_matching(family, pe, kw):
     """The differentiable dense action at the initial latents is `apply` of the weight-matching element."""
     a, b = _pair(family, pe, **kw)
-    wm = align_whole(a, b, max_iter=2)
+    wm = align_whole(a, b, max_sweeps=2)
     lat = Latents(wm.spec, wm.transform)
     with torch.no_grad():
         soft = lat.soft_apply(b.state_dict())
@@ -171,7 +173,7 @@ def _objective(a, sa, sb, data, points=5, lam=(0.2, 0.8)):
 def test_learned_objective_is_not_above_weight_matching():
     a, b = _pair("vit", "rope")
     data = _data(a.cfg, 2)
-    wm = align_whole(a, b, max_iter=3)
+    wm = align_whole(a, b, max_sweeps=3)
     res = learn_matching(a, b, data, steps=12, lr=0.02, init=wm)
     sa, sb = a.state_dict(), b.state_dict()
     j_wm = _objective(a, sa, wm.apply(sb), data)
@@ -185,7 +187,7 @@ def test_selection_uses_the_held_out_batches_and_a_stream():
     """With a stream, J is measured on ``select_batches`` (held-out data), never on the stream."""
     a, b = _pair("vit", "rope")
     held = _data(a.cfg, 2, seed=50)
-    wm = align_whole(a, b, max_iter=3)
+    wm = align_whole(a, b, max_sweeps=3)
     stream = _Stream(a.cfg)
     res = learn_matching(a, b, stream, steps=6, lr=0.02, init=wm, select_batches=held)
     assert stream.asked == list(range(6))
@@ -205,7 +207,7 @@ def test_ill_conditioned_blocks_fall_back_to_weight_matching():
     a, b = _pair("gpt", "rope")
     x = inputs(a.cfg)
     yb = b(x)
-    wm = align_whole(a, b, max_iter=2)
+    wm = align_whole(a, b, max_sweeps=2)
     res = learn_matching(a, b, _data(a.cfg), steps=4, lr=0.2, init=wm, max_cond=1.0 + 1e-9, spaces=["vo.0"])
     assert res.fallbacks and all(f.startswith("vo.0 block") for f in res.fallbacks)
     n_blocks = wm.transform["vo.0"].shape[0]

@@ -38,7 +38,7 @@ def test_three_model_refinement_is_exact_and_not_above_universe(tmp_path, family
     ms = _models(family, pe, **kw)
     spec = ms[0].symmetry_spec()
     data = _data(ms[0].cfg, 2)
-    uni = match_universe(ms, rounds=2, max_iter=3, stage2="orthogonal")
+    uni = match_universe(ms, rounds=2, max_sweeps=3, stage2="orthogonal")
     res = learn_many(ms, data, steps=10, lr=0.02, init=uni, alpha=1.0)  # uniform on the simplex
     assert len(res.transforms) == 3 and len(res.losses) == 10
     x = inputs(ms[0].cfg)
@@ -65,7 +65,7 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     """Interrupted after 3 of 5 steps (cosine schedule) and resumed: the same losses as one straight run,
     and the stream is consumed once, in order."""
     ms = _models("gpt", "rope")
-    uni = match_universe(ms, rounds=1, max_iter=2, stage2="orthogonal")
+    uni = match_universe(ms, rounds=1, max_sweeps=2, stage2="orthogonal")
     ck = tmp_path / "many.pt"
     held = _data(ms[0].cfg, 1, seed=99)
     kw = dict(steps=5, init=uni, select_batches=held)
@@ -109,7 +109,7 @@ def test_default_dirichlet_concentration_is_seed_002s():
     never-above-universe guarantee holds with it."""
     ms = _models("vit", "rope")
     data = _data(ms[0].cfg, 2)
-    uni = match_universe(ms, rounds=1, max_iter=3, stage2="orthogonal")
+    uni = match_universe(ms, rounds=1, max_sweeps=3, stage2="orthogonal")
     res = learn_many(ms, data, steps=4, lr=0.02, init=uni)
     assert any("alpha=0.1" in n for n in res.notes)
     assert _uniform_merge_loss(ms, res.transforms, data)[0] <= _uniform_merge_loss(ms, uni.transforms, data)[0]

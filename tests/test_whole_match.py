@@ -8,7 +8,8 @@ import torch
 from _whole_util import FAMILIES, PES, inputs, model, rel_out, rel_state
 
 from symalign.errors import MatchError
-from symalign.match.residual import CenteredOrthogonal, procrustes
+from symalign.groups import CenteredOrthogonal
+from symalign.match.residual import procrustes
 from symalign.match.whole import align_whole, match_whole
 from symalign.rewrite import rewrite_model
 from symalign.spec import apply, sample
@@ -44,7 +45,7 @@ def test_independent_pair_exact_and_distance_falls(family, pe):
     b = rewrite_model(model(family, pe, seed=2))
     x = inputs(a.cfg)
     yb = b(x)
-    res = align_whole(a, b, max_iter=8)
+    res = align_whole(a, b, max_sweeps=8)
     assert res.distances[-1] < 0.9 * res.distances[0]
     assert min(res.distances[1:]) <= res.distances[1] + 1e-9
     b.load_state_dict(res.apply(b.state_dict()))

@@ -9,7 +9,8 @@ import torch
 from _whole_util import FAMILIES, config, inputs, model, rel_out, rel_state
 
 from symalign.groups import random_orthogonal
-from symalign.match.residual import FixingOrthogonal, procrustes, stabiliser
+from symalign.groups import FixingOrthogonal, stabiliser
+from symalign.match.residual import procrustes
 from symalign.match.whole import align_whole
 from symalign.nn.positional import sinusoidal_table
 from symalign.rewrite import plan, rewrite_model

@@ -37,7 +37,7 @@ def test_universe_of_independent_models_is_exact_per_model():
     ms = [rewrite_model(model("vit", "learned", seed=s)) for s in (1, 2, 3)]
     spec = ms[0].symmetry_spec()
     x = inputs(ms[0].cfg)
-    res = match_universe(ms, rounds=2, max_iter=3, stage2="orthogonal")
+    res = match_universe(ms, rounds=2, max_sweeps=3, stage2="orthogonal")
     assert len(res.spread) == 2
     for m, t in zip(ms, res.transforms):
         y = m(x)

@@ -81,12 +81,6 @@ for _name in COMMAND_MODULES:
     _mod.register(app)
 
 
-def fail(message: str, code: int = 2) -> "typer.Exit":
-    """Print ``symalign: error: message`` on stderr and return the Exit to raise."""
-    typer.echo(f"symalign: error: {message}", err=True)
-    return typer.Exit(code)
-
-
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2.
 

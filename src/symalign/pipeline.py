@@ -1,14 +1,16 @@
 r"""The ``symalign align`` pipeline: read -> prepare -> match -> verify -> write, for every scope and path.
 
 :func:`align` takes an :class:`AlignJob`, checks it (scope, ``--stage2``, sweeps, output folder),
-decides whether to stream (:func:`symalign.stream.auto.should_stream`) and runs one engine:
+decides whether to stream (:func:`symalign.stream.auto.should_stream`) and runs the scope's engine over
+resident sources (in memory) or lazily opened ones (streamed, one layer in memory at a time):
 
-====================  ==========================================  ============================================
-scope                 in memory                                   streamed (one layer in memory at a time)
-====================  ==========================================  ============================================
-``attention``         :class:`InMemoryAttention`                  :func:`symalign.stream.attention.run_stream_attention`
-``model``             :class:`InMemoryModel`                      :func:`symalign.stream.model.run_stream_model`
-====================  ==========================================  ============================================
+* ``--scope attention``: the one attention engine, :func:`symalign.stream.attention.align_attention` --
+  in memory :class:`ResidentAttention` (resident sources, units of :data:`IN_MEMORY_BLOCK_PARAMS`, into a state
+  dict, then the whole model checked), streamed :func:`symalign.stream.attention.run_stream_attention` (lazy
+  sources, one layer per unit, each layer checked, into OUT's shards);
+* ``--scope model``: in memory :class:`InMemoryModel` (:func:`symalign.match.whole.match_whole`), streamed
+  :func:`symalign.stream.model.run_stream_model` (:class:`~symalign.stream.model.StreamedWhole`, which takes
+  resident sources too, and :func:`~symalign.stream.model.write_aligned` into any sink).
 
 Each engine goes through the same phases, timed by one :class:`~symalign.align_result.PhaseClock`:
 
@@ -154,10 +156,10 @@ def align(job: AlignJob) -> AlignResult:
         from symalign.stream.model import run_stream_model
 
         res = run_stream_model(job.a_dir, job.b_dir, out_path, stage2=job.stage2, stage1=job.stage1,
-                               force=job.force, progress=job.progress, max_iter=job.max_sweeps, clock=clock,
+                               force=job.force, progress=job.progress, max_sweeps=job.max_sweeps, clock=clock,
                                experts=job.experts or "exact")
     else:
-        engine = InMemoryAttention if job.scope == "attention" else InMemoryModel
+        engine = ResidentAttention if job.scope == "attention" else InMemoryModel
         res = engine(job, out_path, clock).run()
     return finish(res, job, out_path, clock)
 
@@ -235,8 +237,14 @@ class InMemoryEngine:
         raise NotImplementedError
 
 
-class InMemoryAttention(InMemoryEngine):
-    """``--scope attention``: heads, Q-K and V-O of every layer (:func:`symalign.match.match_attention`)."""
+IN_MEMORY_BLOCK_PARAMS = 16_000_000  # in memory, the attention engine matches layers in units of this size
+
+
+class ResidentAttention(InMemoryEngine):
+    """``--scope attention`` in memory: the one attention engine (:func:`symalign.stream.attention.align_attention`)
+    over both checkpoints as resident sources (:class:`~symalign.checkpoint.lazy.ResidentCheckpoint`) into a
+    :class:`~symalign.stream.sink.StateSink`, in units of up to :data:`IN_MEMORY_BLOCK_PARAMS` attention
+    parameters; the whole model is then checked through ``from_pretrained`` (not layer by layer)."""
 
     def prepare(self) -> None:
         self.spec = self.b.adapter.spec(self.b.config, self.b.state.keys())
@@ -244,13 +252,18 @@ class InMemoryAttention(InMemoryEngine):
         self.spec.check(self.b.state)
 
     def match(self) -> None:
-        from symalign.match import match_attention
+        from symalign.checkpoint.lazy import ResidentCheckpoint
         from symalign.match.distance import attention_distance
+        from symalign.stream.attention import align_attention
+        from symalign.stream.sink import StateSink
 
+        a, b = ResidentCheckpoint.of(self.a), ResidentCheckpoint.of(self.b)
+        sink = StateSink(b)
+        self.run_ = align_attention(a, b, sink, stage1=self.job.stage1, stage2=self.job.stage2, progress=False,
+                                    return_transform=self.job.return_transform, device=self.job.device,
+                                    check_layers=False, block_params=IN_MEMORY_BLOCK_PARAMS)
+        self.out_state = sink.state
         self.before = attention_distance(self.spec, self.a.state, self.b.state)
-        self.result = match_attention(self.spec, self.a.state, self.b.state, stage1=self.job.stage1,
-                                      stage2=self.job.stage2, device=self.job.device)  # reads fused segments
-        self.out_state = apply(self.spec, self.result.transform, self.b.state)
         self.after = attention_distance(self.spec, self.a.state, self.out_state)
         del self.a
 
@@ -265,8 +278,8 @@ class InMemoryAttention(InMemoryEngine):
 
     def result_with(self, check: FunctionCheck) -> AlignResult:
         return new_result(self.b, self.spec, "in-memory", self.before, self.after, 1, True, CheckReport.whole(check),
-                          match=self.result.to_dict(),
-                          transform=dict(self.result.transform) if self.job.return_transform else None)
+                          match=self.run_.match(),
+                          transform=dict(self.run_.transform) if self.job.return_transform else None)
 
 
 class InMemoryModel(InMemoryEngine):
@@ -310,7 +323,7 @@ class InMemoryModel(InMemoryEngine):
         # A's spec first: a mismatch is reported as "<A's group> in A, <B's group> in B"
         d0 = max(distance(pa.spec, pa.state, pb.state), 1e-300)
         self.result = match_whole(pa.spec, pa.state, pb.state, spec_b=pb.spec, stage1=self.job.stage1,
-                                  stage2=self.job.stage2, max_iter=n, experts=self.job.experts or "exact",
+                                  stage2=self.job.stage2, max_sweeps=n, experts=self.job.experts or "exact",
                                   device=self.job.device,
                                   **CHECKPOINT_SETTINGS,  # as the streamed engine: --stream gives the same
                                   progress=lambda k, d: self.job.tell(f"sweep {k}/{n}: squared distance "
@@ -384,7 +397,7 @@ def align_loaded(a: HFCheckpoint, b: HFCheckpoint, scope: str = "attention", sta
     job = AlignJob(Path(a.path), Path(b.path), Path(b.path), scope=scope, stage1=stage1, stage2=stage2,
                    max_sweeps=max_sweeps, say=say, experts=experts, device=device)
     job.check()
-    engine = (InMemoryAttention if scope == "attention" else InMemoryModel)(job, Path(b.path), PhaseClock())
+    engine = (ResidentAttention if scope == "attention" else InMemoryModel)(job, Path(b.path), PhaseClock())
     engine.a, engine.b = a, b
     engine.prepare()
     engine.match()

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from symalign.errors import ConfigError
-from symalign.models.config import SCOPES  # noqa: F401  (re-exported: the scopes are part of a model's vocabulary)
+from symalign.models.config import SCOPES
 
 
 def in_scope(name: str, scope: str) -> bool:

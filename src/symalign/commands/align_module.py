@@ -87,7 +87,7 @@ def run_align_module(module: str, a_path: Path, b_path: Path, out: Path, scope: 
         state_a, state_b = load_state(a_path, "checkpoint A"), load_state(b_path, "checkpoint B")
     with clock("match"):  # trace (prepare), match and the function check (verify): one call
         res = align_states(model, state_a, state_b, inputs, scope=scope, stage1=stage1, stage2=stage2,
-                           max_iter=max_sweeps, strict=strict, device=device)
+                           max_sweeps=max_sweeps, strict=strict, device=device)
     with clock("write"):
         save_state_file(res.state, out)
     m = res.match

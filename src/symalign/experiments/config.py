@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from symalign.errors import ConfigError
-from symalign.match.learned import LAM
+from symalign.match.objective import LAM
 from symalign.models.hf import is_hf_family
 
 if sys.version_info >= (3, 11):

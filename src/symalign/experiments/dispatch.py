@@ -95,7 +95,7 @@ def match_scope(spec: SymmetrySpec, sa: dict, sb: dict, stage1: bool, stage2: st
 
     if all(spec.role(s) in ATTENTION_ROLES for s in spec.spaces):
         return match_attention(spec, sa, sb, stage1=stage1, stage2=stage2)
-    return match_whole(spec, sa, sb, stage1=stage1, stage2=stage2, max_iter=10, **PROTOCOL_SETTINGS)
+    return match_whole(spec, sa, sb, stage1=stage1, stage2=stage2, max_sweeps=10, **PROTOCOL_SETTINGS)
 
 
 def learned_variant(cfg: ExperimentConfig, ds, spec: SymmetrySpec, arch_a: nn.Module, arch_b: nn.Module,

@@ -7,7 +7,7 @@ method over every space of the whole-model spec and measures the LMC curve
 ``theta(t) = (1 - t) theta_A + t theta_B'`` on the evaluation batches:
 
 * ``"weight"``: :func:`symalign.match.whole.match_whole` (data-free; ``stage2`` and
-  ``max_iter`` as in the protocol's ``match_scope``);
+  ``max_sweeps`` as in the protocol's ``match_scope``);
 * ``"activation"``: :func:`symalign.match.activations.match_activations` on the inputs
   of the **training** batches;
 * ``"learned"``: :func:`symalign.match.learned.learn_matching` on the **training**
@@ -90,7 +90,7 @@ def align_methods(arch_a: nn.Module, arch_b: nn.Module, batches: Callable[[], It
                   learned_steps: int = 6000, seed: int = 0, *,
                   train_batches: Sequence[Batch] | Callable[[int], Batch] | None = None,
                   val_batches: Sequence[Batch] | None = None,
-                  naive: lmc.Curve | dict | None = None, stage2: str = "full", max_iter: int = 10,
+                  naive: lmc.Curve | dict | None = None, stage2: str = "full", max_sweeps: int = 10,
                   learned_lr: float = 1e-2, learned_checkpoint: str | None = None,
                   learned_options: Mapping[str, Any] | None = None, activation_batches: int | None = None,
                   progress: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
@@ -112,7 +112,7 @@ def align_methods(arch_a: nn.Module, arch_b: nn.Module, batches: Callable[[], It
             (``lam``, ``schedule``, ``warmup``, ``betas``, ``spaces``, ...).
         naive: the naive curve for the barrier ratios (a :class:`~symalign.lmc.Curve` or its
             ``to_dict()``); default: the naive curve of the two rewritten models.
-        stage2, max_iter: weight matching (as in the protocol).
+        stage2, max_sweeps: weight matching (as in the protocol).
         activation_batches: use only the first this many training batches for the activation
             statistics (they hold ``N h D`` float64 values per model for ``N`` tokens); from a
             stream, the batches of steps ``0..activation_batches - 1`` (default 40).
@@ -149,7 +149,7 @@ def align_methods(arch_a: nn.Module, arch_b: nn.Module, batches: Callable[[], It
         say(f"aligning ({method})")
         t0 = time.perf_counter()
         if method in ("weight", "learned") and weight is None:
-            weight = match_whole(spec, ra, rb, stage1=True, stage2=stage2, max_iter=max_iter,
+            weight = match_whole(spec, ra, rb, stage1=True, stage2=stage2, max_sweeps=max_sweeps,
                                  spec_b=arch_b.symmetry_spec(), **PROTOCOL_SETTINGS)
         if method == "weight":
             m = weight

@@ -3,7 +3,7 @@
 * :func:`match_attention` / :func:`align_models` -- the matcher;
 * :mod:`~symalign.match.views` -- canonical per-head views read from a spec;
 * :mod:`~symalign.match.heads` -- stage 1 (head assignment) and its metrics;
-* :mod:`~symalign.match.qk`, :mod:`~symalign.match.vo`, :mod:`~symalign.match.rope` -- stage 2.
+* :mod:`~symalign.match.qk` (Q-K and V-O), :mod:`~symalign.match.rope` -- stage 2.
 """
 
 from symalign.match.api import AttentionMatch, LayerMatch, align_models, match_attention

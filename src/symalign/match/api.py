@@ -4,8 +4,8 @@ Finds ``g`` in the declared symmetry group so that ``g . theta_B`` is close to
 ``theta_A`` (squared Frobenius distance over every attention tensor the spec
 acts on). Per layer: stage 1 (:mod:`~symalign.match.heads`) picks the head
 permutation ``pi`` (new head ``i`` of B' = old head ``pi[i]`` of B); stage 2
-aligns each K/V block of the re-ordered B over ``GL`` (:mod:`~symalign.match.qk`,
-:mod:`~symalign.match.vo`) or ``H (+) GL`` under RoPE (:mod:`~symalign.match.rope`),
+aligns each K/V block of the re-ordered B over ``GL`` (:mod:`~symalign.match.qk`, for
+Q-K and V-O alike) or ``H (+) GL`` under RoPE (:mod:`~symalign.match.rope`),
 batched over every block of every layer. The result's ``transform`` maps
 ``heads.L -> pi``, ``qk.L -> U``, ``vo.L -> B``; on an axis the heads act first
 (``T = blockdiag(U) P``), exactly as :func:`symalign.spec.apply` composes them.
@@ -28,7 +28,6 @@ from symalign.match.qk import Grams, one_thread, solve_gl
 from symalign.match.qknorm import exact_solutions, has_qknorm, relaxed
 from symalign.match.rope import solve_rope
 from symalign.match.views import AttentionLayer, SpaceSides, block_rows, direct_distance, find_layers, side_gram
-from symalign.match.vo import solve_vo
 from symalign.spec import SymmetrySpec, Transform, act_on, apply, segment_view
 
 STAGE2_MODES = ("none", "orthogonal", "full")
@@ -343,7 +342,7 @@ def solve_attention(prep: PreparedAttention, *, max_iter: int = 500, xtol: float
     for (kind, what), batch in batches.items():
         with one_thread():  # d x d blocks: faster on one thread (see one_thread)
             if kind == "vo":
-                sol = solve_vo(batch.grams, stage2, **kw)
+                sol = solve_gl(batch.grams, stage2, label="V-O", **kw)  # V-O: the same GL problem
             elif isinstance(what, int):
                 sol = solve_gl(batch.grams, stage2, label="Q-K", **kw)
             else:  # RoPE layers sharing a group (same width, pairing and rotary dims)

@@ -18,17 +18,13 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from symalign.groups import PositiveMonomial, assign_max, pair_costs, positive_scales, scale_objective
+from symalign.groups import PositiveMonomial
 from symalign.match.residual import axis_rows
-
-
-assign = assign_max
-"""``perm`` maximising ``sum_i c[i, perm[i]]`` (int64): :func:`symalign.groups.assign_max`."""
 
 
 # ----------------------------------------------------------------------------
 # ReLU units: permutation and positive per-unit scaling (the maths: symalign.groups.PositiveMonomial.fit,
-# pair_costs, positive_scales, scale_objective -- re-exported here)
+# pair_costs, positive_scales, scale_objective)
 # ----------------------------------------------------------------------------
 
 
@@ -56,4 +52,4 @@ def match_monomial(pairs, state_a, state_b, n: int, max_scale: float = 1e4) -> T
     return PositiveMonomial(n).fit(rows, max_scale)
 
 
-__all__ = ["assign", "match_monomial", "pair_costs", "positive_scales", "scale_objective"]
+__all__ = ["match_monomial"]

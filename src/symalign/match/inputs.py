@@ -14,7 +14,7 @@ from torch import Tensor
 
 from symalign.errors import MatchError, SymalignError
 from symalign.spec import SymmetrySpec
-from symalign.tolerance import all_finite  # noqa: F401  (re-exported)
+from symalign.tolerance import all_finite
 
 
 def check_pair(names: Iterable[str], state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor],

@@ -76,7 +76,7 @@ schedule depends on it) raises :class:`~symalign.errors.MatchError`.
 Modules: :mod:`symalign.match.latents` (:class:`Latents`), :mod:`symalign.match.objective`
 (the interpolated loss ``J`` and the state plumbing), :mod:`symalign.match.optimise` (batches,
 schedule, resume, the Adam loop shared with :mod:`symalign.match.learned_many`); this module
-holds :func:`learn_matching` and re-exports their names.
+holds :func:`learn_matching`.
 """
 
 from __future__ import annotations
@@ -90,24 +90,17 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from symalign.groups import one_hot, polar_st, straight_through
 from symalign.match.distance import distance
-from symalign.match.latents import Latents, proj_perm
+from symalign.match.latents import Latents
 from symalign.match.objective import (LAM, Batch, LossFn, default_loss, floating, functional_state,
-                                      interpolated_objective, mean_loss, mix_states, restore_ties, tied_names)
-from symalign.match.optimise import (SCHEDULES, BatchSource, _Bar, _check_data, batch_source, check_recipe,
-                                     compare_recipe, lam_at, load_resume, lr_factor, optimise, recipe_of,
+                                      interpolated_objective)
+from symalign.match.optimise import (BatchSource, _Bar, _check_data, batch_source, check_recipe,
+                                     compare_recipe, lam_at, load_resume, optimise, recipe_of,
                                      save_resume)
 from symalign.match.whole import WholeMatch, align_whole
 from symalign.spec import apply
 
-# The pieces of learned matching live in one module each (latents, objective, optimisation loop);
-# their names are re-exported here for older imports.
-__all__ = ["LAM", "SCHEDULES", "Batch", "BatchSource", "LearnedMatch", "Latents", "LossFn", "batch_source",
-           "check_recipe", "compare_recipe", "default_loss", "floating", "functional_state", "interpolated_objective",
-           "lam_at", "learn_matching", "lr_factor", "mean_loss", "mix_states", "one_hot", "optimise", "polar_st",
-           "proj_perm", "recipe_of", "restore_ties", "save_resume", "straight_through", "tied_names", "_Bar",
-           "_check_data"]
+__all__ = ["LearnedMatch", "learn_matching"]
 
 
 @dataclass

@@ -9,7 +9,7 @@ tensor's other axes as columns: ``X_A, X_B`` are ``D x m``. The orthogonal
 
 The groups themselves (:class:`~symalign.groups.FixingOrthogonal`,
 :class:`~symalign.groups.CenteredOrthogonal`, :func:`~symalign.groups.stabiliser`) live in
-:mod:`symalign.groups`; they are re-exported here for older imports.
+:mod:`symalign.groups`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from typing import Iterable, Mapping
 import torch
 from torch import Tensor
 
-from symalign.groups import (  # noqa: F401  (re-exported)
-    CenteredOrthogonal, FixingOrthogonal, Orthogonal, centred_basis, stabiliser)
+from symalign.groups import Orthogonal
 from symalign.spec import AxisAction, segment_view
 
 

@@ -404,9 +404,9 @@ def balanced_gauge(spec: SymmetrySpec, state: Mapping[str, Tensor], max_passes: 
 
 
 def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor], *,
-                max_iter: int = 20, rtol: float = 1e-3, stage1: bool = True, stage2: str = "full",
+                max_sweeps: int = 20, rtol: float = 1e-3, stage1: bool = True, stage2: str = "full",
                 init: Transform | None = None, spec_b: SymmetrySpec | None = None,
-                max_sweeps: int | None = None, order: str = "random", seed: int = 0,
+                order: str = "random", seed: int = 0,
                 start: str = "anchored", gauge: str = "balanced", experts: str = "exact",
                 progress: Callable[[int, float], None] | None = None,
                 device: str | torch.device | None = None) -> WholeMatch:
@@ -415,8 +415,7 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
     Args:
         spec: the symmetry spec (e.g. :func:`symalign.rewrite.whole_spec`).
         state_a, state_b: state dicts with the tensors the spec labels.
-        max_sweeps: maximum number of sweeps (``max_iter``: the same, kept for older callers;
-            ``max_sweeps`` wins when both are given).
+        max_sweeps: maximum number of sweeps.
         rtol: a sweep that lowers the distance by at most ``rtol * distances[0]`` ends the
             descent (``converged``).
         order: ``"random"`` (a fresh permutation of the unit spaces every sweep, from ``seed``)
@@ -457,14 +456,14 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
         dev, names = resolve(device), set(spec.tensors) | (set(spec_b.tensors) if spec_b is not None else set())
         with exact_matmul():
             res = match_whole(spec, to_device({k: v for k, v in state_a.items() if k in names}, dev),
-                              to_device({k: v for k, v in state_b.items() if k in names}, dev), max_iter=max_iter,
-                              rtol=rtol, stage1=stage1, stage2=stage2, spec_b=spec_b, max_sweeps=max_sweeps,
+                              to_device({k: v for k, v in state_b.items() if k in names}, dev),
+                              max_sweeps=max_sweeps, rtol=rtol, stage1=stage1, stage2=stage2, spec_b=spec_b,
                               order=order, seed=seed, start=start, gauge=gauge, experts=experts, progress=progress,
                               init=None if init is None else to_device(dict(init), dev))
         res.transform = to_device(dict(res.transform), torch.device("cpu"))
         return res
     t0 = time.perf_counter()
-    sweeps = max_iter if max_sweeps is None else max_sweeps
+    sweeps = max_sweeps
     if order not in ORDERS:
         raise MatchError(f"unknown sweep order {order!r}; use one of {', '.join(ORDERS)}")
     if gauge not in GAUGES:
@@ -475,8 +474,8 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
         validate_states(spec, state_a, state_b)
         da, db = balanced_gauge(spec, state_a), balanced_gauge(spec, state_b)
         if da:
-            res = match_whole(spec, apply(spec, da, state_a), apply(spec, db, state_b), max_iter=max_iter,
-                              rtol=rtol, stage1=stage1, stage2=stage2, spec_b=spec_b, max_sweeps=max_sweeps,
+            res = match_whole(spec, apply(spec, da, state_a), apply(spec, db, state_b),
+                              max_sweeps=max_sweeps, rtol=rtol, stage1=stage1, stage2=stage2, spec_b=spec_b,
                               order=order, seed=seed, start=start, gauge="raw", experts=experts, progress=progress,
                               init=None if init is None else compose(spec, da, compose(spec, init, invert(spec, db))))
             res.transform = compose(spec, invert(spec, da), compose(spec, res.transform, db))
@@ -486,8 +485,8 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
     if start not in STARTS and start != _UNGUARDED:
         raise MatchError(f"unknown start {start!r}; use one of {', '.join(STARTS)}")
     if start == "identity" and init is None:  # guarded: the better of the two descents
-        common = dict(max_iter=max_iter, rtol=rtol, stage1=stage1, stage2=stage2, spec_b=spec_b,
-                      max_sweeps=max_sweeps, order=order, seed=seed, gauge="raw", experts=experts,
+        common = dict(max_sweeps=max_sweeps, rtol=rtol, stage1=stage1, stage2=stage2, spec_b=spec_b,
+                      order=order, seed=seed, gauge="raw", experts=experts,
                       progress=progress)
         both = [match_whole(spec, state_a, state_b, start=st, **common) for st in (_UNGUARDED, "anchored")]
         best = min(both, key=lambda r: r.distances[-1])

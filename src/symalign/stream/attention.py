@@ -1,8 +1,12 @@
-r"""``symalign align --scope attention``, streamed: one layer of each model in memory at a time.
+r"""``symalign align --scope attention``: the one attention engine, :func:`align_attention`, over any source and sink.
 
 Attention layers have independent symmetry spaces (``heads.i``, ``qk.i``, ``vo.i``),
 so matching layer ``i`` needs only the attention tensors of layer ``i`` of A and B.
-For each layer, in order:
+The sources are checkpoints opened lazily (streamed: one layer of each model in memory at a time) or resident
+(:class:`~symalign.checkpoint.lazy.ResidentCheckpoint`; in memory the layers are matched in units of about
+:data:`symalign.pipeline.IN_MEMORY_BLOCK_PARAMS` parameters, :func:`attention_units`); the sink is a
+:class:`~symalign.io.shards.ShardWriter` (streamed) or a :class:`~symalign.stream.sink.StateSink` (in memory).
+For each layer (unit), in order:
 
 1. read A's and B's attention tensors of the layer (as stored), converted to the working
    dtype (float64; float32 when one model's layer exceeds :data:`FLOAT64_MAX_LAYER_PARAMS`)
@@ -15,8 +19,8 @@ For each layer, in order:
    and the working dtype (``1e-10`` relative in float64), and the layer as stored
    (rounded to B's dtype) within the tolerance of that dtype
    (:mod:`symalign.tolerance`);
-4. round to B's dtype and write the tensors into OUT's shards
-   (:class:`~symalign.io.shards.ShardWriter`).
+   -- streamed only; in memory the caller checks the whole model instead;
+4. round to B's dtype and put the tensors into the sink (OUT's shards when streamed).
 
 Overlap (same results, same order of every floating-point operation on a layer): step 2
 is split at its stage-2 solve (:func:`~symalign.match.api.prepare_attention`, then
@@ -36,11 +40,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 import torch
 
+from symalign.errors import ConfigError
 from symalign.align_result import AlignResult, CheckReport, PhaseClock, new_result
 from symalign.stream.layercheck import LayerChecker, layer_prefix
 from symalign.stream.memory import bound_heap, peak_rss, release
@@ -61,10 +67,13 @@ def n_layers(spec) -> int:
     return len(spec.layers(("heads", "qk", "vo")))
 
 
+NOT_ATTENTION = ("ff", "residual", "experts")  # roles of the spaces the attention scope leaves alone
+
+
 def layer_of(spec, i: int) -> list[str]:
     """Layer ``i``'s attention spaces (heads, Q-K, V-O and any other per-layer attention space,
     e.g. QK-norm gain scales); FF and residual spaces are not the attention scope's."""
-    return [s for s in spec.select(layer=i) if spec.role(s) not in ("ff", "residual", "experts")]
+    return [s for s in spec.select(layer=i) if spec.role(s) not in NOT_ATTENTION]
 
 
 def sq(x: torch.Tensor) -> float:
@@ -106,18 +115,76 @@ def open_pair(a_dir: Path, b_dir: Path) -> tuple[LazyCheckpoint, LazyCheckpoint]
     return a, b
 
 
-def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
-                         force: bool = False, progress: bool = True, return_transform: bool = False,
-                         clock: PhaseClock | None = None, device: torch.device | None = None) -> AlignResult:
-    """Align B's attention to A's layer by layer and write OUT (see the module docstring).
+def attention_units(spec, sizes: Mapping[str, int], block_params: int = 0) -> list[tuple[list[int], list[str]]]:
+    """The units the engine matches one at a time, as ``(layers, spaces)``: consecutive layers grouped while
+    their attention tensors hold at most ``block_params`` parameters (``sizes``: name -> numel; ``0``: one layer
+    per unit, the streamed residency). Layers are independent, so any grouping finds the same element. A family
+    whose attention spaces are not all per layer (T5: one head permutation per stack, ``layer None``) is one unit
+    of every attention space, listing no layer: its layers cannot be separated."""
+    L = n_layers(spec)
+    shared = [s for s in spec.spaces if spec.layer(s) is None and spec.role(s) not in NOT_ATTENTION]
+    if shared:  # no per-layer unit: the layers' own tensors are not copied or checked one layer at a time
+        return [([], [s for s in spec.spaces if spec.role(s) not in NOT_ATTENTION])]
+    units: list[tuple[list[int], list[str]]] = []
+    size = 0
+    for i in range(L):
+        spaces = layer_of(spec, i)
+        n = sum(sizes[t] for t in spec.restrict(spaces).tensors)
+        if not units or size + n > block_params:
+            units.append(([], []))
+            size = 0
+        units[-1][0].append(i)
+        units[-1][1].extend(spaces)
+        size += n
+    return units
 
-    ``return_transform``: keep the group element found (space -> tensor) in ``transform``;
-    ``clock``: sums the time of each phase over the layers (:func:`symalign.pipeline.align`);
-    ``device``: where each layer is matched (:func:`symalign.match.match_attention`'s ``device``: the layer's
-    tensors moved there, the transform back; ``None`` or the CPU: the overlapped CPU path above). Reading, the
-    function checks and writing stay on the CPU.
-    """
-    from symalign.io.folder import check_output_dir, commit
+
+@dataclass
+class AttentionRun:
+    """What :func:`align_attention` found: the spec, the working dtype, per unit the relative distances before and
+    after (over its attention tensors) and the squared sums behind them, the per-layer matcher diagnostics, the
+    layer checks (if asked), the summed timings and (if asked) the group element."""
+
+    spec: Any
+    dtype: torch.dtype
+    stage1: bool
+    stage2: str
+    per_before: list[float] = field(default_factory=list)
+    per_after: list[float] = field(default_factory=list)
+    num: dict[str, float] = field(default_factory=lambda: {"before": 0.0, "after": 0.0, "norm": 0.0})
+    layers: list[dict] = field(default_factory=list)
+    checks: list = field(default_factory=list)
+    totals: dict[str, float] = field(default_factory=dict)
+    transform: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def rel(self, key: str) -> float:
+        x = self.num[key]
+        return (x / self.num["norm"]) ** 0.5 if self.num["norm"] else x ** 0.5
+
+    def match(self) -> dict[str, Any]:
+        """The matcher's JSON summary (as :meth:`symalign.match.api.AttentionMatch.to_dict`)."""
+        conds = [c for lay in self.layers for c in lay.get("qk_cond", []) + lay.get("vo_cond", [])]
+        return {"stage1": self.stage1, "stage2": self.stage2, "totals": dict(self.totals),
+                "worst_condition": max(conds) if conds else 1.0, "layers": self.layers}
+
+
+def align_attention(a, b, sink, *, stage2: str = "full", stage1: bool = True, progress: bool = True,
+                    return_transform: bool = False, clock: PhaseClock | None = None,
+                    device: torch.device | None = None, check_layers: bool = True, block_params: int = 0,
+                    out_name: str = "OUT", label: str = "align (attention, streamed)") -> AttentionRun:
+    """B's attention aligned to A's, unit by unit (:func:`attention_units`), into ``sink`` (module docstring).
+
+    ``a``, ``b``: tensor sources with config and family -- :class:`~symalign.checkpoint.lazy.LazyCheckpoint`
+    (streamed) or :class:`~symalign.checkpoint.lazy.ResidentCheckpoint` (in memory); ``sink``: a
+    :class:`~symalign.stream.sink.TensorSink` (:class:`~symalign.io.shards.ShardWriter` or
+    :class:`~symalign.stream.sink.StateSink`), which receives every tensor of B (aligned or copied).
+    ``check_layers``: check each layer through the family's code before it goes to the sink (the streamed
+    check; an in-memory caller checks the whole model instead); ``block_params``: the residency (units of up to
+    that many attention parameters; ``0``: one layer). ``return_transform``: keep the group element found;
+    ``clock``: sums the time of each phase over the units; ``device``: where each unit is matched
+    (:func:`symalign.match.match_attention`'s ``device``; ``None`` or the CPU: the overlapped CPU path above).
+    Reading, the function checks and writing stay on the CPU. The caller owns the sink (stages, commits or
+    aborts it)."""
     from symalign.arch.fused import split_segments
     from symalign.match import match_attention
     from symalign.match.api import prepare_attention, solve_attention
@@ -126,101 +193,108 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
 
     clock = clock or PhaseClock()
     on_device = device is not None and torch.device(device).type != "cpu"
-    bound_heap()
-    out_path = check_output_dir(out_dir, [a_dir, b_dir], force)
-    with clock("read"):
-        a, b = open_pair(a_dir, b_dir)
     t_prep = time.perf_counter()
     spec = b.adapter.spec(b.config, b.keys)
     L = n_layers(spec)
-    names_of = [list(spec.restrict(layer_of(spec, i)).tensors) for i in range(L)]
-    att_params = max(sum(b.tensors[n].numel for n in names) for names in names_of)
-    dt = work_dtype(att_params)
-    layer0 = layer_prefix(names_of[0][0], 0) if L else ""
-    checker = LayerChecker(b.config, b.adapter, layer0, shrink_ff=True, layer_params=att_params * 2)
-    tol = stored_tolerance(b.dtype, checker.dtype, b.adapter.precision_floor)
-    exact_tol = exact_tolerance(dt, checker.dtype, b.adapter.precision_floor)
+    sizes = {n: t.numel for n, t in b.tensors.items()}
+    units = attention_units(spec, sizes, block_params)
+    names_of = [list(spec.restrict(spaces).tensors) for _, spaces in units]
+    own = [list(spec.restrict(layer_of(spec, i)).tensors) for i in range(L)]  # layer i's attention tensors
+    per_layer = [sum(sizes[n] for n in names) for names in own]
+    if check_layers and units and not units[0][0]:
+        raise ConfigError(getattr(b.adapter, "no_stream", None) or f"{b.adapter.family}'s attention layers share "
+                          "a space: they cannot be checked one at a time; align without --stream")
+    att_params = max(per_layer, default=0)
+    dt = work_dtype(att_params)  # by the largest layer, whatever the grouping: every residency computes alike
+    run = AttentionRun(spec, dt, stage1, stage2)
+    checker = None
+    if check_layers and L:
+        layer0 = layer_prefix(own[0][0], 0)
+        checker = LayerChecker(b.config, b.adapter, layer0, shrink_ff=True, layer_params=att_params * 2)
+        tol = stored_tolerance(b.dtype, checker.dtype, b.adapter.precision_floor)
+        exact_tol = exact_tolerance(dt, checker.dtype, b.adapter.precision_floor)
     clock.since("prepare", t_prep)
     shapes = {n: t.shape for n, t in b.tensors.items()}
     total_bytes = sum(a.tensors[n].nbytes for names in names_of for n in names) + b.nbytes
-    layers, per_before, per_after, checks = [], [], [], []
-    num = {"before": 0.0, "after": 0.0, "norm": 0.0}
-    totals: dict[str, float] = {}
-    transform: dict[str, torch.Tensor] = {}
-    writer = ShardWriter(out_path, b)
     done: set[str] = set()
     s1dtype = torch.float32 if b.dtype != torch.float64 else None
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="symalign-stage2")
-    io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="symalign-write")  # the only thread using `writer`
+    io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="symalign-write")  # the only thread using `sink`
     waiting: deque[_Pending] = deque()
     writes: deque[Future] = deque()
 
+    def read_pair(names: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """A's and B's tensors ``names`` as stored: every read of the matching goes through here."""
+        return a.read(names), b.read(names)
+
     def finish(p: _Pending) -> None:
-        """Stage 2's result of layer ``p.i``, then its transform, distances, function check and writing."""
-        i, names = p.i, p.names
+        """Stage 2's result of unit ``p``, then its transform, distances, function checks and writing."""
+        names = p.names
         with clock("match"):
             res = p.solved.result()
-        extra = [n for n in checker.wanted(_layer_keys(b, names[0], i), shapes, i) if n not in names]
         with clock("read"):
-            ref = {**p.raw_b, **b.read(extra)}  # B's layer as stored, with the other tensors the check loads
             la, lb = {n: p.raw_a[n].to(dt) for n in names}, {n: p.raw_b[n].to(dt) for n in names}
         with clock("match"):
             out = apply(p.sub, res.transform, lb)
         nb, na_, nf = (sum(sq_dist(la[n], lb[n]) for n in names), sum(sq_dist(la[n], out[n]) for n in names),
                        sum(sq_dist(la[n]) for n in names))
-        num["before"] += nb
-        num["after"] += na_
-        num["norm"] += nf
-        per_before.append((nb / nf) ** 0.5 if nf else nb ** 0.5)
-        per_after.append((na_ / nf) ** 0.5 if nf else na_ ** 0.5)
+        run.num["before"] += nb
+        run.num["after"] += na_
+        run.num["norm"] += nf
+        run.per_before.append((nb / nf) ** 0.5 if nf else nb ** 0.5)
+        run.per_after.append((na_ / nf) ** 0.5 if nf else na_ ** 0.5)
         del la
         stored = {n: out[n].to(b.tensors[n].dtype) for n in names}
-        with clock("verify"):
-            exact = checker.check(ref, {**ref, **out}, i, exact_tol, stored=False)
-            kept = checker.check(ref, {**ref, **stored}, i, tol)
-            checks.extend([exact, kept])
-            for c in (exact, kept):
-                c.require(f"refusing to write {out_path}: aligned layer {i} changes B's layer output",
-                          f"the {b.adapter.family} adapter or the matcher")
-        with clock("write"):  # on the writer thread: the layer, then B's other tensors of the layer, copied
+        for i in p.layers if checker is not None else ():
+            extra = [n for n in checker.wanted(_layer_keys(b, own[i][0], i), shapes, i) if n not in names]
+            with clock("read"):
+                ref = {**p.raw_b, **b.read(extra)}  # B's layer as stored, with the other tensors the check loads
+            with clock("verify"):
+                exact = checker.check(ref, {**ref, **out}, i, exact_tol, stored=False)
+                kept = checker.check(ref, {**ref, **stored}, i, tol)
+                run.checks.extend([exact, kept])
+                for c in (exact, kept):
+                    c.require(f"refusing to write {out_name}: aligned layer {i} changes B's layer output",
+                              f"the {b.adapter.family} adapter or the matcher")
+        with clock("write"):  # on the writer thread: the unit, then B's other tensors of its layers, copied
             for n in names:
-                writes.append(io.submit(writer.put, n, stored[n]))
+                writes.append(io.submit(sink.put, n, stored[n]))
                 done.add(n)
-            for n in _layer_keys(b, names[0], i):
-                if n not in done:
-                    writes.append(io.submit(writer.copy, n))
-                    done.add(n)
+            for i in p.layers:
+                for n in _layer_keys(b, own[i][0], i):
+                    if n not in done:
+                        writes.append(io.submit(sink.copy, n))
+                        done.add(n)
             while writes and writes[0].done():
                 writes.popleft().result()  # a failed write (or a NaN in a copied tensor) stops the run here
-        layers.extend(res.to_dict()["layers"])
+        run.layers.extend(res.to_dict()["layers"])
         if return_transform:
-            transform.update(res.transform)
+            run.transform.update(res.transform)
         for k, v in res.totals.items():
-            totals[k] = totals.get(k, 0.0) + v
+            run.totals[k] = run.totals.get(k, 0.0) + v
         release()
 
     try:
-        with progress_bar(total_bytes, "align (attention, streamed)", progress) as bar:
-            for i, names in enumerate(names_of):
-                bar.update(a.bytes_read + b.bytes_read, f"layer {i + 1}/{L}")
-                sub = spec.restrict(layer_of(spec, i))
-                with clock("read"):  # as stored: kept (small) until the layer is finished
-                    raw_a, raw_b = a.read(names), b.read(names)
+        with progress_bar(total_bytes, label, progress) as bar:
+            for (layers, spaces), names in zip(units, names_of):
+                bar.update(a.bytes_read + b.bytes_read, f"layer {layers[-1] + 1 if layers else L}/{L}")
+                sub = spec.restrict(spaces)
+                with clock("read"):  # as stored: kept (small) until the unit is finished
+                    raw_a, raw_b = read_pair(names)
                     la, lb = {n: raw_a[n].to(dt) for n in names}, {n: raw_b[n].to(dt) for n in names}
                 with clock("match"):
                     view_spec, (va, vb) = split_segments(sub, la, lb)
                     if has_qknorm(view_spec) or on_device:  # solved in one piece here (QK-norm: no prepared form)
-                        done_now: Future = Future()
-                        done_now.set_result(match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2,
-                                                            stage1_dtype=s1dtype, device=device if on_device
-                                                            else None))
-                        solved = done_now
-                    else:  # stage 1 and the Grams here; stage 2 on the worker thread, overlapping the next layer
+                        solved: Future = Future()
+                        solved.set_result(match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2,
+                                                          stage1_dtype=s1dtype, device=device if on_device
+                                                          else None))
+                    else:  # stage 1 and the Grams here; stage 2 on the worker thread, overlapping the next unit
                         prep = prepare_attention(view_spec, va, vb, stage1=stage1, stage2=stage2,
                                                  stage1_dtype=s1dtype)
                         solved = pool.submit(solve_attention, prep)
                     del va, vb, la, lb
-                waiting.append(_Pending(i, names, sub, raw_a, raw_b, solved))
+                waiting.append(_Pending(layers, names, sub, raw_a, raw_b, solved))
                 del raw_a, raw_b
                 if len(waiting) > 1:
                     finish(waiting.popleft())
@@ -230,31 +304,58 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
             with clock("write"):
                 for n in b.keys:
                     if n not in done:
-                        writes.append(io.submit(writer.copy, n))
+                        writes.append(io.submit(sink.copy, n))
                 while writes:
                     writes.popleft().result()
             bar.update(a.bytes_read + b.bytes_read, "done")
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        io.shutdown(wait=True, cancel_futures=True)
+    return run
+
+
+def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
+                         force: bool = False, progress: bool = True, return_transform: bool = False,
+                         clock: PhaseClock | None = None, device: torch.device | None = None) -> AlignResult:
+    """Align B's attention to A's layer by layer and write OUT (see the module docstring): both checkpoints
+    opened lazily, :func:`align_attention` one layer at a time into a :class:`~symalign.io.shards.ShardWriter`,
+    OUT committed only when every layer passed its check.
+
+    ``return_transform``: keep the group element found (space -> tensor) in ``transform``;
+    ``clock``: sums the time of each phase over the layers (:func:`symalign.pipeline.align`);
+    ``device``: where each layer is matched (:func:`align_attention`).
+    """
+    from symalign.io.folder import check_output_dir, commit
+
+    clock = clock or PhaseClock()
+    bound_heap()
+    out_path = check_output_dir(out_dir, [a_dir, b_dir], force)
+    with clock("read"):
+        a, b = open_pair(a_dir, b_dir)
+    writer = ShardWriter(out_path, b)
+    try:
+        run = align_attention(a, b, writer, stage2=stage2, stage1=stage1, progress=progress,
+                              return_transform=return_transform, clock=clock, device=device, out_name=str(out_path))
         with clock("write"):
             tmp = writer.stage(marker={"command": "align", "scope": "attention", "folded": False, "streamed": True,
                                        "a": str(Path(a_dir).resolve()), "b": str(Path(b_dir).resolve())})
             commit(tmp, out_path)
     except BaseException:
-        pool.shutdown(wait=True, cancel_futures=True)
-        io.shutdown(wait=True, cancel_futures=True)
         writer.abort()
         raise
-    pool.shutdown(wait=True)
-    io.shutdown(wait=True)
-    rel = lambda x: (x / num["norm"]) ** 0.5 if num["norm"] else x ** 0.5  # noqa: E731
-    res = new_result(b, spec, "streamed", {"total": rel(num["before"]), "per_layer": per_before},
-                     {"total": rel(num["after"]), "per_layer": per_after}, 1, True, CheckReport.per_layer(checks),
-                     match={"stage1": stage1, "stage2": stage2, "totals": totals, "layers": layers},
-                     stream={"passes": 1, "work_dtype": dtype_name(dt), "bytes_read": a.bytes_read + b.bytes_read,
+    match = run.match()
+    del match["worst_condition"]  # the streamed JSON as before
+    totals = run.totals
+    res = new_result(b, run.spec, "streamed", {"total": run.rel("before"), "per_layer": run.per_before},
+                     {"total": run.rel("after"), "per_layer": run.per_after}, 1, True,
+                     CheckReport.per_layer(run.checks), match=match,
+                     stream={"passes": 1, "work_dtype": dtype_name(run.dtype),
+                             "bytes_read": a.bytes_read + b.bytes_read,
                              "bytes_written": writer.bytes_written, "shards": len(b.shards),
                              "time_grams_s": totals.get("time_stage1_s", 0.0) + totals.get("time_grams_s", 0.0),
                              "peak_rss_bytes": peak_rss(),
                              "check": "per layer, through a one-layer model of the family"},
-                     transform=transform if return_transform else None)
+                     transform=run.transform if return_transform else None)
     res.a, res.b, res.out, res.scope, res.stage1, res.stage2 = str(a_dir), str(b_dir), str(out_path), "attention", \
         stage1, stage2
     res.timings = clock.timings()
@@ -263,10 +364,10 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
 
 @dataclass
 class _Pending:
-    """A layer between its stage-2 submission and its writing: its spec, its tensors as stored
+    """A unit (its layers) between its stage-2 submission and its writing: its spec, its tensors as stored
     (A's and B's, kept in the stored dtype until then) and the stage-2 result to come."""
 
-    i: int
+    layers: list[int]
     names: list[str]
     sub: object
     raw_a: dict[str, torch.Tensor]
@@ -274,7 +375,7 @@ class _Pending:
     solved: Future
 
 
-def _layer_keys(ck: LazyCheckpoint, probe: str, i: int) -> list[str]:
+def _layer_keys(ck: Any, probe: str, i: int) -> list[str]:
     """Every tensor name of layer ``i`` (same prefix as ``probe``)."""
     p = layer_prefix(probe, i)
     return [n for n in ck.keys if n.startswith(p)]

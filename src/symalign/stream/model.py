@@ -32,7 +32,7 @@ residual acts on, summed directly).
 
 This is exactly the sweep of :func:`symalign.match.whole.match_whole` (FF, attention,
 residual), so passes stop on the same rule: the distance falls by at most
-``rtol`` times the unaligned distance, or ``max_iter`` passes. A final pass over B
+``rtol`` times the unaligned distance, or ``max_sweeps`` passes. A final pass over B
 applies the transform, checks each layer through the family's code
 (:class:`~symalign.stream.layercheck.LayerChecker`: ``layer'(O x) = O layer(x)``),
 and writes OUT. Memory: one layer of A and one of B (float64; float32 above
@@ -65,7 +65,7 @@ from symalign.stream.layercheck import LayerChecker, layer_prefix, sparse_layer
 from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
 from symalign.tolerance import dtype_name
-from symalign.checkpoint.lazy import LazyCheckpoint
+from symalign.checkpoint.lazy import LazyCheckpoint, ResidentCheckpoint
 from symalign.io.shards import ShardWriter
 def _res_action(spec: SymmetrySpec, t: str, res: str):
     return next((a for a in spec.tensors.get(t, []) if a.space == res), None)
@@ -83,9 +83,12 @@ def _rows(x: Tensor, axis: int) -> Tensor:
 
 
 class StreamedWhole:
-    """State of the streamed whole-model match (see the module docstring)."""
+    """State of the streamed whole-model match (see the module docstring), over any two tensor sources: lazily
+    opened checkpoints (streamed) or resident ones (:class:`~symalign.checkpoint.lazy.ResidentCheckpoint`); the
+    residency is one layer of each either way. :func:`write_aligned` puts the result into any sink."""
 
-    def __init__(self, a: LazyCheckpoint, b: LazyCheckpoint, experts: str = "exact"):
+    def __init__(self, a: LazyCheckpoint | ResidentCheckpoint, b: LazyCheckpoint | ResidentCheckpoint,
+                 experts: str = "exact"):
         for ck in (b, a):
             why = refusal(ck)
             if why is not None:
@@ -355,7 +358,7 @@ class StreamedWhole:
             del la, lb
         return m, acc, d0
 
-    def match(self, stage1: bool, stage2: str, max_iter: int, rtol: float, progress: bool) -> bool:
+    def match(self, stage1: bool, stage2: str, max_sweeps: int, rtol: float, progress: bool) -> bool:
         self.stage1, self.stage2 = stage1, stage2
         m_free, free_norms, d_glob = self.pass0()
         self.bytes_read += self.a.bytes_read + self.b.bytes_read
@@ -364,7 +367,7 @@ class StreamedWhole:
         d_first = None
         self.tol = 0.0
         total = self.a.nbytes + self.b.nbytes
-        for k in range(max_iter):
+        for k in range(max_sweeps):
             self.a.bytes_read = self.b.bytes_read = 0
             with progress_bar(total, f"align (model, streamed) pass {k + 1}", progress) as bar:
                 m, acc, d0 = self.sweep(first=(k == 0), bar=bar)
@@ -406,29 +409,15 @@ def stream_inputs(checker: LayerChecker, w: StreamedWhole) -> dict[str, Tensor]:
     return out
 
 
-def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
-                     force: bool = False, progress: bool = True, max_iter: int = 20,
-                     rtol: float = CHECKPOINT_SETTINGS["rtol"], clock: PhaseClock | None = None,
-                     experts: str = "exact") -> AlignResult:
-    """Streamed whole-model alignment (see the module docstring); writes OUT. ``clock``: sums the
-    time of each phase (the matching passes count as ``match``; :func:`symalign.pipeline.align`);
-    ``experts``: how mixture-of-experts blocks are solved (:func:`symalign.match.experts.match_experts`)."""
+def write_aligned(w: StreamedWhole, sink: Any, clock: PhaseClock, progress: bool = True,
+                  out_name: str = "OUT") -> list:
+    """The final pass of a matched :class:`StreamedWhole` over B: each layer transformed, checked through the
+    family's code (exact and as stored; ``layer'(O x) = O layer(x)``) and put into ``sink`` (a
+    :class:`~symalign.stream.sink.TensorSink`: OUT's shards, or a state dict), then the embedding and head in
+    row chunks. Returns the layer checks; raises (nothing committed) when one fails. The caller owns the sink."""
     from symalign.checkpoint.config import saved_names
-    from symalign.io.folder import check_output_dir, commit
 
-    clock = clock or PhaseClock()
-    bound_heap()
-    out_path = check_output_dir(out_dir, [a_dir, b_dir], force)
-    with clock("read"):
-        a, b = open_pair(a_dir, b_dir)
-    with clock("prepare"):
-        w = StreamedWhole(a, b, experts)
-    with clock("match"):
-        converged = w.match(stage1, stage2, max_iter, rtol, progress)
-    passes = len(w.distances) - 1
-    bytes_matching = w.bytes_read
-
-    # final pass: apply, check per layer, write
+    b = w.b
     checkers: dict[bool | None, tuple[LayerChecker, dict[str, Tensor]]] = {}
 
     def checker_for(i: int) -> tuple[LayerChecker, dict[str, Tensor]]:
@@ -449,45 +438,71 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
     rot = blocks.matrix(w.O)
     checks = []
     b.bytes_read = 0
+    with progress_bar(b.nbytes, "align (model, streamed) writing", progress) as bar:
+        for i in range(w.L):
+            release()
+            bar.update(b.bytes_read, f"layer {i + 1}/{w.L}")
+            with clock("read"):
+                raw = b.read(w.layer_names[i])
+            with clock("match"):
+                out = w.aligned_layer(b, w.prep_b, i, raw)
+                if w.prep_b.fused:  # the check runs the model's own (fused) layout
+                    raw = b.adapter.fused(raw)
+            checker, rotated_emb = checker_for(i)
+            why = f"refusing to write {out_name}: aligned layer {i} differs from O times B's layer"
+            with clock("verify"):
+                exact = checker.check(raw, out, i, exact_tol, rotated_emb, rotate=rot, stored=False)
+                exact.require(why, "whole-model alignment")
+            with clock("match"):  # rounded to B's dtype a tensor at a time, the exact one then dropped
+                stored = {n: out.pop(n).to(b.tensors[n].dtype if n in b.tensors else b.dtype) for n in list(out)}
+            with clock("verify"):
+                kept = checker.check(raw, stored, i, tol, rotated_emb, rotate=rot)
+                kept.require(why, "whole-model alignment")
+                checks += [exact, kept]
+            with clock("write"):
+                if w.prep_b.fused:  # back to the names save_pretrained writes (one tensor per expert)
+                    stored = saved_names(b.config, stored)
+                for n, v in stored.items():
+                    sink.put(n, v)
+            del out, stored, raw
+        bar.update(b.bytes_read, "embedding and head")
+        with clock("write"):
+            for n, start, chunk in w.global_chunks(b, w.prep_b):
+                act = _res_action(w.spec, n, w.res)
+                if act is not None:
+                    chunk = blocks.rotate(chunk, act.axis, w.O)
+                if chunk.dim():
+                    sink.put_rows(n, start, chunk)
+                else:
+                    sink.put(n, chunk)
+    return checks
+
+
+def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
+                     force: bool = False, progress: bool = True, max_sweeps: int = 20,
+                     rtol: float = CHECKPOINT_SETTINGS["rtol"], clock: PhaseClock | None = None,
+                     experts: str = "exact") -> AlignResult:
+    """Streamed whole-model alignment (see the module docstring): both checkpoints opened lazily, matched
+    (:class:`StreamedWhole`), then :func:`write_aligned` into a :class:`~symalign.io.shards.ShardWriter`, OUT
+    committed only when every layer passed. ``clock``: sums the time of each phase (the matching passes count as
+    ``match``; :func:`symalign.pipeline.align`); ``experts``: how mixture-of-experts blocks are solved
+    (:func:`symalign.match.experts.match_experts`)."""
+    from symalign.io.folder import check_output_dir, commit
+
+    clock = clock or PhaseClock()
+    bound_heap()
+    out_path = check_output_dir(out_dir, [a_dir, b_dir], force)
+    with clock("read"):
+        a, b = open_pair(a_dir, b_dir)
+    with clock("prepare"):
+        w = StreamedWhole(a, b, experts)
+    with clock("match"):
+        converged = w.match(stage1, stage2, max_sweeps, rtol, progress)
+    passes = len(w.distances) - 1
+    bytes_matching = w.bytes_read
     writer = ShardWriter(out_path, b, extra=added_tensors(b, w.prep_b))
     try:
-        with progress_bar(b.nbytes, "align (model, streamed) writing", progress) as bar:
-            for i in range(w.L):
-                release()
-                bar.update(b.bytes_read, f"layer {i + 1}/{w.L}")
-                with clock("read"):
-                    raw = b.read(w.layer_names[i])
-                with clock("match"):
-                    out = w.aligned_layer(b, w.prep_b, i, raw)
-                    if w.prep_b.fused:  # the check runs the model's own (fused) layout
-                        raw = b.adapter.fused(raw)
-                checker, rotated_emb = checker_for(i)
-                why = f"refusing to write {out_path}: aligned layer {i} differs from O times B's layer"
-                with clock("verify"):
-                    exact = checker.check(raw, out, i, exact_tol, rotated_emb, rotate=rot, stored=False)
-                    exact.require(why, "whole-model alignment")
-                with clock("match"):  # rounded to B's dtype a tensor at a time, the exact one then dropped
-                    stored = {n: out.pop(n).to(b.tensors[n].dtype if n in b.tensors else b.dtype) for n in list(out)}
-                with clock("verify"):
-                    kept = checker.check(raw, stored, i, tol, rotated_emb, rotate=rot)
-                    kept.require(why, "whole-model alignment")
-                    checks += [exact, kept]
-                with clock("write"):
-                    if w.prep_b.fused:  # back to the names save_pretrained writes (one tensor per expert)
-                        stored = saved_names(b.config, stored)
-                    for n, v in stored.items():
-                        writer.put(n, v)
-                del out, stored, raw
-            bar.update(b.bytes_read, "embedding and head")
-            with clock("write"):
-                for n, start, chunk in w.global_chunks(b, w.prep_b):
-                    act = _res_action(w.spec, n, w.res)
-                    if act is not None:
-                        chunk = blocks.rotate(chunk, act.axis, w.O)
-                    if chunk.dim():
-                        writer.put_rows(n, start, chunk)
-                    else:
-                        writer.put(n, chunk)
+        checks = write_aligned(w, writer, clock, progress, str(out_path))
         with clock("write"):
             tmp = writer.stage({"tie_word_embeddings": False} if w.prep_b.untied else None,
                                marker={"command": "align", "scope": "model", "folded": True, "streamed": True,
@@ -513,7 +528,7 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
                              "check": "per layer, through a one-layer model of the family (rotated stream)"})
     res.a, res.b, res.out, res.scope, res.stage1, res.stage2 = str(a_dir), str(b_dir), str(out_path), "model", \
         stage1, stage2
-    res.max_sweeps = max_iter
+    res.max_sweeps = max_sweeps
     res.timings = clock.timings()
     return res
 

@@ -83,7 +83,7 @@ def _outputs(model: nn.Module, state, args, kwargs) -> list[Tensor]:
 
 def align_states(model: nn.Module, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor], example_inputs,
                  example_kwargs: dict | None = None, *, scope: str = "model", stage1: bool = True,
-                 stage2: str = "full", max_iter: int = 20, traced: TraceResult | None = None,
+                 stage2: str = "full", max_sweeps: int = 20, traced: TraceResult | None = None,
                  strict: bool = False, device: str | torch.device | None = None) -> ModuleAlignment:
     """Align ``state_b`` to ``state_a`` through the traced exact symmetries of ``model`` (module docstring).
 
@@ -121,7 +121,7 @@ def align_states(model: nn.Module, state_a: Mapping[str, Tensor], state_b: Mappi
     if scope == "attention":
         match = attention_step(spec, list(spec.spaces), sa, sb, stage1, stage2)
     else:
-        match = match_whole(spec, sa, sb, stage1=stage1, stage2=stage2, max_iter=max_iter, device=device)
+        match = match_whole(spec, sa, sb, stage1=stage1, stage2=stage2, max_sweeps=max_sweeps, device=device)
     transform = match.transform
     out = apply(spec, transform, sb)
     after = relative_distance(sa, out, spec.tensors)
