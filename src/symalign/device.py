@@ -28,23 +28,33 @@ from symalign.errors import ConfigError
 CHOICES = "auto, cpu, cuda, cuda:N or mps"
 _FORM = re.compile(r"^(auto|cpu|mps|cuda)(?::(\d+))?$")
 
-__all__ = ["CHOICES", "describe", "exact_matmul", "out_of_memory", "peak_memory", "resolve", "to_device"]
+__all__ = ["CHOICES", "describe", "exact_matmul", "kind", "out_of_memory", "peak_memory", "resolve", "to_device"]
+
+
+def _parse(spec: str | None) -> tuple[str, str | None]:
+    """``(kind, index)`` of a device string, checked in form only; an unknown string is refused in one line."""
+    m = _FORM.match((spec or "auto").strip().lower())
+    if m is None or (m.group(2) is not None and m.group(1) != "cuda"):
+        raise ConfigError(f"unknown --device {spec!r}; use one of {CHOICES}")
+    return m.group(1), m.group(2)
+
+
+def kind(spec: str | None) -> str:
+    """The kind ``spec`` names (``"auto"``, ``"cpu"``, ``"cuda"`` or ``"mps"``), checked in form only (for a device
+    on another machine, e.g. a Ray cluster's)."""
+    return _parse(spec)[0]
 
 
 def resolve(spec: str | torch.device | None = "auto") -> torch.device:
     """The device ``spec`` names, checked to exist here (module docstring); ``None`` is ``"auto"``."""
     if isinstance(spec, torch.device):
         spec = str(spec)
-    text = (spec or "auto").strip().lower()
-    m = _FORM.match(text)
-    if m is None or (m.group(2) is not None and m.group(1) != "cuda"):
-        raise ConfigError(f"unknown --device {spec!r}; use one of {CHOICES}")
-    kind, index = m.group(1), m.group(2)
-    if kind == "auto":
+    kind_, index = _parse(spec)
+    if kind_ == "auto":
         return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    if kind == "cpu":
+    if kind_ == "cpu":
         return torch.device("cpu")
-    if kind == "mps":
+    if kind_ == "mps":
         mps = getattr(torch.backends, "mps", None)
         if mps is None or not mps.is_available():
             raise ConfigError("--device mps: this machine has no Apple GPU (MPS) that torch can use; "
