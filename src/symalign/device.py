@@ -28,7 +28,8 @@ from symalign.errors import ConfigError
 CHOICES = "auto, cpu, cuda, cuda:N or mps"
 _FORM = re.compile(r"^(auto|cpu|mps|cuda)(?::(\d+))?$")
 
-__all__ = ["CHOICES", "describe", "exact_matmul", "kind", "out_of_memory", "peak_memory", "resolve", "to_device"]
+__all__ = ["CHOICES", "describe", "exact_matmul", "is_out_of_memory", "kind", "oom_device", "out_of_memory",
+           "peak_memory", "resolve", "to_device"]
 
 
 def _parse(spec: str | None) -> tuple[str, str | None]:
@@ -108,6 +109,39 @@ def out_of_memory(device: torch.device | str, where: str = "") -> ConfigError:
     at = f" while {where}" if where else ""
     return ConfigError(f"{device} ran out of memory{at}; stream the checkpoints (--stream), cap what stays on the "
                        "device (--max-device-memory), lower --batch-size, or use --device cpu")
+
+
+_OOM_TEXT = ("out of memory", "can't allocate memory", "failed to allocate memory")
+
+
+def is_out_of_memory(exc: BaseException | None) -> bool:
+    """Whether ``exc`` -- or an exception it was raised from or during -- is torch running out of memory:
+    :class:`torch.OutOfMemoryError` (CUDA), or a :class:`RuntimeError` saying so (``CUDA error: out of memory``,
+    ``MPS backend out of memory``, the CPU allocator's ``can't allocate memory``). The CLI turns it into one line
+    (:func:`out_of_memory`, exit 2)."""
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if oom is not None and isinstance(exc, oom):
+            return True
+        if isinstance(exc, RuntimeError) and any(t in str(exc).lower() for t in _OOM_TEXT):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def oom_device(exc: BaseException) -> str:
+    """The device an out-of-memory error names (``cuda:N``, ``mps``, ``the CPU``), else ``"the device"``."""
+    text = str(exc)
+    m = re.search(r"GPU (\d+)", text)
+    if m or (getattr(torch, "OutOfMemoryError", None) and isinstance(exc, torch.OutOfMemoryError)):
+        return f"cuda:{m.group(1)}" if m else "the GPU"
+    if "MPS" in text:
+        return "mps"
+    if "CPUAllocator" in text or "can't allocate memory" in text:
+        return "the CPU"
+    return "the device"
 
 
 def peak_memory(device: torch.device | str | None = None) -> dict[str, int]:
