@@ -28,8 +28,8 @@ from symalign.errors import ConfigError
 CHOICES = "auto, cpu, cuda, cuda:N or mps"
 _FORM = re.compile(r"^(auto|cpu|mps|cuda)(?::(\d+))?$")
 
-__all__ = ["CHOICES", "describe", "exact_matmul", "is_out_of_memory", "kind", "oom_device", "out_of_memory",
-           "peak_memory", "resolve", "to_device"]
+__all__ = ["CHOICES", "cap_memory", "describe", "exact_matmul", "is_out_of_memory", "kind", "oom_device",
+           "out_of_memory", "parse_size", "peak_memory", "resolve", "to_device"]
 
 
 def _parse(spec: str | None) -> tuple[str, str | None]:
@@ -144,15 +144,54 @@ def oom_device(exc: BaseException) -> str:
     return "the device"
 
 
-def peak_memory(device: torch.device | str | None = None) -> dict[str, int]:
+def peak_memory(device: torch.device | str | None = None) -> dict[str, int | None]:
     """``{"host_peak_rss_bytes": ..., "device_peak_bytes": ...}``: this process's peak resident set (``ru_maxrss``)
-    and, on a CUDA device, the most memory torch's allocator held there (``max_memory_allocated``; 0 elsewhere)."""
+    and, on a CUDA device, the most memory torch's allocator held there (``max_memory_allocated``; ``None``
+    elsewhere: the CPU's share is in the host's figure)."""
     import resource
     import sys
 
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out = {"host_peak_rss_bytes": int(r if sys.platform == "darwin" else r * 1024), "device_peak_bytes": 0}
+    out: dict[str, int | None] = {"host_peak_rss_bytes": int(r if sys.platform == "darwin" else r * 1024),
+                                  "device_peak_bytes": None}
     dev = torch.device("cpu") if device is None else torch.device(device)
     if dev.type == "cuda" and torch.cuda.is_available():
         out["device_peak_bytes"] = int(torch.cuda.max_memory_allocated(dev))
+    return out
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 10 ** 3, "m": 1 << 20, "mib": 1 << 20, "mb": 10 ** 6,
+          "g": 1 << 30, "gib": 1 << 30, "gb": 10 ** 9, "t": 1 << 40, "tib": 1 << 40, "tb": 10 ** 12}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$")
+
+
+def parse_size(text: str, option: str = "--max-device-memory") -> int:
+    """Bytes in ``text``: a number of bytes (``1073741824``), or a number and a unit -- binary ``K``/``KiB``,
+    ``M``/``MiB``, ``G``/``GiB``, ``T``/``TiB`` (powers of 1024), decimal ``KB``, ``MB``, ``GB``, ``TB`` (powers of
+    1000; Hugging Face's ``5GB`` shards), case-insensitive. Anything else, or zero, is refused in one line."""
+    m = _SIZE.match(str(text).lower())
+    if m is None or m.group(2) not in _UNITS:
+        raise ConfigError(f"{option} {text!r}: use a size such as 8GiB, 512MiB, 20GB or a number of bytes")
+    n = int(float(m.group(1)) * _UNITS[m.group(2)])
+    if n <= 0:
+        raise ConfigError(f"{option} {text!r}: must be more than 0 bytes")
+    return n
+
+
+def cap_memory(device: torch.device | str | None, max_bytes: int | None) -> dict[str, float | int | None]:
+    """Cap what torch's allocator may hold on ``device`` at ``max_bytes`` for the rest of this process.
+
+    CUDA: :func:`torch.cuda.set_per_process_memory_fraction` with ``max_bytes / total`` (at most 1); an
+    allocation past it raises torch's out-of-memory error, which the CLI reports in one line
+    (:func:`out_of_memory`). Elsewhere the cap is accepted and recorded but bounds nothing (``fraction`` ``None``):
+    on the CPU the host's memory is what ``--stream`` bounds. Returns what ``--json`` records:
+    ``{"max_device_memory_bytes", "device_memory_fraction"}``."""
+    out: dict[str, float | int | None] = {"max_device_memory_bytes": max_bytes, "device_memory_fraction": None}
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    if max_bytes is None or dev.type != "cuda":
+        return out
+    i = dev.index if dev.index is not None else 0
+    fraction = min(1.0, max_bytes / torch.cuda.get_device_properties(i).total_memory)
+    torch.cuda.set_per_process_memory_fraction(fraction, i)
+    out["device_memory_fraction"] = fraction
     return out
