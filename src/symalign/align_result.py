@@ -20,7 +20,9 @@ r"""What ``symalign align`` returns and prints: one result for every scope and e
 * ``threads``, ``provenance`` (:func:`symalign.provenance.provenance`), ``notes``, ``folded``
   (OUT's weights are in folded form: ``--scope model``), ``untied_head``, ``reference`` (``{"path",
   "check"}`` of ``--write-reference``, else ``null``), ``match`` (the solver's own report), ``stream``
-  (streaming statistics: passes, bytes read and written, peak RSS; ``null`` in memory).
+  (streaming statistics: passes, bytes read and written, peak RSS; ``null`` in memory), ``memory`` (host peak
+  RSS, device peak bytes -- ``null`` off CUDA -- and the ``--max-device-memory`` cap:
+  :func:`symalign.device.peak_memory`, :func:`symalign.device.cap_memory`).
 * ``coverage`` (``--module``; else ``null``): ``{"aligned", "total", "fraction", "unchanged", "left",
   "summary"}``, the parameter entries in tensors that the aligned spaces move, the tensors left as they
   are, and the parts left unchanged other than the model's output axes
@@ -145,7 +147,7 @@ class AlignResult:
     match: dict[str, Any] = field(default_factory=dict)
     stream: dict[str, Any] | None = None
     coverage: dict[str, Any] | None = None
-    memory: dict[str, int] | None = None  # host peak RSS and device peak bytes (symalign.device.peak_memory)
+    memory: dict[str, Any] | None = None  # peak RSS and device bytes (symalign.device.peak_memory), the cap
     transform: dict[str, Any] | None = field(default=None, repr=False)  # the group element (not in the JSON)
 
     def to_dict(self) -> dict[str, Any]:

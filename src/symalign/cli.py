@@ -89,7 +89,8 @@ def main() -> None:
     the thread count changes results, so it is fixed and recorded). ``$SYMALIGN_ARITHMETIC=portable``
     restarts the command with the same floating-point code on every x86-64 CPU
     (:mod:`symalign.arithmetic`). Ctrl-C exits 130 with one line saying what the command kept
-    (:mod:`symalign.commands.interrupt`); a command's ``typer.Exit(code)`` is its exit status."""
+    (:mod:`symalign.commands.interrupt`); a command's ``typer.Exit(code)`` is its exit status. A device (or
+    the host) out of memory is one line naming the remedies (:func:`symalign.device.out_of_memory`), exit 2."""
     from symalign import arithmetic
     from symalign.commands import interrupt
 
@@ -113,7 +114,12 @@ def main() -> None:
     except typer.Abort:
         typer.echo("Aborted.", err=True)
         sys.exit(INTERRUPTED)
-    except Exception as exc:  # click usage errors
+    except Exception as exc:  # a device out of memory; click usage errors
+        from symalign.device import is_out_of_memory, oom_device, out_of_memory
+
+        if is_out_of_memory(exc):  # every command writes OUT through a temporary path: nothing was replaced
+            typer.echo(f"symalign: error: {out_of_memory(oom_device(exc))}", err=True)
+            sys.exit(2)
         import click
 
         errors: tuple = (click.exceptions.ClickException,)

@@ -80,6 +80,7 @@ def register(app: typer.Typer) -> None:
                                    "(docs/tracing.md)."),
         threads: Optional[int] = checks.threads_option(),
         device: str = checks.device_option(),
+        max_device_memory: Optional[str] = checks.max_device_memory_option(),
     ) -> None:
         """Align checkpoint B to A through exact symmetries -- of the attention layers (--scope attention) or
         of the whole model: residual stream, FF units and attention (--scope model); OUT computes B's function."""
@@ -89,6 +90,7 @@ def register(app: typer.Typer) -> None:
         say = (lambda s: err.print(f"[dim]align:[/] {s}")) if not as_json else None
         checks.use_threads(threads)
         dev = checks.use_device(device, say)
+        cap = checks.use_max_device_memory(max_device_memory, dev)
         interrupt.keep_output(*([out] + ([write_reference] if write_reference is not None else [])))
         if module:
             from symalign.commands.align_module import run_align_module
@@ -114,6 +116,7 @@ def register(app: typer.Typer) -> None:
             info = run_align(a_dir, b_dir, out, scope=scope, stage2=stage2, stage1=not no_stage1, force=force,
                              max_sweeps=max_sweeps, write_reference=write_reference, say=say, stream=stream,
                              experts=experts, device=dev)
+        info.memory = {**(info.memory or {}), **cap}
         if as_json:
             typer.echo(json.dumps(info.to_dict(), default=_jsonable))
             return

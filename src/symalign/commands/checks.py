@@ -129,6 +129,27 @@ def use_device(spec: Optional[str], say: Optional[Callable[[str], None]] = None)
     return dev
 
 
+MAX_DEVICE_MEMORY_HELP = ("Cap the memory torch may hold on the device (CUDA: a per-process fraction; an allocation "
+                          "past it stops the command in one line): 8GiB, 512MiB, 20GB or bytes. Accepted and "
+                          "recorded on the CPU, where it bounds nothing (--stream bounds the host).")
+
+
+def max_device_memory_option() -> Any:
+    """The ``--max-device-memory SIZE`` option (read by :func:`use_max_device_memory`)."""
+    import typer
+
+    return typer.Option(None, "--max-device-memory", metavar="SIZE", help=MAX_DEVICE_MEMORY_HELP)
+
+
+def use_max_device_memory(size: Optional[str], device: Any) -> dict:
+    """The one place ``--max-device-memory`` is read: parsed (:func:`symalign.device.parse_size`; a bad size is
+    refused in one line before any weight is loaded) and applied to ``device`` (:func:`symalign.device.cap_memory`).
+    Returns what ``--json`` records under ``memory``."""
+    from symalign.device import cap_memory, parse_size
+
+    return cap_memory(device, None if size is None else parse_size(size))
+
+
 _INT_OPTIONS = ("split_seed", "subset", "seq_len", "n", "image_size", "per_class")
 _BOOL_OPTIONS = ("use_cache", "download")
 _FLOAT_OPTIONS = ("test_fraction",)

@@ -29,6 +29,9 @@ def demo_command(
     arithmetic: str = typer.Option(None, "--arithmetic", help="portable (default, or $SYMALIGN_ARITHMETIC): the "
                                    "same floating-point code on every x86-64 CPU, so the numbers are the README's; "
                                    "native: the CPU's fastest kernels, numbers that depend on the CPU."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="auto|cpu|cuda", help="Train and evaluate every "
+                                         "run there (recorded as protocol.device). Default: training on CUDA where "
+                                         "it exists, the curves on the CPU (the README's numbers are the CPU's)."),
 ) -> None:
     """Linear mode connectivity of ViTs on the embedded digits data, before and after alignment.
 
@@ -49,9 +52,17 @@ def demo_command(
     arith.ensure(arithmetic or arith.requested() or "portable")
     checks.output_dir(out)
     checks.use_threads(threads, allow_zero=True)
+    run_device = None if device is None else checks.use_device(device).type  # refused before any training
     interrupt.keep_run(out, drop=("--fresh", "--force"))  # re-running with the same settings resumes
     console = checks.console(stderr=as_json)
     t0 = time.perf_counter()
+    if not as_json:
+        from symalign.experiments.demo import training_device
+
+        train_on = training_device(run_device)
+        where = train_on["device"] + (f" ({train_on['gpu']})" if "gpu" in train_on else "")
+        console.print(f"device: {where}" + ("" if run_device is not None or train_on["device"] == "cpu" else
+                                            " for training, the CPU for the curves (--device chooses)"))
     if tour and not as_json:
         from symalign.commands.tour import render_tour
         from symalign.probe import probe_tour
@@ -71,7 +82,8 @@ def demo_command(
                 del os.environ["COLUMNS"]
         console.print("[bold]2. Linear mode connectivity after alignment[/] (ViT on digits)")
     log = (lambda s: console.print(f"  {s}")) if not as_json else None
-    summary = run_demo(out, steps=steps, progress=not as_json, log=log, fresh=fresh, learned_steps=learned_steps)
+    summary = run_demo(out, steps=steps, progress=not as_json, log=log, fresh=fresh, learned_steps=learned_steps,
+                       device=run_device)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return

@@ -367,6 +367,7 @@ def register(app: typer.Typer) -> None:
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress display on stderr."),
         threads: Optional[int] = checks.threads_option(),
         device: str = checks.device_option(),
+        max_device_memory: Optional[str] = checks.max_device_memory_option(),
         revision: Optional[str] = typer.Option(None, "--revision", help=REVISION_HELP),
     ) -> None:
         """Align checkpoints to the first and write their weighted average as a loadable checkpoint."""
@@ -375,6 +376,7 @@ def register(app: typer.Typer) -> None:
         checks.use_threads(threads)
         dev = checks.use_device(device, None if as_json or no_progress else
                                 lambda line: typer.echo(f"merge: {line}", err=True))
+        cap = checks.use_max_device_memory(max_device_memory, dev)
         interrupt.keep_output(out)
 
         opts = EvalOptions(split=split, text_field=text_field, label_field=label_field, eval_items=eval_items,
@@ -385,6 +387,7 @@ def register(app: typer.Typer) -> None:
                         force=force, eval_data=eval_data, eval_opts=opts, universe=universe, rounds=rounds,
                         stream=stream, max_sweeps=max_sweeps, experts=experts, progress=not no_progress,
                         device=dev)
+        res["memory"] = {**(res.get("memory") or {}), **cap}
         if as_json:
             typer.echo(json.dumps(res, default=float))
             return

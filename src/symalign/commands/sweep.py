@@ -31,6 +31,14 @@ def sweep_command(
     threads: Optional[int] = checks.threads_option("torch threads in each run, overriding the grid's [resources] "
                                                    "threads_per_run (default: that, else CPUs / workers locally, "
                                                    "cpus_per_run on Ray; results depend on it, see README)."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="auto|cpu|cuda", help="Train and evaluate "
+                                         "every run there (recorded as protocol.device, as `symalign experiment "
+                                         "--device`). Default: each config's protocol.device, training on CUDA "
+                                         "where a run has one."),
+    gpus_per_run: Optional[float] = typer.Option(None, "--gpus-per-run", metavar="N", help="--ray: the GPUs each "
+                                                 "run reserves (Ray's num_gpus; fractions share a GPU), overriding "
+                                                 "the grid's [resources] gpus_per_run. Default with --device cuda: "
+                                                 "1."),
 ) -> None:
     """Expand GRID into runs, run those not yet done, and record every result in OUT/sweep.sqlite.
 
@@ -44,12 +52,14 @@ def sweep_command(
     g = load_grid(grid)  # every run validated before anything runs
     if threads is not None:
         g = replace(g, resources=replace(g.resources, threads_per_run=threads))
+    run_device = run_device_of(device, ray)
+    g = replace(g, resources=gpu_resources(g.resources, gpus_per_run, run_device, ray))
     out = out or Path("runs/sweeps") / g.name
     checks.output_dir(out)
     interrupt.keep_run(out)  # re-running skips the runs recorded as done
     console = Console(stderr=True)
     log = None if quiet else (lambda s: console.print(s))
-    summary = run_sweep(g, out, workers=workers, ray=ray, progress=not quiet, log=log)
+    summary = run_sweep(g, out, workers=workers, ray=ray, progress=not quiet, log=log, device=run_device)
     if as_json:
         typer.echo(json.dumps(summary.to_dict(), indent=2))
     else:
@@ -60,3 +70,36 @@ def sweep_command(
             typer.echo(f"failed: {f['name']}: {f['error']}", err=True)
     if summary.failed:
         raise typer.Exit(1)
+
+
+def run_device_of(device: str | None, ray: str | None) -> str | None:
+    """The device every run computes on (``"cpu"``, ``"cuda"``, ``"auto"``; ``None``: each config's). On this
+    machine (the local pool, ``--ray local``) it must exist (:func:`symalign.device.resolve`, one line, exit 2);
+    on a Ray cluster the tasks run elsewhere, so only the form is checked and ``auto`` is left to each task."""
+    if device is None:
+        return None
+    from symalign.device import kind
+
+    if ray is not None and ray != "local":
+        return kind(device)
+    return checks.use_device(device).type
+
+
+def gpu_resources(resources, gpus_per_run: float | None, device: str | None, ray: str | None):
+    """``[resources]`` with ``--gpus-per-run`` applied: Ray's ``num_gpus`` per run. ``--device cuda`` on Ray
+    reserves one GPU per run unless told otherwise (a task granted none sees no GPU). Refused without ``--ray``
+    (a local pool uses this machine's devices) and below 0."""
+    from dataclasses import replace as _replace
+
+    from symalign.errors import ConfigError
+
+    if gpus_per_run is not None:
+        if ray is None:
+            raise ConfigError("--gpus-per-run reserves GPUs for Ray tasks; use it with --ray (a local pool runs on "
+                              "this machine's devices: --device chooses)")
+        if gpus_per_run < 0:
+            raise ConfigError(f"--gpus-per-run must be 0 or more, got {gpus_per_run:g}")
+        return _replace(resources, gpus_per_run=gpus_per_run)
+    if ray is not None and device == "cuda" and resources.gpus_per_run == 0:
+        return _replace(resources, gpus_per_run=1)
+    return resources

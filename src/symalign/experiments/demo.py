@@ -77,9 +77,13 @@ def _midpoint(curve: dict, what: str) -> float:
 
 def run_demo(out: str | Path = "runs/demo", steps: int = 300, progress: bool = True,
              log: Callable[[str], None] | None = None, fresh: bool = False, learned_steps: int = 100,
-             whole_model: bool = True) -> dict:
+             whole_model: bool = True, device: str | None = None) -> dict:
     """Run the demo (resumable; refuses runs recorded with other settings unless ``fresh``) and
-    write its three outputs; returns the ``results.json`` object."""
+    write its three outputs; returns the ``results.json`` object.
+
+    ``device`` (``"cpu"``, ``"cuda"``, ``"auto"``): train and evaluate every run there (as
+    :func:`~symalign.experiments.protocol.run_experiment`'s; recorded as each config's ``protocol.device``);
+    ``None``: training on CUDA where it exists, the curves on the CPU."""
     out = Path(out)
     t0 = time.perf_counter()
     per_pe: dict[str, dict] = {}
@@ -87,7 +91,7 @@ def run_demo(out: str | Path = "runs/demo", steps: int = 300, progress: bool = T
     plotted: list[dict] = []
     for pe in ENCODINGS:
         cfg = parse_config(demo_config(pe, steps, learned_steps=learned_steps))
-        results = run_experiment(cfg, out / "runs", progress=progress, log=log, fresh=fresh)
+        results = run_experiment(cfg, out / "runs", progress=progress, log=log, fresh=fresh, device=device)
         by_scope = {r["scope"]: r for r in results}
         for r in results:
             rows += [_row(pe, r, k) for k in r["variants"]]
@@ -107,11 +111,12 @@ def run_demo(out: str | Path = "runs/demo", steps: int = 300, progress: bool = T
         "steps": steps, "learned_steps": learned_steps, "seeds": list(SEEDS), "seed_pairs": 1,
         "main_row": {"scope": MAIN[0], "stage2": MAIN[1]},
         "encodings": per_pe, "rows": rows, "threads": torch.get_num_threads(), "arithmetic": describe(),
+        "device": training_device(device),
     }
     if whole_model:
         cfg = parse_config(demo_config(WHOLE_MODEL_PE, steps, scopes=("full",), variants=("full", "learned"),
                                        learned_steps=learned_steps, suffix="-whole-model"))
-        res = run_experiment(cfg, out / "runs", progress=progress, log=log, fresh=fresh)[0]
+        res = run_experiment(cfg, out / "runs", progress=progress, log=log, fresh=fresh, device=device)[0]
         aligned, learned = res["variants"]["full"]["curve"], res["variants"]["learned"]["curve"]
         summary["whole_model"] = {
             "encoding": WHOLE_MODEL_PE, "acc_A": res["endpoints"]["A"]["acc"], "acc_B": res["endpoints"]["B"]["acc"],
@@ -134,6 +139,13 @@ def run_demo(out: str | Path = "runs/demo", steps: int = 300, progress: bool = T
     plot_curves(plotted, out / "curves.png", title="ViT on digits: naive (dashed) vs aligned curves")
     _write_text_atomic(out / "report.md", report_markdown(summary))
     return summary
+
+
+def training_device(device: str | None) -> dict[str, str]:
+    """Where the demo's models train (:func:`symalign.device.describe`): ``device``, or CUDA where it exists."""
+    from symalign.device import describe as describe_device, resolve
+
+    return describe_device(resolve(device or "auto"))
 
 
 def report_markdown(summary: dict) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping, Protocol
 import torch
 from torch import Tensor
 
+from symalign.device import is_out_of_memory
 from symalign.errors import CheckpointError
 from symalign.io.layout import DTYPES, ShardHeader, TensorInfo, read_header, weight_layout
 from symalign.tolerance import all_finite
@@ -125,6 +126,8 @@ class ShardedTensors:
             except CheckpointError:
                 raise
             except Exception as exc:  # a shard changed or broke since its header was read
+                if is_out_of_memory(exc):
+                    raise  # not the shard's fault: the CLI names the remedies
                 raise CheckpointError(f"{f} cannot be read ({str(exc).splitlines()[0]}); re-save or re-download "
                                       "it") from None
         return out
@@ -140,6 +143,8 @@ class ShardedTensors:
                 t = h.get_slice(name)[start:stop]
                 t = t.to(dtype) if dtype is not None and t.is_floating_point() else t.clone()
         except Exception as exc:
+            if is_out_of_memory(exc):
+                raise
             raise CheckpointError(f"{info.file} cannot be read ({str(exc).splitlines()[0]}); re-save or re-download "
                                   "it") from None
         self._count(t.numel() * info.nbytes // max(1, info.numel))

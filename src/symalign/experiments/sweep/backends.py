@@ -28,8 +28,9 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def execute_run(config: dict, runs_dir: str, threads: int) -> dict:
-    """One task: run (or resume) an experiment with ``threads`` torch threads; never raises.
+def execute_run(config: dict, runs_dir: str, threads: int, device: str | None = None) -> dict:
+    """One task: run (or resume) an experiment with ``threads`` torch threads on ``device`` (``None``: the
+    config's own, training on CUDA where the task has one); never raises.
 
     Returns ``{"ok", "results_json" | "error", "traceback", "started", "finished", "seconds", "host", "threads"}``.
     """
@@ -42,7 +43,7 @@ def execute_run(config: dict, runs_dir: str, threads: int) -> dict:
     out: dict[str, Any] = {"started": started, "host": socket.gethostname(), "threads": int(threads)}
     try:
         with threadpool_limits(limits=int(threads)):  # numpy/scipy BLAS and OpenMP pools too
-            results = run_experiment(parse_config(config), runs_dir, progress=False)
+            results = run_experiment(parse_config(config), runs_dir, progress=False, device=device)
         out.update(ok=True, results_json=json.dumps({r["scope"]: r for r in results}, default=float))
     except Exception as exc:  # recorded as a failed run; the sweep goes on
         out.update(ok=False, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
@@ -73,8 +74,8 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, workers: int, threads: int):
-        self.workers, self.threads = workers, threads
+    def __init__(self, workers: int, threads: int, device: str | None = None):
+        self.workers, self.threads, self.device = workers, threads, device
 
     def open(self) -> None:
         """Nothing to connect to."""
@@ -83,7 +84,7 @@ class LocalBackend:
         """The pool is closed by :meth:`map`."""
 
     def describe(self) -> str:
-        return f"local pool, {self.workers} worker(s) x {self.threads} thread(s)"
+        return f"local pool, {self.workers} worker(s) x {self.threads} thread(s), {device_words(self.device)}"
 
     def map(self, runs: list[Run], runs_dir: Path) -> Iterator[tuple[Run, dict]]:
         """Yield ``(run, outcome)`` as runs finish."""
@@ -95,7 +96,8 @@ class LocalBackend:
         pool = ProcessPoolExecutor(max_workers=min(self.workers, len(runs)), mp_context=mp.get_context("spawn"),
                                    initializer=set_threads, initargs=(self.threads,))
         try:
-            futures = {pool.submit(execute_run, r.config.to_dict(), str(runs_dir), self.threads): r for r in runs}
+            futures = {pool.submit(execute_run, r.config.to_dict(), str(runs_dir), self.threads, self.device): r
+                       for r in runs}
             for fut in as_completed(futures):
                 try:
                     outcome = fut.result()
@@ -125,14 +127,16 @@ class RayBackend:
 
     name = "ray"
 
-    def __init__(self, address: str, workers: int, threads: int, resources: Resources):
+    def __init__(self, address: str, workers: int, threads: int, resources: Resources, device: str | None = None):
         self.address, self.workers, self.threads, self.resources = address, workers, threads, resources
+        self.device = device
         self._started = False
 
     def describe(self) -> str:
         where = "local Ray instance" if self.address == "local" else f"Ray cluster {self.address}"
         r = self.resources
-        return f"{where}, tasks of {r.cpus_per_run:g} CPU / {r.gpus_per_run:g} GPU x {self.threads} thread(s)"
+        return (f"{where}, tasks of {r.cpus_per_run:g} CPU / {r.gpus_per_run:g} GPU x {self.threads} thread(s), "
+                f"{device_words(self.device)}")
 
     def open(self) -> None:
         """Start or join Ray; a cluster that cannot be reached raises :class:`SymalignError` before anything runs."""
@@ -170,7 +174,7 @@ class RayBackend:
 
         task = ray.remote(num_cpus=self.resources.cpus_per_run, num_gpus=self.resources.gpus_per_run,
                           max_retries=1)(execute_run)
-        pending = {task.remote(r.config.to_dict(), str(runs_dir), self.threads): r for r in runs}
+        pending = {task.remote(r.config.to_dict(), str(runs_dir), self.threads, self.device): r for r in runs}
         try:
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1)
@@ -187,6 +191,13 @@ class RayBackend:
                 ray.cancel(ref, force=True)
 
 
+def device_words(device: str | None) -> str:
+    """How the first progress line names where the runs compute."""
+    if device is None:
+        return "device: the grid's protocol.device (training on CUDA where a task has one)"
+    return f"device: {device}"
+
+
 def threads_per_task(backend: str, workers: int, resources: Resources) -> int:
     """Torch threads in each task: ``threads_per_run``, else local ``cores // workers``, Ray ``cpus_per_run``."""
     if resources.threads_per_run is not None:
@@ -196,15 +207,17 @@ def threads_per_task(backend: str, workers: int, resources: Resources) -> int:
     return max(1, int(resources.cpus_per_run))
 
 
-def make_backend(grid: Grid, workers: int | None = None, ray: str | None = None) -> LocalBackend | RayBackend:
-    """The backend for ``--workers`` / ``--ray`` (``workers=None``: as many as the CPUs allow)."""
+def make_backend(grid: Grid, workers: int | None = None, ray: str | None = None,
+                 device: str | None = None) -> LocalBackend | RayBackend:
+    """The backend for ``--workers`` / ``--ray`` (``workers=None``: as many as the CPUs allow); every run computes
+    on ``device`` (:func:`execute_run`)."""
     if workers is not None and workers < 1:
         raise SymalignError(f"--workers must be >= 1, got {workers}")
     if workers is None:
         workers = max(1, int(cpu_count() // grid.resources.cpus_per_run))
     if ray is None:
-        return LocalBackend(workers, threads_per_task("local", workers, grid.resources))
-    return RayBackend(ray, workers, threads_per_task("ray", workers, grid.resources), grid.resources)
+        return LocalBackend(workers, threads_per_task("local", workers, grid.resources), device)
+    return RayBackend(ray, workers, threads_per_task("ray", workers, grid.resources), grid.resources, device)
 
 
 # ----------------------------------------------------------------------------
