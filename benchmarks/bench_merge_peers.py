@@ -110,6 +110,8 @@ def main() -> None:
     ap.add_argument("--d-ff", type=int, default=1536)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
+    ap.add_argument("--max-sweeps", type=int, default=None, help="passed to the aligning merges (default: "
+                    "symalign's); peak memory does not depend on it, the wall time does")
     args = ap.parse_args()
 
     from symalign.experiments.docs_tables import make_table
@@ -124,9 +126,10 @@ def main() -> None:
         print(f"pair: {params / 1e6:.1f}M parameters, {size / 2**20:.0f} MiB of bf16 together", file=sys.stderr)
         sym = [sys.executable, "-m", "symalign.cli", "merge", str(da), str(db), "--json", "--no-progress",
                "--threads", "1", "-o"]
-        runs = [("symalign merge (default)", "sym-default", []),
+        sweeps = [] if args.max_sweeps is None else ["--max-sweeps", str(args.max_sweeps)]
+        runs = [("symalign merge (default)", "sym-default", sweeps),
                 ("symalign merge --no-align", "sym-noalign", ["--no-align"]),
-                ("symalign merge --no-stream", "sym-mem", ["--no-stream"]),
+                ("symalign merge --no-stream", "sym-mem", ["--no-stream", *sweeps]),
                 ("symalign merge --no-align --no-stream", "sym-mem-noalign", ["--no-align", "--no-stream"])]
         rows = []
         if Path(args.mergekit).exists():
@@ -150,8 +153,10 @@ def main() -> None:
             info = json.loads(r["stdout"])
             print(f"{name}: {info['path']}, scope {info['scope']}, {r['peak_rss_mb']:.0f} MB, {r['wall_s']:.1f} s",
                   file=sys.stderr)
+            aligned = info.get("aligned") or [{}]
             rows.append({"merge": name, "options": " ".join(extra) or "(none)", "path": info["path"],
                          "path_default": info.get("path_default"), "scope": info["scope"],
+                         "sweeps": aligned[0].get("sweeps"), "converged": aligned[0].get("converged"),
                          "peak_rss_mb": r["peak_rss_mb"], "wall_s": r["wall_s"]})
         base = rows[0]["peak_rss_mb"] if rows[0]["merge"] == "mergekit linear" else None
         for row in rows:
@@ -161,7 +166,8 @@ def main() -> None:
             checks["mergekit_vs_no_align_streamed"] = equal_bitwise(work / "mk", work / "sym-noalign")
             checks["mergekit_vs_no_align_in_memory"] = equal_bitwise(work / "mk", work / "sym-mem-noalign")
             print(f"bit for bit: {checks}", file=sys.stderr)
-        table = make_table(rows, [("merge", "merge"), ("path", "path"), ("scope", "aligned"),
+        table = make_table(rows, [("merge", "merge"), ("options", "options"), ("path", "path"), ("scope", "aligned"),
+                                  ("sweeps", "sweeps"),
                                   ("peak_rss_mb", "peak RSS (MB)", ".0f"), ("rss_vs_mergekit", "x mergekit", ".2f"),
                                   ("wall_s", "wall (s)", ".1f")])
         prov = provenance(threads=1, seed_pairs=1)
@@ -173,7 +179,8 @@ def main() -> None:
                                   "params": params, "safetensors_bytes_both": size},
                         "measure": "ru_maxrss of each merge's own child process (os/resource), wall around it; "
                                    "one run each, one thread",
-                        "mergekit_config": "linear, weights 0.5/0.5, dtype bfloat16"},
+                        "mergekit_config": "linear, weights 0.5/0.5, dtype bfloat16",
+                        "max_sweeps": args.max_sweeps},
                "rows": rows, "bit_for_bit": checks, "tables": {"rss": table}}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.out.with_suffix(".json.tmp")

@@ -218,7 +218,8 @@ def _merge_in_memory(dirs: list[Path], out_path: Path, w: list[float], scope: st
                                    experts=experts, device=device)
                 info = got.result
                 aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict(),
-                                     "experts": info.match.get("experts")})
+                                     "experts": info.match.get("experts"), "sweeps": info.sweeps,
+                                     "converged": info.converged})
                 edits.update(got.edits)
                 state = got.state
             try:

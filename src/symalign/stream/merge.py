@@ -223,7 +223,8 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
                     info = run_stream_attention(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2,
                                                 progress=progress, device=device)
                 t_align += time.perf_counter() - ta
-                aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict()})
+                aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict(),
+                                     "sweeps": info.sweeps, "converged": info.converged})
                 inputs.append(open_checkpoint(scratch / str(k)))
             else:
                 inputs.append(open_checkpoint(d))
