@@ -26,6 +26,14 @@ def test_every_result_file_records_its_provenance():
             assert prov.get(key) is not None, f"{path.name}: provenance has no {key!r}"
 
 
+def test_every_result_file_a_docs_table_names_records_its_provenance():
+    """benchmarks/results/ files too (merge_peers.json, merge_scopes.json, ...), once a table in the docs shows them."""
+    for _, rel, _ in blocks(ROOT):
+        prov = json.loads((ROOT / rel).read_text()).get("provenance") or {}
+        for key in ("commit", "command", "threads", "versions", "machine", "date"):
+            assert prov.get(key) is not None, f"{rel}: provenance has no {key!r}"
+
+
 def _repo(tmp_path: Path) -> Path:
     (tmp_path / "results").mkdir()
     (tmp_path / "docs").mkdir()

@@ -56,9 +56,9 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
     on a mixture-of-experts family only, :func:`symalign.pipeline.check_experts`; ``None``: exact).
 
     ``stream``: align and average tensor by tensor (:mod:`symalign.stream.merge`; never a whole
-    model in memory); ``None`` decides by size (the checkpoints together exceed a quarter of the
-    memory, as ``symalign align``). ``progress``: the steps on stderr (:func:`merge_steps`; streamed,
-    the stream's own bars). Every argument is checked before any work."""
+    model in memory); ``None`` decides by size and scope (:func:`choose_path`); the result says which path
+    (``path``, and ``path_default``: why, when chosen automatically). ``progress``: the steps on stderr
+    (:func:`merge_steps`; streamed, the stream's own bars). Every argument is checked before any work."""
     from symalign.io.folder import check_output_dir
     from symalign.merge import normalise_weights
     from symalign.pipeline import SCOPES, check_experts
@@ -69,13 +69,13 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
         raise ConfigError("--universe matches whole models; use it with --scope model (or without --scope)")
     if universe and not align:
         raise ConfigError("--universe aligns the models; drop --no-align")
-    streamed = _streams(dirs, stream, universe)
+    if scope is not None and scope not in SCOPES:
+        raise ConfigError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
+    streamed, path_why = choose_path(dirs, stream, universe, scope, align)
     chosen = None
     if scope is None:
         scope, chosen = ("model", "universe matching aligns whole models") if universe else \
             default_scope(dirs[0], streamed)
-    if scope not in SCOPES:
-        raise ConfigError(f"unknown scope {scope!r}; use one of {', '.join(SCOPES)}")
     if experts is not None and not align:
         raise ConfigError("--experts chooses how the models are aligned; drop it with --no-align")
     check_distinct(dirs)
@@ -95,6 +95,8 @@ def run_merge(dirs: list[Path], out: Path, weights: list[float] | None = None, s
             res = _merge_in_memory(dirs, out_path, w, scope, stage2, align, eval_data, eval_opts, universe, rounds,
                                    max_sweeps, experts, step, device)
     res["scope_default"] = chosen
+    res["path"] = "streamed" if streamed else "in memory"
+    res["path_default"] = path_why
     from symalign.device import describe, peak_memory
 
     res["memory"] = peak_memory(device)
@@ -208,13 +210,16 @@ def _merge_in_memory(dirs: list[Path], out_path: Path, w: list[float], scope: st
                 del pa
             elif k == 0 or not align:
                 state = a_ckpt.state if k == 0 else load_checkpoint(d).state
+                if not align:  # nothing is aligned to A: its tensors go once they are in the sum
+                    a_ckpt = None
             else:
                 step(f"aligning {Path(d).name} to {Path(dirs[0]).name} ({k}/{len(dirs) - 1})")
                 got = align_loaded(a_ckpt, load_checkpoint(d), scope=scope, stage2=stage2, max_sweeps=max_sweeps,
                                    experts=experts, device=device)
                 info = got.result
                 aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict(),
-                                     "experts": info.match.get("experts")})
+                                     "experts": info.match.get("experts"), "sweeps": info.sweeps,
+                                     "converged": info.converged})
                 edits.update(got.edits)
                 state = got.state
             try:
@@ -308,17 +313,50 @@ def _experts_ran(align: bool, scope: str, adapter: Any, experts: str | None) -> 
     return (experts or "exact") if align and scope == "model" and isinstance(adapter, MoEFamily) else None
 
 
-def _streams(dirs: list[Path], stream: bool | None, universe: bool) -> bool:
-    """Stream if asked, else when the checkpoints together exceed a quarter of the memory (not with --universe)."""
-    from symalign.stream.auto import STREAM_FRACTION, physical_memory, weights_bytes
+def choose_path(dirs: list[Path], stream: bool | None, universe: bool, scope: str | None,
+                align: bool) -> tuple[bool, str | None]:
+    """Whether the merge streams, and why when it was chosen here (``None``: ``--stream/--no-stream`` decided).
 
-    if stream is False:
-        return False
+    ``stream`` given: it decides (``--stream --universe`` refused). ``--universe`` holds every model: in memory.
+    Otherwise, with ``S`` the checkpoints' safetensors bytes together:
+
+    * ``S`` over a quarter of the physical memory: streamed (as ``symalign align``), the scope being the streamed
+      default where none is given (:func:`default_scope`);
+    * ``S`` over :data:`~symalign.stream.merge.AUTO_STREAM_BYTES`: streamed when the family streams the scope
+      the merge would use in memory (the one asked, else the in-memory default; ``--no-align``: the averaging
+      alone), so streaming never changes what is aligned; else in memory. The in-memory merge holds A, the
+      model being aligned, the float32 (float64) running sum and its rounding -- several times the weights --,
+      where the streamed one holds a layer of two models and fixed row chunks
+      (benchmarks/results/merge_peers.json measures both against mergekit);
+    * else in memory (small checkpoints: streaming's fixed buffers would outweigh them)."""
+    from symalign.stream.auto import STREAM_FRACTION, physical_memory, streamable, weights_bytes
+    from symalign.stream.merge import AUTO_STREAM_BYTES
+
     if stream and universe:
         raise ConfigError("--universe holds every model in memory; drop --stream (or --universe)")
-    if stream is None:
-        return not universe and sum(weights_bytes(d) for d in dirs) > STREAM_FRACTION * physical_memory()
-    return True
+    if stream is not None:
+        return stream, None
+    if universe:
+        return False, "auto, universe matching holds every model in memory"
+    size = sum(weights_bytes(d) for d in dirs)
+    mib = f"{size / 2**20:.1f} MiB"
+    if size > STREAM_FRACTION * physical_memory():
+        return True, f"auto, the checkpoints ({mib}) exceed a quarter of the memory; --no-stream keeps them there"
+    limit = f"{AUTO_STREAM_BYTES / 2**20:g} MiB"
+    if size <= AUTO_STREAM_BYTES:
+        return False, f"auto, the checkpoints ({mib}) are at most {limit}; --stream streams them"
+    want = "attention" if not align else scope or default_scope(dirs[0], False)[0]
+    try:
+        why = streamable(Path(dirs[0]), want)
+        if why is None and align and scope is None and default_scope(dirs[0], True)[0] != want:
+            why = default_scope(dirs[0], True)[1]
+    except Exception:  # an unreadable checkpoint: the in-memory path names the problem
+        why = "the checkpoint could not be read ahead"
+    if why is None:
+        what = f"--scope {want}" if align else "the plain average"
+        return True, f"auto, the checkpoints ({mib}) exceed {limit}; streamed with {what}; --no-stream keeps them " \
+                     "in memory"
+    return False, f"auto, the checkpoints ({mib}) exceed {limit}, but {why.rstrip('.')}"
 
 
 def register(app: typer.Typer) -> None:
@@ -357,8 +395,9 @@ def register(app: typer.Typer) -> None:
                                                           "(atomically); other folders are never replaced."),
         stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Align and average tensor by "
                                               "tensor, never a whole model in memory (--scope attention; --scope "
-                                              "model: Llama-like families). Default: "
-                                              "streamed when the checkpoints exceed a quarter of the memory."),
+                                              "model: decoder families). Default: streamed when the checkpoints "
+                                              "exceed 8 MiB and the family streams the scope, or a quarter of "
+                                              "the memory; the output says which path."),
         experts: Optional[str] = typer.Option(None, "--experts", metavar="exact|paired", help="--scope model on a "
                                               "mixture-of-experts family: how experts and their units are matched "
                                               "(as `symalign align --experts`; default exact, paired: approximate "
@@ -396,6 +435,8 @@ def register(app: typer.Typer) -> None:
                    f"{', universe' if res['universe'] else ''}) -> {res['out']}")
         if res.get("scope_default"):
             typer.echo(f"scope: {res['scope']} ({res['scope_default']}; --scope chooses)")
+        if res.get("path_default"):
+            typer.echo(f"path: {res['path']} ({res['path_default']})")
         if "eval" in res:
             ev = res["eval"]
             typer.echo(f"{ev['objective']} loss on {ev['data']}:")

@@ -58,6 +58,11 @@ from symalign.tolerance import all_finite
 
 CHUNK_ELEMENTS = 1 << 24  # values per input read at a time while averaging (32 MiB in bfloat16)
 WRITES_IN_FLIGHT = 2  # averaged blocks waiting for the writer thread at most
+# `symalign merge` streams by itself above this many checkpoint bytes (together) where streaming keeps the scope
+# (symalign.commands.merge.choose_path): the in-memory merge holds several copies of the weights (A, the model
+# being aligned, the float32/float64 running sum and its rounding), the streamed one a layer and fixed row chunks;
+# below it the chunk buffers would outweigh the checkpoints.
+AUTO_STREAM_BYTES = 8 << 20
 
 
 def row_chunks(shape: tuple[int, ...], limit: int = CHUNK_ELEMENTS) -> list[tuple[int, int]]:
@@ -218,7 +223,8 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
                     info = run_stream_attention(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2,
                                                 progress=progress, device=device)
                 t_align += time.perf_counter() - ta
-                aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict()})
+                aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict(),
+                                     "sweeps": info.sweeps, "converged": info.converged})
                 inputs.append(open_checkpoint(scratch / str(k)))
             else:
                 inputs.append(open_checkpoint(d))
