@@ -93,10 +93,26 @@ def summary(rows: list[dict]) -> list[dict]:
     for split, aligned in METHODS:
         sel = [r for r in rows if r["split"] == split and r["aligned"] == aligned]
         row: dict = {"method": sel[0]["method"], "pairs": len(sel)}
-        for key in ("loss_barrier", "merged_loss", "merged_acc"):
+        for key in ("loss_a", "loss_b", "loss_barrier", "merged_loss", "merged_acc"):
             vals = [r[key] for r in sel]
             row[key], row[key + "_std"] = statistics.mean(vals), statistics.stdev(vals) if len(vals) > 1 else None
         out.append(row)
+    return out
+
+
+def differences(rows: list[dict]) -> list[dict]:
+    """Per alignment: the paired difference matched - uniform of the barrier and of the merged loss (mean, sample
+    std) and the pairs where the matched split's barrier is lower."""
+    out = []
+    for aligned in (True, False):
+        by = {(r["pair"], r["split"]): r for r in rows if r["aligned"] == aligned}
+        pairs = sorted({p for p, _ in by})
+        db = [by[p, "matched"]["loss_barrier"] - by[p, "uniform"]["loss_barrier"] for p in pairs]
+        dl = [by[p, "matched"]["merged_loss"] - by[p, "uniform"]["merged_loss"] for p in pairs]
+        sd = (lambda v: statistics.stdev(v) if len(v) > 1 else None)  # noqa: E731
+        out.append({"alignment": "weight-matched" if aligned else "not aligned", "barrier_diff": statistics.mean(db),
+                    "barrier_diff_std": sd(db), "loss_diff": statistics.mean(dl), "loss_diff_std": sd(dl),
+                    "matched_lower": f"{sum(d < 0 for d in db)} of {len(db)}", "pairs": len(db)})
     return out
 
 
@@ -120,10 +136,17 @@ def main() -> None:
     rows = [r for k in range(args.pairs) for r in run_pair(k, args, data)]
     summ = summary(rows)
     tables = {
-        "summary": make_table(summ, [("method", "method"), ("loss_barrier", "loss barrier", ".3f"),
+        "summary": make_table(summ, [("method", "method"), ("loss_a", f"loss A (h={args.wide})", ".3f"),
+                                     ("loss_b", f"loss B (h={args.narrow})", ".3f"),
+                                     ("loss_barrier", "loss barrier", ".3f"),
                                      ("loss_barrier_std", "± std", ".3f"), ("merged_loss", "merged loss", ".3f"),
                                      ("merged_loss_std", "± std", ".3f"), ("merged_acc", "merged accuracy", ".3f"),
                                      ("merged_acc_std", "± std", ".3f"), ("pairs", "pairs")]),
+        "difference": make_table(differences(rows), [
+            ("alignment", "then"), ("barrier_diff", "barrier: matched - uniform", "+.3f"),
+            ("barrier_diff_std", "± std", ".3f"), ("loss_diff", "merged loss: matched - uniform", "+.3f"),
+            ("loss_diff_std", "± std", ".3f"), ("matched_lower", "pairs with a lower barrier matched"),
+            ("pairs", "pairs")]),
         "pairs": make_table([r for r in rows if r["aligned"]],
                             [("seeds", "seeds"), ("split", "split"), ("loss_a", f"loss A (h={args.wide})", ".3f"),
                              ("loss_b", f"loss B (h={args.narrow})", ".3f"), ("loss_barrier", "loss barrier", ".3f"),
