@@ -14,7 +14,7 @@ import _trace_models as M
 from _cli_util import run_symalign
 from symalign.errors import MatchError
 from symalign.match.widen import merge_units, split_spec, widen
-from symalign.spec import apply
+from symalign.spec import apply, sample
 from symalign.tracing import trace
 from symalign.tracing.widths import merge_widths
 
@@ -70,6 +70,27 @@ def test_planted_widening_merges_back_to_the_wide_model():
     assert all(float((res.state[k] - sa[k]).abs().max()) <= 1e-10 for k in sa)
     back = merge_units(spl, splits, widen(spl, splits, sb))
     assert all(float((back[k] - sb[k]).abs().max()) <= 1e-12 for k in sb)
+
+
+@pytest.mark.slow
+def test_planted_transformer_ff_widths_are_recovered():
+    """A ViT whose FF is wider: A = g . split(B) with g a random element of every traced space (residual
+    stream, heads, QK, VO, FF units). The matched split (after aligning B's equal-width spaces) recovers A;
+    the uniform split cannot."""
+    x = torch.randn(3, 1, 8, 8, dtype=torch.float64)
+    wide = M.EncoderViT(d_ff=48).double().eval()
+    narrow = M.randomise(M.EncoderViT(d_ff=32), 2).double().eval()
+    tn, tw = trace(narrow, x), trace(wide, x)
+    spl = split_spec(tn.spec, tw.spec)
+    assert sorted(spl.spaces) == ["ff.0", "ff.1"]
+    sb = {k: v.detach() for k, v in narrow.state_dict().items()}
+    splits = {n: g.sample(5 + i) for i, (n, g) in enumerate(spl.spaces.items())}
+    sa = apply(tw.spec, sample(tw.spec, 11), widen(spl, splits, sb))
+    matched = merge_widths(wide, narrow, sa, sb, x)
+    assert matched.widen_check.exact.rel <= 1e-10
+    assert matched.alignment.distance_after <= 1e-7
+    uniform = merge_widths(wide, narrow, sa, sb, x, split="uniform")
+    assert uniform.alignment.distance_after > 0.1
 
 
 def test_a_norm_over_the_units_is_refused():

@@ -10,15 +10,16 @@ elementwise activation (the caller checks the function: a space whose units meet
 
 :func:`matched_split` fits the split space by space, in declaration order
 (:meth:`~symalign.groups.SemiPermutation.fit`): a space's rows are taken from the tensors whose other axes are
-already in the wide model's coordinates -- fixed axes (inputs, outputs) or spaces split before it -- and, once
-fitted, the split is applied, so the next space's rows are in A's coordinates. :func:`uniform_split` is the
+already in the wide model's coordinates -- fixed axes (inputs, outputs), spaces split before it, or spaces of
+equal widths that B was aligned in first (``aligned``) -- and, once fitted, the split is applied, so the next
+space's rows are in A's coordinates. :func:`uniform_split` is the
 unmatched split (the first units copied, equal shares). :func:`merge_units` is the left inverse (copies
 merged back).
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Collection, Mapping
 
 import torch
 from torch import Tensor
@@ -71,10 +72,12 @@ def _rows(x: Tensor, axis: int) -> Tensor:
 
 
 def matched_split(split: SymmetrySpec, narrow: SymmetrySpec, state_a: Mapping[str, Tensor],
-                  state_b: Mapping[str, Tensor]) -> Transform:
+                  state_b: Mapping[str, Tensor], aligned: Collection[str] = ()) -> Transform:
     """The split of B (narrow) matched onto A (wide), space by space (module docstring). ``narrow``: B's full
-    spec, which says which other spaces act on each tensor."""
-    done: set[str] = set()
+    spec, which says which other spaces act on each tensor; ``aligned``: the spaces of the same width in which
+    B is already in A's coordinates (e.g. a Transformer's residual stream and attention, aligned first), whose
+    axes then count as fixed."""
+    done: set[str] = set(aligned)
     state = dict(state_b)
     out: Transform = {}
     for name, g in split.spaces.items():

@@ -7,8 +7,11 @@ FF of a Transformer block), ``wide`` and ``narrow`` the two modules (only their 
    :class:`~symalign.groups.SemiPermutation` for every hidden-unit space whose width differs.
 2. B is widened onto A's widths by splitting its units: ``split="matched"`` fits each split to A's units
    (:func:`~symalign.match.widen.matched_split`), ``"uniform"`` copies the first units with equal shares (the
-   unmatched baseline). The widened B must compute B's function on the example inputs: formed in float64
-   (relative change ``<= 1e-10``) and in B's dtype (its tolerance, ``1e-5`` for float32), else
+   unmatched baseline). When spaces of equal widths are left (a Transformer's residual stream and attention),
+   a matched split first aligns B in them: B is widened uniformly, aligned to A (step 3), and that
+   alignment's elements of the equal-width spaces are applied to B (an exact symmetry of B), so the split
+   units' rows are compared in A's coordinates. The widened B must compute B's function on the example
+   inputs: formed in float64 (relative change ``<= 1e-10``) and in B's dtype (its tolerance, ``1e-5`` for float32), else
    :class:`~symalign.errors.MatchError` (a space whose units meet a norm cannot be split this way).
 3. The widened B is aligned to A through the wide model's traced symmetries
    (:func:`symalign.tracing.align.align_states`, whole model, itself checked to keep the function).
@@ -28,7 +31,7 @@ from symalign.align_result import CheckReport
 from symalign.checkpoint.average import weighted_average
 from symalign.errors import ConfigError, MatchError
 from symalign.match.widen import matched_split, split_spec, uniform_split, widen
-from symalign.spec import SymmetrySpec, Transform
+from symalign.spec import SymmetrySpec, Transform, apply
 from symalign.tolerance import FunctionCheck, function_tolerance, relative_change
 from symalign.tracing.align import ModuleAlignment, align_states, check_state
 from symalign.tracing.api import _to64, flat_tensors, split_inputs, trace
@@ -64,15 +67,17 @@ def _outputs(model: nn.Module, state: Mapping[str, Tensor], args: tuple, kwargs:
 
 def check_widened(narrow: nn.Module, wide: nn.Module, split: SymmetrySpec, splits: Transform,
                   state_b: Mapping[str, Tensor], widened: Mapping[str, Tensor], example_inputs,
-                  example_kwargs: dict | None = None) -> CheckReport:
+                  example_kwargs: dict | None = None, pre: tuple[SymmetrySpec, Transform] | None = None
+                  ) -> CheckReport:
     """The widened B must compute B's function: formed in float64 and as stored in B's dtype (module
-    docstring); else :class:`MatchError`."""
+    docstring); else :class:`MatchError`. ``pre``: the equal-width alignment applied to B before the split."""
     args, kwargs = split_inputs(example_inputs, example_kwargs)
     a64, k64 = _to64(args), _to64(kwargs)
     b64 = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in state_b.items()}
     n64, w64 = copy.deepcopy(narrow).to(torch.float64).eval(), copy.deepcopy(wide).to(torch.float64).eval()
     ref = _outputs(n64, b64, a64, k64)
-    exact = FunctionCheck.of(*relative_change(ref, _outputs(w64, widen(split, splits, b64), a64, k64)),
+    moved = b64 if pre is None else apply(pre[0], pre[1], b64)
+    exact = FunctionCheck.of(*relative_change(ref, _outputs(w64, widen(split, splits, moved), a64, k64)),
                              torch.float64, function_tolerance(torch.float64), stored=False)
     dtype = next((v.dtype for v in state_b.values() if v.is_floating_point()), torch.float32)
     cast = tuple(x.to(dtype) if isinstance(x, Tensor) and x.is_floating_point() else x for x in args)
@@ -102,9 +107,19 @@ def merge_widths(wide: nn.Module, narrow: nn.Module, state_a: Mapping[str, Tenso
     traced_wide = trace(wide, example_inputs, example_kwargs)
     traced_narrow = trace(narrow, example_inputs, example_kwargs)
     spl = split_spec(traced_narrow.spec, traced_wide.spec)
-    splits = matched_split(spl, traced_narrow.spec, sa, sb) if split == "matched" else uniform_split(spl)
-    widened = widen(spl, splits, sb)
-    check = check_widened(narrow, wide, spl, splits, sb, widened, example_inputs, example_kwargs)
+    same = [k for k in traced_narrow.spec.spaces if k not in spl.spaces]
+    pre = None
+    moved = sb
+    if split == "matched" and same:  # align B in the equal-width spaces first (module docstring)
+        first = align_states(wide, sa, widen(spl, uniform_split(spl), sb), example_inputs, example_kwargs,
+                             max_iter=max_iter, traced=traced_wide, device=device)
+        pre = (traced_narrow.spec.restrict(same), {k: first.match.transform[k] for k in same
+                                                   if k in first.match.transform})
+        moved = apply(pre[0], pre[1], sb)
+    splits = matched_split(spl, traced_narrow.spec, sa, moved, aligned=same if pre else ()) \
+        if split == "matched" else uniform_split(spl)
+    widened = widen(spl, splits, moved)
+    check = check_widened(narrow, wide, spl, splits, sb, widened, example_inputs, example_kwargs, pre)
     alignment = None
     aligned = widened
     if align:
