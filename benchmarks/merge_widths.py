@@ -8,8 +8,10 @@ the widened B is checked to compute B's function, float64 and float32) and, for 
 
 * ``matched`` / ``uniform``: the split fitted to A's units (:func:`symalign.match.widen.matched_split`) or the
   first units copied with equal shares (:func:`symalign.match.widen.uniform_split`);
-* ``aligned``: then weight-matched to A through the wide model's traced symmetries (positive monomials of the
-  ReLU units; :func:`symalign.tracing.align.align_states`), or not.
+* then weight-matched to A through the wide model's traced symmetries (positive monomials of the ReLU units,
+  :func:`symalign.tracing.align.align_states`), or learned matching from that start
+  (:func:`symalign.match.learned.learn_matching`, ``--learned-steps`` steps of its recipe on training batches,
+  kept only if better than the weight matching on the validation split), or not aligned.
 
 Reported on the test split (25 % of the images, 449): the loss barrier of the linear path from A to the widened
 (aligned) B (:attr:`symalign.lmc.Curve.loss_barrier`, ``--points`` points), and the loss and accuracy of the
@@ -35,13 +37,16 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from symalign.atomic import write_json  # noqa: E402
+from symalign.checkpoint.average import weighted_average  # noqa: E402
 from symalign.data.images import load_digits_arrays  # noqa: E402
 from symalign.experiments.docs_tables import make_table  # noqa: E402
 from symalign.lmc import curve, evaluate  # noqa: E402
 from symalign.provenance import provenance  # noqa: E402
 from symalign.tracing.widths import merge_widths  # noqa: E402
 
-METHODS = (("matched", True), ("uniform", True), ("matched", False), ("uniform", False))
+METHODS = (("matched", "weight"), ("uniform", "weight"), ("matched", "learned"), ("uniform", "learned"),
+           ("matched", "none"), ("uniform", "none"))
+ALIGNMENTS = {"weight": "weight-matched", "learned": "learned matching", "none": "not aligned"}
 
 
 def mlp(width: int) -> nn.Sequential:
@@ -62,6 +67,35 @@ def train(width: int, seed: int, data: dict, epochs: int, lr: float) -> nn.Seque
     return model.eval()
 
 
+def learned(a: nn.Module, res, data: dict, steps: int, wide: int) -> tuple[dict, float]:
+    """Learned matching (:func:`symalign.match.learned.learn_matching`, its recipe, ``steps`` steps) of the widened
+    B to A, started from the weight matching: a fresh training batch of 64 every step (consecutive slices of
+    per-epoch permutations), chosen against the weight matching on the validation split. Returns the aligned
+    state and its relative logit change against the widened B on the test split (float32)."""
+    from symalign.match.learned import learn_matching
+    from symalign.spec import apply
+
+    x, y, n = data["x_train"], data["y_train"], len(data["y_train"])
+
+    def batch(step: int):
+        epoch, i = divmod(step * 64, n)
+        idx = torch.randperm(n, generator=torch.Generator().manual_seed(epoch))[i:i + 64]
+        return x[idx], y[idx]
+
+    wb = mlp(wide)
+    wb.load_state_dict(res.widened)
+    lm = learn_matching(a, wb, batch, steps=steps, init=res.alignment.match,
+                        select_batches=[(data["x_val"], data["y_val"])])
+    out = apply(lm.spec, lm.transform, res.widened)
+    with torch.no_grad():
+        ref = wb(data["x_test"])
+        wb.load_state_dict(out)
+        change = float((wb(data["x_test"]) - ref).norm() / ref.norm())
+    if change > 1e-5:
+        raise SystemExit(f"learned matching changed the widened B's function by {change:.1e}")
+    return out, change
+
+
 def run_pair(k: int, args, data: dict) -> list[dict]:
     t0 = time.perf_counter()
     a = train(args.wide, 2 * k + 1, data, args.epochs, args.lr)
@@ -75,14 +109,19 @@ def run_pair(k: int, args, data: dict) -> list[dict]:
     rows = []
     for split, aligned in METHODS:
         res = merge_widths(mlp(args.wide), mlp(args.narrow), sa, sb, data["x_train"][:64], split=split,
-                           align=aligned)
-        c = curve(mlp(args.wide), sa, res.aligned, batches, points=args.points)
-        lm, acc_m = evaluate(mlp(args.wide), res.state, batches)
+                           align=aligned != "none")
+        final, merged, change = res.aligned, res.state, None
+        if aligned == "learned":
+            final, change = learned(a, res, data, args.learned_steps, args.wide)
+            merged = {n: weighted_average([sa[n], final[n]], [0.5, 0.5], sa[n].dtype) for n in sa}
+        c = curve(mlp(args.wide), sa, final, batches, points=args.points)
+        lm, acc_m = evaluate(mlp(args.wide), merged, batches)
         rows.append({"pair": k, "seeds": f"{2 * k + 1},{2 * k + 2}", "split": split, "aligned": aligned,
-                     "method": f"{split} split" + (", weight-matched" if aligned else ", not aligned"),
+                     "method": f"{split} split, {ALIGNMENTS[aligned]}",
                      "loss_a": la, "loss_b": lb, "acc_a": acc_a, "acc_b": acc_b,
                      "widened_change_f64": res.widen_check.exact.rel, "widened_change_f32": res.widen_check.rel,
-                     "loss_barrier": c.loss_barrier, "merged_loss": lm, "merged_acc": acc_m})
+                     "learned_change_f32": change, "loss_barrier": c.loss_barrier, "merged_loss": lm,
+                     "merged_acc": acc_m})
     print(f"pair {k}: {time.perf_counter() - t0:.1f}s; " + "; ".join(
         f"{r['method']}: barrier {r['loss_barrier']:.3f}" for r in rows), file=sys.stderr)
     return rows
@@ -104,13 +143,13 @@ def differences(rows: list[dict]) -> list[dict]:
     """Per alignment: the paired difference matched - uniform of the barrier and of the merged loss (mean, sample
     std) and the pairs where the matched split's barrier is lower."""
     out = []
-    for aligned in (True, False):
+    for aligned in ALIGNMENTS:
         by = {(r["pair"], r["split"]): r for r in rows if r["aligned"] == aligned}
         pairs = sorted({p for p, _ in by})
         db = [by[p, "matched"]["loss_barrier"] - by[p, "uniform"]["loss_barrier"] for p in pairs]
         dl = [by[p, "matched"]["merged_loss"] - by[p, "uniform"]["merged_loss"] for p in pairs]
         sd = (lambda v: statistics.stdev(v) if len(v) > 1 else None)  # noqa: E731
-        out.append({"alignment": "weight-matched" if aligned else "not aligned", "barrier_diff": statistics.mean(db),
+        out.append({"alignment": ALIGNMENTS[aligned], "barrier_diff": statistics.mean(db),
                     "barrier_diff_std": sd(db), "loss_diff": statistics.mean(dl), "loss_diff_std": sd(dl),
                     "matched_lower": f"{sum(d < 0 for d in db)} of {len(db)}", "pairs": len(db)})
     return out
@@ -124,6 +163,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--points", type=int, default=11)
+    ap.add_argument("--learned-steps", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -147,7 +187,7 @@ def main() -> None:
             ("barrier_diff_std", "± std", ".3f"), ("loss_diff", "merged loss: matched - uniform", "+.3f"),
             ("loss_diff_std", "± std", ".3f"), ("matched_lower", "pairs with a lower barrier matched"),
             ("pairs", "pairs")]),
-        "pairs": make_table([r for r in rows if r["aligned"]],
+        "pairs": make_table([r for r in rows if r["aligned"] == "weight"],
                             [("seeds", "seeds"), ("split", "split"), ("loss_a", f"loss A (h={args.wide})", ".3f"),
                              ("loss_b", f"loss B (h={args.narrow})", ".3f"), ("loss_barrier", "loss barrier", ".3f"),
                              ("merged_loss", "merged loss", ".3f"), ("merged_acc", "merged accuracy", ".3f"),
