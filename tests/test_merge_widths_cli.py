@@ -163,3 +163,33 @@ def test_cli_refusals_without_module_or_width_factory(factory, tmp_path, monkeyp
         code, _, err = run_symalign(monkeypatch, capsys, *base, *extra)
         assert code == 2 and match in err and len(err.strip().splitlines()) == 1, err
         assert not (tmp_path / "out.pt").exists()
+
+
+@pytest.mark.slow
+def test_benchmark_writes_its_tables(tmp_path, monkeypatch):
+    """benchmarks/merge_widths.py on two tiny pairs: every method's summary is the mean of its rows, and the
+    paired differences are those of the rows."""
+    import importlib.util
+    import statistics
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("merge_widths_bench", root / "benchmarks" / "merge_widths.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "mw.json"
+    monkeypatch.setattr(sys, "argv", ["merge_widths.py", "--pairs", "2", "--wide", "12", "--narrow", "8",
+                                      "--epochs", "1", "--learned-steps", "3", "--out", str(out)])
+    bench.main()
+    res = json.loads(out.read_text())
+    assert res["provenance"]["seed_pairs"] == 2
+    rows = res["rows"]
+    assert len(rows) == 2 * len(bench.METHODS)
+    assert all(r["widened_change_f64"] <= 1e-10 and r["widened_change_f32"] <= 1e-5 for r in rows)
+    for s in res["summary"]:
+        sel = [r["loss_barrier"] for r in rows if r["method"] == s["method"]]
+        assert s["pairs"] == 2 and abs(s["loss_barrier"] - statistics.mean(sel)) <= 1e-12
+    diff = {d["alignment"]: d for d in res["tables"]["difference"]["rows"]}
+    by = {(r["pair"], r["split"], r["aligned"]): r["loss_barrier"] for r in rows}
+    want = statistics.mean(by[p, "matched", "weight"] - by[p, "uniform", "weight"] for p in (0, 1))
+    assert abs(diff["weight-matched"]["barrier_diff"] - want) <= 1e-12
