@@ -19,6 +19,10 @@ merged model (the path's midpoint, :func:`symalign.tracing.widths.merge_widths`)
 deviation over the pairs. Writes a result file (JSON, atomically) whose tables docs/whole-model.md shows::
 
     nice -n 10 python benchmarks/merge_widths.py --pairs 5 --out results/merge-widths.json
+
+``--model vit`` runs the same on configs/vit-digits-rope.toml's ViT with ReLU FF units whose ``d_ff`` differ
+(``--wide``/``--narrow``; images not flattened; e.g. ``--epochs 20 --lr 3e-3 --learned-steps 0``); no result of
+it is published yet.
 """
 
 from __future__ import annotations
@@ -49,13 +53,25 @@ METHODS = (("matched", "weight"), ("uniform", "weight"), ("matched", "learned"),
 ALIGNMENTS = {"weight": "weight-matched", "learned": "learned matching", "none": "not aligned"}
 
 
-def mlp(width: int) -> nn.Sequential:
+VIT = {"family": "vit", "pe": "rope", "d_model": 32, "n_layers": 2, "n_heads": 4, "patch_size": 2, "pooling": "cls",
+       "image_size": 8, "channels": 1, "n_classes": 10, "activation": "relu"}
+"""``--model vit``: configs/vit-digits-rope.toml's ViT with ReLU FF units, its FF width ``d_ff`` varied."""
+
+
+def make(kind: str, width: int, seed: int = 0) -> nn.Module:
+    """The benchmark's model at hidden width ``width``: the MLP ``64 -> h -> h -> 10`` or the ViT with
+    ``d_ff = width``."""
+    if kind == "vit":
+        from symalign.models import build_model
+
+        return build_model({**VIT, "d_ff": width}, seed)
+    torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
 
 
-def train(width: int, seed: int, data: dict, epochs: int, lr: float) -> nn.Sequential:
+def train(kind: str, width: int, seed: int, data: dict, epochs: int, lr: float) -> nn.Module:
     torch.manual_seed(seed)
-    model = mlp(width)
+    model = make(kind, width, seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     x, y = data["x_train"], data["y_train"]
     gen = torch.Generator().manual_seed(seed)
@@ -67,7 +83,7 @@ def train(width: int, seed: int, data: dict, epochs: int, lr: float) -> nn.Seque
     return model.eval()
 
 
-def learned(a: nn.Module, res, data: dict, steps: int, wide: int) -> tuple[dict, float]:
+def learned(kind: str, a: nn.Module, res, data: dict, steps: int, wide: int) -> tuple[dict, float]:
     """Learned matching (:func:`symalign.match.learned.learn_matching`, its recipe, ``steps`` steps) of the widened
     B to A, started from the weight matching: a fresh training batch of 64 every step (consecutive slices of
     per-epoch permutations), chosen against the weight matching on the validation split. Returns the aligned
@@ -82,7 +98,7 @@ def learned(a: nn.Module, res, data: dict, steps: int, wide: int) -> tuple[dict,
         idx = torch.randperm(n, generator=torch.Generator().manual_seed(epoch))[i:i + 64]
         return x[idx], y[idx]
 
-    wb = mlp(wide)
+    wb = make(kind, wide)
     wb.load_state_dict(res.widened)
     lm = learn_matching(a, wb, batch, steps=steps, init=res.alignment.match,
                         select_batches=[(data["x_val"], data["y_val"])])
@@ -98,8 +114,8 @@ def learned(a: nn.Module, res, data: dict, steps: int, wide: int) -> tuple[dict,
 
 def run_pair(k: int, args, data: dict) -> list[dict]:
     t0 = time.perf_counter()
-    a = train(args.wide, 2 * k + 1, data, args.epochs, args.lr)
-    b = train(args.narrow, 2 * k + 2, data, args.epochs, args.lr)
+    a = train(args.model, args.wide, 2 * k + 1, data, args.epochs, args.lr)
+    b = train(args.model, args.narrow, 2 * k + 2, data, args.epochs, args.lr)
     sa = {n: v.detach() for n, v in a.state_dict().items()}
     sb = {n: v.detach() for n, v in b.state_dict().items()}
     test = [(data["x_test"], data["y_test"])]
@@ -107,15 +123,15 @@ def run_pair(k: int, args, data: dict) -> list[dict]:
     la, acc_a = evaluate(a, sa, batches)
     lb, acc_b = evaluate(b, sb, batches)
     rows = []
-    for split, aligned in METHODS:
-        res = merge_widths(mlp(args.wide), mlp(args.narrow), sa, sb, data["x_train"][:64], split=split,
-                           align=aligned != "none")
+    for split, aligned in methods(args):
+        res = merge_widths(make(args.model, args.wide), make(args.model, args.narrow), sa, sb, data["x_train"][:64],
+                           split=split, align=aligned != "none")
         final, merged, change = res.aligned, res.state, None
         if aligned == "learned":
-            final, change = learned(a, res, data, args.learned_steps, args.wide)
+            final, change = learned(args.model, a, res, data, args.learned_steps, args.wide)
             merged = {n: weighted_average([sa[n], final[n]], [0.5, 0.5], sa[n].dtype) for n in sa}
-        c = curve(mlp(args.wide), sa, final, batches, points=args.points)
-        lm, acc_m = evaluate(mlp(args.wide), merged, batches)
+        c = curve(make(args.model, args.wide), sa, final, batches, points=args.points)
+        lm, acc_m = evaluate(make(args.model, args.wide), merged, batches)
         rows.append({"pair": k, "seeds": f"{2 * k + 1},{2 * k + 2}", "split": split, "aligned": aligned,
                      "method": f"{split} split, {ALIGNMENTS[aligned]}",
                      "loss_a": la, "loss_b": lb, "acc_a": acc_a, "acc_b": acc_b,
@@ -127,10 +143,17 @@ def run_pair(k: int, args, data: dict) -> list[dict]:
     return rows
 
 
+def methods(args) -> tuple[tuple[str, str], ...]:
+    """:data:`METHODS`, without learned matching when ``--learned-steps 0``."""
+    return tuple(m for m in METHODS if args.learned_steps > 0 or m[1] != "learned")
+
+
 def summary(rows: list[dict]) -> list[dict]:
     out = []
     for split, aligned in METHODS:
         sel = [r for r in rows if r["split"] == split and r["aligned"] == aligned]
+        if not sel:
+            continue
         row: dict = {"method": sel[0]["method"], "pairs": len(sel)}
         for key in ("loss_a", "loss_b", "loss_barrier", "merged_loss", "merged_acc"):
             vals = [r[key] for r in sel]
@@ -145,6 +168,8 @@ def differences(rows: list[dict]) -> list[dict]:
     out = []
     for aligned in ALIGNMENTS:
         by = {(r["pair"], r["split"]): r for r in rows if r["aligned"] == aligned}
+        if not by:
+            continue
         pairs = sorted({p for p, _ in by})
         db = [by[p, "matched"]["loss_barrier"] - by[p, "uniform"]["loss_barrier"] for p in pairs]
         dl = [by[p, "matched"]["merged_loss"] - by[p, "uniform"]["merged_loss"] for p in pairs]
@@ -157,6 +182,7 @@ def differences(rows: list[dict]) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=("mlp", "vit"), default="mlp")
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--wide", type=int, default=96)
     ap.add_argument("--narrow", type=int, default=64)
@@ -171,13 +197,15 @@ def main() -> None:
         ap.error("need --pairs >= 1 and 0 < --narrow < --wide")
     torch.set_num_threads(args.threads)
     arrays = load_digits_arrays(seed=0, test_fraction=0.25)
-    data = {k: torch.as_tensor(v).reshape(len(v), -1) if k.startswith("x") else torch.as_tensor(v)
+    flat = args.model == "mlp"
+    data = {k: torch.as_tensor(v).reshape(len(v), -1) if k.startswith("x") and flat else torch.as_tensor(v)
             for k, v in arrays.items()}
+    h = "h" if flat else "d_ff"
     rows = [r for k in range(args.pairs) for r in run_pair(k, args, data)]
     summ = summary(rows)
     tables = {
-        "summary": make_table(summ, [("method", "method"), ("loss_a", f"loss A (h={args.wide})", ".3f"),
-                                     ("loss_b", f"loss B (h={args.narrow})", ".3f"),
+        "summary": make_table(summ, [("method", "method"), ("loss_a", f"loss A ({h}={args.wide})", ".3f"),
+                                     ("loss_b", f"loss B ({h}={args.narrow})", ".3f"),
                                      ("loss_barrier", "loss barrier", ".3f"),
                                      ("loss_barrier_std", "± std", ".3f"), ("merged_loss", "merged loss", ".3f"),
                                      ("merged_loss_std", "± std", ".3f"), ("merged_acc", "merged accuracy", ".3f"),
@@ -188,15 +216,16 @@ def main() -> None:
             ("loss_diff_std", "± std", ".3f"), ("matched_lower", "pairs with a lower barrier matched"),
             ("pairs", "pairs")]),
         "pairs": make_table([r for r in rows if r["aligned"] == "weight"],
-                            [("seeds", "seeds"), ("split", "split"), ("loss_a", f"loss A (h={args.wide})", ".3f"),
-                             ("loss_b", f"loss B (h={args.narrow})", ".3f"), ("loss_barrier", "loss barrier", ".3f"),
+                            [("seeds", "seeds"), ("split", "split"), ("loss_a", f"loss A ({h}={args.wide})", ".3f"),
+                             ("loss_b", f"loss B ({h}={args.narrow})", ".3f"), ("loss_barrier", "loss barrier", ".3f"),
                              ("merged_loss", "merged loss", ".3f"), ("merged_acc", "merged accuracy", ".3f"),
                              ("widened_change_f32", "widened B: change (float32)", ".1e")]),
     }
     command = ["python", "benchmarks/merge_widths.py", *sys.argv[1:]]
     write_json(args.out, {"provenance": provenance(command, args.threads, args.pairs),
                           "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                          "data": "sklearn digits 8x8, flattened; seeded split 65/10/25 (load_digits_arrays(0, 0.25))",
+                          "data": "sklearn digits 8x8" + (", flattened" if flat else "") + "; seeded split 65/10/25 "
+                                  "(load_digits_arrays(0, 0.25))", "model": args.model,
                           "summary": summ, "rows": rows, "tables": tables})
     for r in summ:
         print(f"{r['method']:34s} barrier {r['loss_barrier']:.3f} ± {r['loss_barrier_std'] or 0:.3f}   merged "
