@@ -31,8 +31,9 @@ from symalign.provenance import provenance
 from symalign.tolerance import dtype_name
 
 
-def load_factory(spec: str) -> tuple[nn.Module, Any]:
-    """``(module, example_inputs)`` from ``"pkg.mod:factory"`` (see the module docstring)."""
+def load_factory(spec: str, width: int | None = None) -> tuple[nn.Module, Any]:
+    """``(module, example_inputs)`` from ``"pkg.mod:factory"`` (see the module docstring); with ``width``,
+    ``factory(width)``: the module at that hidden width (``symalign merge --module ... --widths``)."""
     if spec.count(":") != 1 or not all(spec.split(":")):
         raise ConfigError(f"--module {spec!r} must be 'package.module:factory' (a function returning an nn.Module)")
     mod_name, fn_name = spec.split(":")
@@ -46,10 +47,23 @@ def load_factory(spec: str) -> tuple[nn.Module, Any]:
     factory = getattr(mod, fn_name, None)
     if not callable(factory):
         raise ConfigError(f"{mod_name} has no function {fn_name!r} (--module {spec})")
-    made = factory()
+    if width is None:
+        made = factory()
+    else:
+        import inspect
+
+        try:
+            inspect.signature(factory).bind(width)
+        except TypeError:
+            raise ConfigError(f"{spec} takes no width; with --widths the factory is called as factory(width) "
+                              "and must build the model at that hidden width") from None
+        except ValueError:  # no signature to inspect (a builtin): call it and see
+            pass
+        made = factory(width)
     model, inputs = (made if isinstance(made, tuple) and len(made) == 2 else (made, None))
     if not isinstance(model, nn.Module):
-        raise ConfigError(f"{spec}() returned {type(model).__name__}, not an nn.Module (or (module, example_inputs))")
+        called = f"{spec}({'' if width is None else width})"
+        raise ConfigError(f"{called} returned {type(model).__name__}, not an nn.Module (or (module, example_inputs))")
     if inputs is None:
         inputs = getattr(model, "example_inputs", None)
         inputs = inputs() if callable(inputs) else inputs

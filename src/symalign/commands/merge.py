@@ -2,6 +2,9 @@
 
 With ``--universe`` the models are aligned to their evolving weighted average
 instead (seed 002's universe matching, :func:`symalign.merge.universe_states`).
+``symalign merge --module pkg.mod:factory A.pt B.pt -o OUT.pt --widths 64,96`` merges two
+state dicts of a traceable module at different hidden widths instead
+(:mod:`symalign.commands.merge_widths`).
 
 Steps: check OUT and the weights; load and validate every checkpoint, refuse
 different families, shapes or vocabularies (one line, exit 2, nothing written);
@@ -359,11 +362,33 @@ def choose_path(dirs: list[Path], stream: bool | None, universe: bool, scope: st
     return False, f"auto, the checkpoints ({mib}) exceed {limit}, but {why.rstrip('.')}"
 
 
+def _merge_module(module: str | None, widths: str | None, split: str, models: list[Path], out: Path,
+                  weights: str | None, align: bool, force: bool, max_sweeps: int, device: Any, as_json: bool) -> None:
+    """``merge --module ... --widths``: :func:`symalign.commands.merge_widths.run_merge_widths`, printed."""
+    from symalign.commands.merge_widths import parse_widths, run_merge_widths
+
+    if module is None:
+        raise ConfigError("--widths needs --module pkg.mod:factory (factory(width) builds the model at a width)")
+    pair = parse_widths(widths)
+    if len(models) != 2:
+        raise ConfigError(f"merge --module takes two state dicts A.pt B.pt, got {len(models)}")
+    res = run_merge_widths(module, models[0], models[1], out, pair, split=split, weights=_parse_weights(weights),
+                           align=align, force=force, max_sweeps=max_sweeps, device=device)
+    if as_json:
+        typer.echo(json.dumps(res, default=float))
+        return
+    narrow = min(res["widths"])
+    typer.echo(f"merged {res['a']} (width {res['widths'][0]}) and {res['b']} (width {res['widths'][1]}) at width "
+               f"{res['width']}: {res['split']} split of the width-{narrow} model"
+               f"{', aligned' if res['aligned'] else ''} -> {res['out']}")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("merge")
     def merge(
         models: list[Path] = typer.Argument(..., help="Two or more save_pretrained checkpoints of one family; "
-                                                      "all are aligned to the first."),
+                                                      "all are aligned to the first. With --module: two "
+                                                      "torch.save'd state dicts A.pt B.pt."),
         out: Path = typer.Option(..., "-o", "--out", help="Output directory: the merged checkpoint."),
         weights: Optional[str] = typer.Option(None, "--weights", help="Comma-separated weights, one per model "
                                                                       "(normalised to sum 1; default uniform)."),
@@ -408,6 +433,15 @@ def register(app: typer.Typer) -> None:
         device: str = checks.device_option(),
         max_device_memory: Optional[str] = checks.max_device_memory_option(),
         revision: Optional[str] = typer.Option(None, "--revision", help=REVISION_HELP),
+        module: Optional[str] = typer.Option(None, "--module", help="pkg.mod:factory: merge two state dicts of "
+                                             "different hidden widths; factory(width) builds the model at a width "
+                                             "(with --widths)."),
+        widths: Optional[str] = typer.Option(None, "--widths", help="--module: the hidden widths of A and B, "
+                                             "e.g. 64,96; the narrower is split onto the wider's widths, aligned "
+                                             "and averaged."),
+        split_units: str = typer.Option("matched", "--split-units", metavar="matched|uniform", help="--module "
+                                        "--widths: how the narrower model's units are split (matched: fitted to "
+                                        "the wider model's units; uniform: the first units copied)."),
     ) -> None:
         """Align checkpoints to the first and write their weighted average as a loadable checkpoint."""
         from symalign.evaluate import EvalOptions
@@ -417,6 +451,10 @@ def register(app: typer.Typer) -> None:
                                 lambda line: typer.echo(f"merge: {line}", err=True))
         cap = checks.use_max_device_memory(max_device_memory, dev)
         interrupt.keep_output(out)
+        if module is not None or widths is not None:
+            _merge_module(module, widths, split_units, models, out, weights, not no_align, force, max_sweeps, dev,
+                          as_json)
+            return
 
         opts = EvalOptions(split=split, text_field=text_field, label_field=label_field, eval_items=eval_items,
                            eval_tokens=eval_tokens, context=context, tokenizer=tokenizer,

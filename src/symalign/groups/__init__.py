@@ -14,7 +14,8 @@ One module per kind of group, above the numerics they use, above the abstract gr
   (``H(r) (+) GL``), :mod:`~symalign.groups.scale` (positive monomials),
   :mod:`~symalign.groups.diagonal` (QK-norm plane signs, scales, identity),
   :mod:`~symalign.groups.fixing` (rotations fixing a subspace), :mod:`~symalign.groups.product`
-  (one element per head).
+  (one element per head), :mod:`~symalign.groups.semiperm` (splits of units and heads into copies, which
+  change widths).
 
 Callers import from ``symalign.groups``; the names below are its public interface.
 """
@@ -33,11 +34,13 @@ from symalign.groups.rope import RotaryPlanes
 from symalign.groups.rotary import plane_of, rotary_block_matrix, rotary_pairs
 from symalign.groups.sampling import as_generator, random_orthogonal, random_well_conditioned
 from symalign.groups.scale import PositiveMonomial
+from symalign.groups.semiperm import SemiPermutation
 
 __all__ = [
     "PAIRINGS", "BlockPermutations", "CenteredOrthogonal", "FixingOrthogonal", "GeneralLinear", "Group",
     "HeadPermutation", "Latent", "MatrixGroup", "OffsetPerHead", "Orthogonal", "Pairing", "PerHead", "Permutation",
-    "PlaneIdentity", "PlaneScales", "PlaneSigns", "PositiveMonomial", "RotaryPlanes", "SignedPermutations",
+    "PlaneIdentity", "PlaneScales", "PlaneSigns", "PositiveMonomial", "RotaryPlanes", "SemiPermutation",
+    "SignedPermutations",
     "Variance", "apply_on_axis", "as_generator", "assign_grouped", "assign_max", "centred_basis", "condition",
     "one_hot", "pair_costs", "plane_of", "polar", "polar_st", "positive_scales", "quartic_roots", "random_orthogonal",
     "random_well_conditioned", "rotary_block_matrix", "rotary_pairs", "scale_objective", "stabiliser",

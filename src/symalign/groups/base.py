@@ -47,7 +47,8 @@ Solvers, probes and folds never test a group's class: they ask the group. Beside
 :attr:`Group.matcher` (the whole-model step that solves it), a group states its structure:
 :attr:`Group.is_permutation` (``S_n`` itself), :attr:`Group.scales_units` (positive
 monomials ``diag(s) P``), :attr:`Group.permutes_heads` (head permutations),
-:attr:`Group.permutes_within_blocks` (``(S_n)^B`` on a stacked axis) and
+:attr:`Group.permutes_within_blocks` (``(S_n)^B`` on a stacked axis), :attr:`Group.changes_width`
+(splits of units into copies, which widen an axis) and
 :attr:`Group.head_block` (the group of each block of a per-head product). A matrix group
 (:class:`~symalign.groups.linear.MatrixGroup`) adds what the attention matcher and the
 Jacobian probe need of one block: ``block_matcher``, ``relaxation()``, ``key_bias_shift``,
@@ -92,6 +93,9 @@ class Group(ABC):
     permutes_heads: ClassVar[bool] = False
     #: ``(S_n)^B``: an independent permutation of the units inside each of the ``B`` blocks of a stacked axis 0.
     permutes_within_blocks: ClassVar[bool] = False
+    #: Elements map ``n`` units onto ``m >= n`` (splits into copies, :class:`~symalign.groups.SemiPermutation`):
+    #: no group acting on one parameter space, so its dimension is 0 and no weight-matching step solves it.
+    changes_width: ClassVar[bool] = False
 
     @property
     def head_block(self) -> Group | None:

@@ -106,6 +106,9 @@ def partition(spec: SymmetrySpec) -> Partition:
             perm.append(name)
         elif g.matcher == "orthogonal":
             orth.append(name)
+        elif g.changes_width:
+            raise MatchError(f"space {name!r} ({g.describe()}) changes widths: widen the model with it first "
+                             "(symalign.match.widen), then match the widened model's own spec")
         else:
             raise MatchError(f"space {name!r} ({g.describe()}) is not supported by whole-model matching "
                              "(expected attention, permutation or orthogonal spaces)")
