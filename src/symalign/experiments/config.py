@@ -20,7 +20,7 @@ A config names a model family, a dataset and the protocol::
                                           # barrier on what the models fit; see docs/results.md)
     variants = ["full"]                   # stage-2 variants: none | orthogonal | full | learned
     stage1_ablation = false               # also run with stage 1 off
-    methods = []                          # full scope: seed 002's methods weight | activation | learned
+    methods = []                          # full scope: seed 002's methods weight | activation | learned (| sinkhorn)
                                           # (activation: families with activation sites, check_methods)
     learned_steps = 6000                  # learned matching: optimisation steps (a fresh training batch each)
     method_batch_size = 128               # training-split batch size for activation / learned matching
@@ -51,7 +51,7 @@ else:  # pragma: no cover
 SCOPES = ("first-attention", "all-attention", "first-block", "full")
 SCOPE_ALIASES = {"model": "full"}  # seed 002's name for whole-model alignment of two independent trainings
 VARIANTS = ("none", "orthogonal", "full", "learned")  # learned: "full", then refined on data
-METHODS = ("weight", "activation", "learned")
+METHODS = ("weight", "activation", "learned", "sinkhorn")  # sinkhorn: learned with soft permutations
 # protocol settings added after configs were first recorded: left out of to_dict() at their defaults
 OPTIONAL_PROTOCOL_KEYS = ("device", "methods", "learned_steps", "method_batch_size", "learned_lambda", "eval_split")
 EVAL_SPLITS = ("test", "val", "train")

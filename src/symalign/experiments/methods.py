@@ -19,6 +19,10 @@ method over every space of the whole-model spec and measures the LMC curve
   On the F-MNIST ViT pairs (sinusoidal / RoPE) this took the learned test barrier from
   0.073 / 0.090 nats (40 cycled batches, 200 steps at a constant rate, ``lambda ~
   U(0.4, 0.6)``) to 0.015 / 0.013 (3000 steps: 0.024 / 0.023; ``docs/whole-model.md`` section 6).
+* ``"sinkhorn"`` (not in the default list): learned matching with soft permutations
+  (``relax="sinkhorn"``: doubly stochastic ``Sinkhorn(exp(Z / tau))`` in the forward pass, ``tau``
+  annealed, projected to the Hungarian assignment at the end), otherwise as ``"learned"``; its
+  checkpoint is ``learned_checkpoint`` with ``.sinkhorn`` appended.
 
 The curve's batches come from ``protocol.eval_split``: the test split (default) is never used to
 align or to select; ``"train"`` measures the curve on the split that the models, activation and
@@ -45,7 +49,8 @@ from symalign import lmc
 from symalign.errors import MatchError, SymalignError
 from symalign.tolerance import function_tolerance
 
-METHODS = ("weight", "activation", "learned")
+METHODS = ("weight", "activation", "learned")  # the default list
+KNOWN_METHODS = METHODS + ("sinkhorn",)
 Batch = tuple[Tensor, Tensor]
 
 
@@ -101,7 +106,7 @@ def align_methods(arch_a: nn.Module, arch_b: nn.Module, batches: Callable[[], It
             sites (:mod:`symalign.nn.sites`).
         batches: the evaluation batches of the curves (a list or a callable returning an iterable).
         task: ``"classification"`` or ``"lm"`` (:func:`symalign.lmc.curve`).
-        methods: any of ``"weight"``, ``"activation"``, ``"learned"``.
+        methods: any of ``"weight"``, ``"activation"``, ``"learned"``, ``"sinkhorn"``.
         points: curve points; learned_steps, learned_lr, seed, learned_checkpoint: learned matching.
         train_batches: training-split ``(inputs, targets)`` batches for activation statistics and
             learned matching (required by those two): a :class:`TrainStream` (learned matching
@@ -128,10 +133,10 @@ def align_methods(arch_a: nn.Module, arch_b: nn.Module, batches: Callable[[], It
     from symalign.match.learned import learn_matching
     from symalign.match.whole import PROTOCOL_SETTINGS, match_whole, model_states
 
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if m not in KNOWN_METHODS]
     if unknown:
-        raise MatchError(f"unknown alignment method(s) {unknown}; use any of {', '.join(METHODS)}")
-    if any(m in ("activation", "learned") for m in methods) and not train_batches:
+        raise MatchError(f"unknown alignment method(s) {unknown}; use any of {', '.join(KNOWN_METHODS)}")
+    if any(m in ("activation", "learned", "sinkhorn") for m in methods) and not train_batches:
         raise MatchError("activation and learned matching need data: pass train_batches (training-split "
                          "(inputs, targets) batches, e.g. symalign.experiments.methods.TrainStream(ds))")
     get = batches if callable(batches) else (lambda: batches)
@@ -148,7 +153,7 @@ def align_methods(arch_a: nn.Module, arch_b: nn.Module, batches: Callable[[], It
     for method in methods:
         say(f"aligning ({method})")
         t0 = time.perf_counter()
-        if method in ("weight", "learned") and weight is None:
+        if method in ("weight", "learned", "sinkhorn") and weight is None:
             weight = match_whole(spec, ra, rb, stage1=True, stage2=stage2, max_sweeps=max_sweeps,
                                  spec_b=arch_b.symmetry_spec(), **PROTOCOL_SETTINGS)
         if method == "weight":
@@ -159,9 +164,13 @@ def align_methods(arch_a: nn.Module, arch_b: nn.Module, batches: Callable[[], It
             inputs = [x for x, _ in sample]
             m = match_activations(arch_a, arch_b, inputs, stage2=stage2)
         else:
+            opts = dict(learned_options or {})
+            ckpt = learned_checkpoint
+            if method == "sinkhorn":
+                opts["relax"] = "sinkhorn"
+                ckpt = None if learned_checkpoint is None else f"{learned_checkpoint}.sinkhorn"
             m = learn_matching(arch_a, arch_b, train_batches, steps=learned_steps, lr=learned_lr, init=weight,
-                               seed=seed, checkpoint=learned_checkpoint, select_batches=val_batches,
-                               **dict(learned_options or {}))
+                               seed=seed, checkpoint=ckpt, select_batches=val_batches, **opts)
         rb2 = {**rb, **m.apply(rb)}
         change = _function_change(arch_a, rb2, arch_b, rb, x0)
         if not change <= tol:

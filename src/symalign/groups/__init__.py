@@ -5,7 +5,7 @@ One module per kind of group, above the numerics they use, above the abstract gr
 * :mod:`~symalign.groups.base` -- :class:`Group` (the conventions: covariant and contravariant
   axes, composition, what solvers need of a group and what callers may ask it), ``Variance``, ``Latent``;
 * numerics -- :mod:`~symalign.groups.actions` (a matrix on one axis of a tensor),
-  :mod:`~symalign.groups.assignment` (Hungarian assignment, permutation matrices),
+  :mod:`~symalign.groups.assignment` (Hungarian assignment, permutation matrices, Sinkhorn),
   :mod:`~symalign.groups.polar` (polar factor, condition numbers), :mod:`~symalign.groups.newton`
   (the positive-scale quartic), :mod:`~symalign.groups.rotary` (RoPE planes),
   :mod:`~symalign.groups.sampling` (random elements);
@@ -21,7 +21,7 @@ Callers import from ``symalign.groups``; the names below are its public interfac
 """
 
 from symalign.groups.actions import apply_on_axis, variance_matrix
-from symalign.groups.assignment import assign_grouped, assign_max, one_hot, straight_through
+from symalign.groups.assignment import assign_grouped, assign_max, one_hot, sinkhorn, straight_through
 from symalign.groups.base import PAIRINGS, Group, Latent, Pairing, Variance
 from symalign.groups.diagonal import PlaneIdentity, PlaneScales, PlaneSigns
 from symalign.groups.fixing import CenteredOrthogonal, FixingOrthogonal, centred_basis, stabiliser
@@ -43,6 +43,6 @@ __all__ = [
     "SignedPermutations",
     "Variance", "apply_on_axis", "as_generator", "assign_grouped", "assign_max", "centred_basis", "condition",
     "one_hot", "pair_costs", "plane_of", "polar", "polar_st", "positive_scales", "quartic_roots", "random_orthogonal",
-    "random_well_conditioned", "rotary_block_matrix", "rotary_pairs", "scale_objective", "stabiliser",
+    "random_well_conditioned", "rotary_block_matrix", "rotary_pairs", "scale_objective", "sinkhorn", "stabiliser",
     "straight_through", "variance_matrix",
 ]

@@ -1,4 +1,5 @@
-"""Linear assignment (Hungarian, :func:`scipy.optimize.linear_sum_assignment`) and permutation matrices."""
+r"""Linear assignment (Hungarian, :func:`scipy.optimize.linear_sum_assignment`), permutation matrices, and their
+doubly stochastic relaxation (Sinkhorn)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,23 @@ def one_hot(perm: Tensor, dtype=torch.float64) -> Tensor:
 def straight_through(perm: Tensor, z: Tensor) -> Tensor:
     """``P + Z - sg(Z)``: the permutation matrix of ``perm`` with the gradient of ``z``."""
     return one_hot(perm, z.dtype) + z - z.detach()
+
+
+def sinkhorn(logits: Tensor, iters: int = 30) -> Tensor:
+    r"""The doubly stochastic matrix ``Sinkhorn(exp(logits))``: alternate row and column normalisation.
+
+    In the log domain (stable for large ``logits``): ``l <- l - logsumexp_j l``, then
+    ``l <- l - logsumexp_i l``, ``iters`` times; returns ``exp(l)``. Columns sum to 1 exactly (up
+    to rounding) and rows to within the method's convergence (geometric for a positive matrix).
+    The result has the form ``diag(u) exp(logits) diag(v)``, so ``sum_i log P[i, pi(i)]`` differs
+    from ``sum_i logits[i, pi(i)]`` by a constant over permutations ``pi``: the Hungarian
+    projection of ``logits`` (:func:`assign_max`) is also the most probable permutation under ``P``.
+    Differentiable.
+    """
+    if iters < 1:
+        raise ValueError(f"sinkhorn needs at least one iteration, got {iters}")
+    lg = logits
+    for _ in range(iters):
+        lg = lg - torch.logsumexp(lg, dim=1, keepdim=True)
+        lg = lg - torch.logsumexp(lg, dim=0, keepdim=True)
+    return lg.exp()

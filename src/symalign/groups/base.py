@@ -58,7 +58,7 @@ Jacobian probe need of one block: ``block_matcher``, ``relaxation()``, ``key_bia
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Literal, Mapping
+from typing import Any, Callable, ClassVar, Literal, Mapping
 
 import torch
 from torch import Tensor
@@ -175,6 +175,12 @@ class Group(ABC):
     def soft(self, latent: Mapping[str, Tensor], start: Tensor) -> Any:
         """The differentiable near-element of ``latent`` (computed once per step)."""
         raise self._unsupported("latent parametrisation for learned matching")
+
+    def relaxed(self, latent: Mapping[str, Tensor], start: Tensor, relax: Callable[[Tensor, Tensor], Tensor]) -> Any:
+        """:meth:`soft` with every permutation matrix built by ``relax(perm, z)`` instead of the
+        straight-through ``P + Z - sg(Z)`` (a soft-permutation relaxation of learned matching; ``perm`` is the
+        Hungarian assignment of ``z``). Default: :meth:`soft` (a group without a permutation part)."""
+        return self.soft(latent, start)
 
     def soft_act(self, soft: Any, x: Tensor, axis: int, variance: Variance, rep: str | None = None) -> Tensor:
         """:meth:`soft`'s element acting on ``axis`` of ``x`` (differentiable)."""

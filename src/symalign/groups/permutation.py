@@ -71,8 +71,11 @@ class Permutation(Group):
 
     def soft(self, latent, start) -> Tensor:
         """``P + Z - sg(Z)`` with ``P`` the assignment of ``Z`` (straight-through)."""
+        return self.relaxed(latent, start, straight_through)
+
+    def relaxed(self, latent, start, relax) -> Tensor:
         z = latent[""]
-        return straight_through(assign_max(z.detach()), z)
+        return relax(assign_max(z.detach()), z)
 
     def soft_act(self, soft, x, axis, variance, rep=None) -> Tensor:
         return apply_on_axis(x, axis, soft)  # a permutation matrix: T^{-T} = T
@@ -215,12 +218,15 @@ class HeadPermutation(Group):
     def soft(self, latent, start) -> tuple[Tensor, Tensor]:
         """``(P_q, P_kv)``: ``P + Z - sg(Z)`` on query-head axes and, under GQA, the group-level
         ``P_kv + Z_kv - sg(Z_kv)`` on K/V axes."""
+        return self.relaxed(latent, start, straight_through)
+
+    def relaxed(self, latent, start, relax) -> tuple[Tensor, Tensor]:
         z = latent[""]
         pi = self.nearest(z.detach())
-        pq = straight_through(pi, z)
+        pq = relax(pi, z)
         pkv = pq
         if self.group_size > 1:
-            pkv = straight_through(self.kv_permutation(pi), self._kv_latent(z))
+            pkv = relax(self.kv_permutation(pi), self._kv_latent(z))
         return pq, pkv
 
     def soft_act(self, soft, x, axis, variance, rep=None) -> Tensor:

@@ -148,8 +148,13 @@ class PositiveMonomial(Permutation):
 
     def soft(self, latent, start) -> tuple[Tensor, Tensor]:
         """``(diag(s) P_st, diag(1/s) P_st)``: the matrices of covariant and contravariant axes."""
+        return self.relaxed(latent, start, straight_through)
+
+    def relaxed(self, latent, start, relax) -> tuple[Tensor, Tensor]:
+        """``(diag(s) P_r, diag(1/s) P_r)`` with ``P_r = relax(perm, Z)`` (for a doubly stochastic ``P_r`` the
+        contravariant matrix is the same relaxation, not an inverse transpose: the relaxed model is no symmetry)."""
         z = latent[""]
-        p_st = straight_through(assign_max(z.detach()), z)
+        p_st = relax(assign_max(z.detach()), z)
         scale = latent[":log"].exp()[:, None]
         return scale * p_st, p_st / scale
 

@@ -4,17 +4,35 @@ Each space's group owns its parametrisation (:meth:`symalign.groups.Group.latent
 ``soft_act``, ``from_latent``; the maths is in :mod:`symalign.match.learned`'s docstring);
 :class:`Latents` keeps the tensors, applies the differentiable near-elements to a state
 (fused tensors by their segments) and projects to exact elements at the end.
+
+**Soft permutations** (:class:`Relaxation`, seed 002's doubly stochastic level of the hierarchy):
+with ``relax`` given, every permutation part of a space (``S_n``, head permutations, the ``P`` of
+``diag(s) P``) uses, instead of the straight-through ``P + Z - sg(Z)``,
+
+* ``"sinkhorn"``: the doubly stochastic ``P_tau = Sinkhorn(exp(Z / tau))``
+  (:func:`symalign.groups.sinkhorn`) in the forward pass -- the relaxed model mixes units, so it is
+  no symmetry of B; as ``tau -> 0`` ``P_tau`` tends to the Hungarian assignment of ``Z``;
+* ``"sinkhorn-st"``: the hard ``P`` in the forward pass with the gradient of ``P_tau``
+  (``P + P_tau - sg(P_tau)``).
+
+``tau`` is annealed geometrically, ``tau(s) = tau_0 (tau_1 / tau_0)^(s / steps)``, a pure function of
+the step (so a resumed run is the uninterrupted one). The projection at the end is unchanged: the
+Hungarian assignment of ``Z`` (:meth:`Latents.project`), which is also the most probable permutation
+under ``P_tau`` (``log P_tau = Z / tau + u 1^T + 1 v^T``), so the result is an exact group element.
+The other spaces (orthogonal, ``GL``, RoPE planes) keep their parametrisation.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from symalign.errors import GroupError, MatchError
-from symalign.groups import assign_max, straight_through
+from symalign.groups import assign_max, one_hot, sinkhorn, straight_through
 from symalign.spec import SymmetrySpec, Transform, act_on, on_segment
 
 
@@ -22,6 +40,48 @@ def proj_perm(z: Tensor) -> tuple[Tensor, Tensor]:
     """``(perm, P_st)``: the Hungarian projection and its straight-through matrix."""
     perm = assign_max(z.detach())
     return perm, straight_through(perm, z)
+
+
+RELAXATIONS = ("sinkhorn", "sinkhorn-st")
+
+
+@dataclass(frozen=True)
+class Relaxation:
+    """A soft-permutation relaxation (module docstring): ``kind``, the temperature from ``tau[0]`` at step 0 to
+    ``tau[1]`` at ``steps`` (geometric), and the Sinkhorn iterations."""
+
+    kind: str = "sinkhorn"
+    tau: tuple[float, float] = (0.1, 0.01)
+    steps: int = 1
+    iters: int = 30
+
+    def __post_init__(self):
+        if self.kind not in RELAXATIONS:
+            raise MatchError(f"unknown relaxation {self.kind!r}; use one of {', '.join(RELAXATIONS)} (or none)")
+        if not (len(self.tau) == 2 and all(math.isfinite(t) and t > 0 for t in self.tau)):
+            raise MatchError(f"the Sinkhorn temperatures must be two positive numbers (start, end), got {self.tau!r}")
+        if self.iters < 1:
+            raise MatchError(f"Sinkhorn needs at least one iteration, got {self.iters}")
+
+    def tau_at(self, step: int) -> float:
+        """``tau_0 (tau_1 / tau_0)^(p)``, ``p = min(1, step / steps)``."""
+        p = min(1.0, step / max(1, self.steps))
+        return float(self.tau[0] * (self.tau[1] / self.tau[0]) ** p)
+
+    def matrix(self, step: int) -> Callable[[Tensor, Tensor], Tensor]:
+        """``relax(perm, z)`` of step ``step`` (what :meth:`symalign.groups.Group.relaxed` takes)."""
+        tau = self.tau_at(step)
+        if self.kind == "sinkhorn":
+            return lambda perm, z: sinkhorn(z / tau, self.iters)
+
+        def st(perm: Tensor, z: Tensor) -> Tensor:
+            p = sinkhorn(z / tau, self.iters)
+            return one_hot(perm, z.dtype) + p - p.detach()
+
+        return st
+
+    def to_dict(self) -> dict:
+        return {"relax": self.kind, "tau": [float(t) for t in self.tau], "sinkhorn_iters": int(self.iters)}
 
 
 class Latents:
@@ -63,9 +123,12 @@ class Latents:
         return {k: (self.params[s + k].detach() if detach else self.params[s + k]) for k in self.parts[s]}
 
     # -- training forward -----------------------------------------------------
-    def soft(self) -> dict[str, object]:
-        """The differentiable elements of this step (computed once per step)."""
-        return {s: self.spec.spaces[s].soft(self.latent(s), self.init[s]) for s in self.spaces}
+    def soft(self, relax: Callable[[Tensor, Tensor], Tensor] | None = None) -> dict[str, object]:
+        """The differentiable elements of this step (computed once per step); with ``relax``
+        (:meth:`Relaxation.matrix`) the permutation parts are relaxed."""
+        if relax is None:
+            return {s: self.spec.spaces[s].soft(self.latent(s), self.init[s]) for s in self.spaces}
+        return {s: self.spec.spaces[s].relaxed(self.latent(s), self.init[s], relax) for s in self.spaces}
 
     def soft_apply(self, state: Mapping[str, Tensor], soft: dict[str, object] | None = None) -> dict[str, Tensor]:
         """``T(Z) . state`` (differentiable in the latents; fixed spaces act exactly, in spec order; an

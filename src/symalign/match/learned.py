@@ -33,6 +33,12 @@ or has ``cond(U) > max_cond`` falls back to ``U_wm`` (recorded in
 when a head permutation changes during training, the blocks keep their positions. The projections are exact group
 elements, so the returned transform is an exact symmetry whatever the optimisation did.
 
+**Soft permutations** (``relax="sinkhorn"`` or ``"sinkhorn-st"``; :class:`symalign.match.latents.Relaxation`):
+the permutation parts are trained as doubly stochastic ``P_tau = Sinkhorn(exp(Z / tau))`` (or with
+its gradient behind the hard forward), ``tau`` annealed geometrically from ``tau[0]`` to ``tau[1]``
+over the run, with the same objective, schedule and loop; the end projects every ``Z`` to its
+Hungarian assignment as above, so the returned transform is an exact symmetry here too.
+
 **Recipe** (the defaults; measured on the F-MNIST ViT ``full`` pairs, ``docs/whole-model.md``
 section 6). Step ``s`` samples ``lambda ~ U(0.2, 0.8)`` (from ``numpy.random.default_rng([seed,
 s])``, so a resumed run draws the same values) and takes one Adam step (``lr = 1e-2``,
@@ -91,7 +97,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from symalign.match.distance import distance
-from symalign.match.latents import Latents
+from symalign.match.latents import Latents, Relaxation
 from symalign.match.objective import (LAM, Batch, LossFn, default_loss, floating, functional_state,
                                       interpolated_objective)
 from symalign.match.optimise import (BatchSource, _Bar, _check_data, batch_source, check_recipe,
@@ -114,12 +120,15 @@ class LearnedMatch(WholeMatch):
     objective: float | None = None
     selected: str = "learned"
     fallbacks: list[str] = field(default_factory=list)
+    relax: str | None = None
 
     def to_dict(self) -> dict:
         d = super().to_dict()
         d.update(steps=len(self.losses), start_step=self.start_step, losses=list(self.losses),
                  objective_init=self.objective_init, objective=self.objective, selected=self.selected,
                  fallbacks=list(self.fallbacks))
+        if self.relax is not None:
+            d["relax"] = self.relax
         return d
 
 
@@ -129,7 +138,8 @@ def learn_matching(model_a: nn.Module, model_b: nn.Module, batches: BatchSource,
                    init: WholeMatch | None = None, loss: LossFn | None = None, spaces: Sequence[str] | None = None,
                    select_batches: Iterable[Batch] | None = None, select_n: int = 8,
                    checkpoint: str | Path | None = None, save_every: int = 10, progress: bool = False,
-                   seed: int = 0, max_cond: float = 1e6, eval_points: int = 5) -> LearnedMatch:
+                   seed: int = 0, max_cond: float = 1e6, eval_points: int = 5, relax: str | None = None,
+                   tau: tuple[float, float] = (0.1, 0.01), sinkhorn_iters: int = 30) -> LearnedMatch:
     """Learned matching of two rewritten built-in models over every space (see the module docstring).
 
     Args:
@@ -147,14 +157,17 @@ def learn_matching(model_a: nn.Module, model_b: nn.Module, batches: BatchSource,
         checkpoint, save_every: resume file (latents, initial transform, Adam state, losses, recipe).
         max_cond: conditioning guard for the ``GL``/``H`` blocks.
         eval_points: ``lambda`` points of the objective ``J``.
+        relax, tau, sinkhorn_iters: soft permutations (``None``: the straight-through Hungarian; ``"sinkhorn"``,
+            ``"sinkhorn-st"``), the temperature at the first and the last step, the Sinkhorn iterations.
 
     Raises:
-        MatchError: no data, an unknown schedule, unsupported spaces, a checkpoint for other
+        MatchError: no data, an unknown schedule or relaxation, unsupported spaces, a checkpoint for other
         spaces or another recipe, divergence.
     """
     t0 = time.perf_counter()
     batch_of, fixed = batch_source(batches, "learned matching")
     check_recipe(schedule, warmup, steps)
+    relaxation = Relaxation(relax, tuple(tau), steps, sinkhorn_iters) if relax is not None else None
     loss_fn = loss or default_loss
     ckpt = Path(checkpoint) if checkpoint is not None else None
     saved = load_resume(ckpt)
@@ -166,7 +179,8 @@ def learn_matching(model_a: nn.Module, model_b: nn.Module, batches: BatchSource,
     lat = Latents(spec, start_transform, spaces)
     opt = torch.optim.Adam(lat.parameters(), lr=lr, betas=tuple(betas))
     recipe = recipe_of(schedule, warmup, steps, lr=float(lr), lam=[float(lam[0]), float(lam[1])],
-                       betas=[float(b) for b in betas], seed=int(seed), stream=fixed is None)
+                       betas=[float(b) for b in betas], seed=int(seed), stream=fixed is None,
+                       **(relaxation.to_dict() if relaxation is not None else {"relax": None}))
     losses: list[float] = []
     start = 0
     if saved is not None:
@@ -182,7 +196,7 @@ def learn_matching(model_a: nn.Module, model_b: nn.Module, batches: BatchSource,
 
     keys = floating(sa)
     def objective(step: int) -> Tensor:  # L((1 - t) theta_A + t T(Z) . theta_B), t ~ U(lam)
-        sbz = lat.soft_apply(sb)
+        sbz = lat.soft_apply(sb, lat.soft(relaxation.matrix(step)) if relaxation is not None else None)
         t = lam_at(seed, step, lam)
         theta = {k: (1 - t) * sa[k] + t * sbz[k] if k in keys else sa[k] for k in sa}
         x, y = batch_of(step)
@@ -201,7 +215,9 @@ def learn_matching(model_a: nn.Module, model_b: nn.Module, batches: BatchSource,
     selected = "learned"
     notes = [f"initialised from weight matching; learned spaces: {len(lat.spaces)} of {len(spec.spaces)}; "
              f"{'a fresh batch every step' if fixed is None else f'{len(fixed)} batches cycled'}, {schedule} "
-             f"learning rate {lr:g}, lambda ~ U({lam[0]:g}, {lam[1]:g})"]
+             f"learning rate {lr:g}, lambda ~ U({lam[0]:g}, {lam[1]:g})"
+             + (f"; soft permutations ({relax}, tau {tau[0]:g} -> {tau[1]:g}, {sinkhorn_iters} Sinkhorn iterations), "
+                "projected to the Hungarian assignment" if relaxation is not None else "")]
     where = "the held-out selection batches" if select_batches is not None else "the training batches"
     if not j <= j_init:
         transform, selected = dict(start_transform), "weight"
@@ -210,4 +226,5 @@ def learn_matching(model_a: nn.Module, model_b: nn.Module, batches: BatchSource,
         j = j_init
     d = [distance(spec, sa, sb), distance(spec, sa, apply(spec, transform, sb))]
     return LearnedMatch(transform, spec, d, True, "learned", init.attention if init is not None else None,
-                        time.perf_counter() - t0, notes + fallbacks, losses, start, j_init, j, selected, fallbacks)
+                        time.perf_counter() - t0, notes + fallbacks, losses, start, j_init, j, selected, fallbacks,
+                        relax)
