@@ -131,3 +131,11 @@ def test_sinkhorn_is_a_method_of_the_protocol():
     e = res["sinkhorn"]
     assert e["function_change"] <= 1e-9 and e["match"]["relax"] == "sinkhorn" and e["match"]["steps"] == 3
     assert e["match"]["objective"] <= e["match"]["objective_init"]
+
+
+def test_protocol_config_accepts_the_sinkhorn_method():
+    from symalign.experiments.config import parse_config
+
+    cfg = parse_config({"name": "x", "data": "digits", "model": {"family": "vit"},
+                        "protocol": {"scopes": ["full"], "methods": ["weight", "sinkhorn"]}})
+    assert cfg.protocol.methods == ["weight", "sinkhorn"]
