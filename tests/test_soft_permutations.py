@@ -121,6 +121,11 @@ def test_resume_refuses_another_relaxation(tmp_path):
     learn_matching(a, b, _data(a.cfg, 1), steps=2, init=wm, checkpoint=ck, save_every=1, relax="sinkhorn")
     with pytest.raises(MatchError, match="other settings.*relax"):
         learn_matching(a, b, _data(a.cfg, 1), steps=2, init=wm, checkpoint=ck)
+    ck2 = tmp_path / "constant.pt"  # a constant learning rate, but tau is annealed over `steps`
+    kw = dict(init=wm, save_every=1, relax="sinkhorn", schedule="constant")
+    learn_matching(a, b, _data(a.cfg, 1), steps=2, checkpoint=ck2, **kw)
+    with pytest.raises(MatchError, match="other settings.*tau_steps"):
+        learn_matching(a, b, _data(a.cfg, 1), steps=3, checkpoint=ck2, **kw)
 
 
 def test_sinkhorn_is_a_method_of_the_protocol():
