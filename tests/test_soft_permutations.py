@@ -114,6 +114,7 @@ def test_planted_permutations_are_recovered_from_the_identity():
     assert rel_state(wm.apply(sb), apply(spec, final, sb)) <= 1e-12  # the planted solution: B' is A (1e-8 above)
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_relaxation(tmp_path):
     a, b = _pair("vit", "rope")
     wm = align_whole(a, b, max_iter=1)
