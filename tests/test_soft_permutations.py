@@ -114,6 +114,7 @@ def test_planted_permutations_are_recovered_from_the_identity():
     assert rel_state(wm.apply(sb), apply(spec, final, sb)) <= 1e-12  # the planted solution: B' is A (1e-8 above)
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_relaxation(tmp_path):
     a, b = _pair("vit", "rope")
     wm = align_whole(a, b, max_iter=1)
@@ -121,6 +122,11 @@ def test_resume_refuses_another_relaxation(tmp_path):
     learn_matching(a, b, _data(a.cfg, 1), steps=2, init=wm, checkpoint=ck, save_every=1, relax="sinkhorn")
     with pytest.raises(MatchError, match="other settings.*relax"):
         learn_matching(a, b, _data(a.cfg, 1), steps=2, init=wm, checkpoint=ck)
+    ck2 = tmp_path / "constant.pt"  # a constant learning rate, but tau is annealed over `steps`
+    kw = dict(init=wm, save_every=1, relax="sinkhorn", schedule="constant")
+    learn_matching(a, b, _data(a.cfg, 1), steps=2, checkpoint=ck2, **kw)
+    with pytest.raises(MatchError, match="other settings.*tau_steps"):
+        learn_matching(a, b, _data(a.cfg, 1), steps=3, checkpoint=ck2, **kw)
 
 
 def test_sinkhorn_is_a_method_of_the_protocol():
@@ -131,3 +137,11 @@ def test_sinkhorn_is_a_method_of_the_protocol():
     e = res["sinkhorn"]
     assert e["function_change"] <= 1e-9 and e["match"]["relax"] == "sinkhorn" and e["match"]["steps"] == 3
     assert e["match"]["objective"] <= e["match"]["objective_init"]
+
+
+def test_protocol_config_accepts_the_sinkhorn_method():
+    from symalign.experiments.config import parse_config
+
+    cfg = parse_config({"name": "x", "data": "digits", "model": {"family": "vit"},
+                        "protocol": {"scopes": ["full"], "methods": ["weight", "sinkhorn"]}})
+    assert cfg.protocol.methods == ["weight", "sinkhorn"]

@@ -81,7 +81,9 @@ class Relaxation:
         return st
 
     def to_dict(self) -> dict:
-        return {"relax": self.kind, "tau": [float(t) for t in self.tau], "sinkhorn_iters": int(self.iters)}
+        """What a resumed run must share (the annealing depends on ``steps`` even at a constant learning rate)."""
+        return {"relax": self.kind, "tau": [float(t) for t in self.tau], "tau_steps": int(self.steps),
+                "sinkhorn_iters": int(self.iters)}
 
 
 class Latents:
