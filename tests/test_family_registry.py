@@ -28,7 +28,8 @@ EXCEPTIONS: dict[str, dict[str, str]] = {
     "phi": {f: "the Greek letter phi in formulas" for f in (
         "src/symalign/groups/rope.py", "src/symalign/match/rope.py", "src/symalign/match/learned.py",
         "tests/test_match_rope.py")},
-    "t5": {"tests/test_cli_probe.py": "T5's stacks in `probe --hf t5 --layer STACK.I` (a T5 special case)"},
+    "t5": {"tests/test_cli_probe.py": "T5's stacks in `probe --hf t5 --layer STACK.I` (a T5 special case)",
+           "tests/test_stream_sources.py": "T5's two stacks as attention units in memory (a T5 special case)"},
     "mixtral": {"tests/test_cli_probe.py": "`probe --hf mixtral --block` (a mixture-of-experts special case)",
                 "tests/test_stream_families.py": "the mixture-of-experts streamed tests (special case: experts)"},
     "qwen2_moe": {"tests/test_stream_families.py": "the mixture-of-experts streamed tests (special case: experts)"},
