@@ -57,7 +57,7 @@ def test_temperature_is_annealed_geometrically_and_bad_settings_are_refused():
 def test_relaxed_forward_starts_near_weight_matching(relax):
     """At a low temperature the relaxed permutations at the start latents are the weight-matching ones."""
     a, b = _pair("gpt", "rope", n_kv_heads=2, activation="relu")  # S_n x scales, heads under GQA
-    wm = align_whole(a, b, max_iter=2)
+    wm = align_whole(a, b, max_sweeps=2)
     lat = Latents(wm.spec, wm.transform)
     with torch.no_grad():
         soft = lat.soft_apply(b.state_dict(), lat.soft(Relaxation(relax, (0.02, 0.02)).matrix(0)))
@@ -73,7 +73,7 @@ def test_sinkhorn_learned_result_is_an_exact_element(family, pe, kw, relax):
     spec = a.symmetry_spec()
     x = inputs(a.cfg)
     yb = b(x)
-    wm = align_whole(a, b, max_iter=2)
+    wm = align_whole(a, b, max_sweeps=2)
     res = learn_matching(a, b, _data(a.cfg), steps=6, lr=0.05, init=wm, relax=relax, tau=(0.5, 0.05))
     assert res.relax == relax and res.to_dict()["relax"] == relax
     for s, g in spec.spaces.items():
@@ -117,7 +117,7 @@ def test_planted_permutations_are_recovered_from_the_identity():
 @pytest.mark.slow
 def test_resume_refuses_another_relaxation(tmp_path):
     a, b = _pair("vit", "rope")
-    wm = align_whole(a, b, max_iter=1)
+    wm = align_whole(a, b, max_sweeps=1)
     ck = tmp_path / "latents.pt"
     learn_matching(a, b, _data(a.cfg, 1), steps=2, init=wm, checkpoint=ck, save_every=1, relax="sinkhorn")
     with pytest.raises(MatchError, match="other settings.*relax"):

@@ -74,7 +74,7 @@ def run_merge_widths(module: str, a_path: Path, b_path: Path, out: Path, widths:
     s_wide, s_narrow = (state_a, state_b) if wide_first else (state_b, state_a)
     w_wide = w[0] if wide_first else w[1]
     res = merge_widths(wide, narrow, s_wide, s_narrow, inputs, split=split, align=align,
-                       weights=(w_wide, 1 - w_wide), max_iter=max_sweeps, device=device)
+                       weights=(w_wide, 1 - w_wide), max_sweeps=max_sweeps, device=device)
     save_state_file(res.state, out)
     threads = torch.get_num_threads()
     al = res.alignment

@@ -94,7 +94,7 @@ def check_widened(narrow: nn.Module, wide: nn.Module, split: SymmetrySpec, split
 
 def merge_widths(wide: nn.Module, narrow: nn.Module, state_a: Mapping[str, Tensor], state_b: Mapping[str, Tensor],
                  example_inputs, example_kwargs: dict | None = None, *, split: str = "matched", align: bool = True,
-                 weights: tuple[float, float] = (0.5, 0.5), max_iter: int = 20,
+                 weights: tuple[float, float] = (0.5, 0.5), max_sweeps: int = 20,
                  device: str | torch.device | None = None) -> WidthMerge:
     """Widen B (``narrow``'s state) onto A's widths, align it to A and average (module docstring).
 
@@ -112,7 +112,7 @@ def merge_widths(wide: nn.Module, narrow: nn.Module, state_a: Mapping[str, Tenso
     moved = sb
     if split == "matched" and same:  # align B in the equal-width spaces first (module docstring)
         first = align_states(wide, sa, widen(spl, uniform_split(spl), sb), example_inputs, example_kwargs,
-                             max_iter=max_iter, traced=traced_wide, device=device)
+                             max_sweeps=max_sweeps, traced=traced_wide, device=device)
         pre = (traced_narrow.spec.restrict(same), {k: first.match.transform[k] for k in same
                                                    if k in first.match.transform})
         moved = apply(pre[0], pre[1], sb)
@@ -123,7 +123,7 @@ def merge_widths(wide: nn.Module, narrow: nn.Module, state_a: Mapping[str, Tenso
     alignment = None
     aligned = widened
     if align:
-        alignment = align_states(wide, sa, widened, example_inputs, example_kwargs, max_iter=max_iter,
+        alignment = align_states(wide, sa, widened, example_inputs, example_kwargs, max_sweeps=max_sweeps,
                                  traced=traced_wide, device=device)
         aligned = alignment.state
     merged = {k: weighted_average([v, aligned[k]], list(weights), v.dtype) if v.is_floating_point() else v
