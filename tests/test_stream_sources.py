@@ -49,7 +49,6 @@ def test_resident_and_lazy_sources_read_the_same(tmp_path):
     assert not torch.equal(res.state[big], copy)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "gpt2", "qwen3"])  # plain; fused Q|K|V (Conv1D); QK-norm
 def test_in_memory_and_streamed_attention_are_bit_identical(family, tmp_path):
     """One engine: lazy sources one layer at a time with per-layer checks (streamed), and resident sources with
