@@ -54,7 +54,6 @@ def test_resident_and_lazy_sources_read_the_same(tmp_path):
 QK_NORM = next(f.model_types[0] for f in FAMILIES if getattr(f.decl, "qk_norm_over", None) == "head")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "gpt2", QK_NORM])
 def test_in_memory_and_streamed_attention_are_bit_identical(family, tmp_path):
     """One engine: lazy sources one layer at a time with per-layer checks (streamed), and resident sources with
