@@ -267,108 +267,178 @@ def _train(model_cfg, data: str, tc: TrainConfig, out_dir: Path, data_options: d
     if ds.task == "lm" and tc.context > cfg.max_len and cfg.pe in ("sinusoidal", "learned"):
         raise ConfigError(f"context={tc.context} exceeds max_len={cfg.max_len}")
     out_dir = Path(out_dir)
+    meta = _run_meta(cfg, ds, data_options, tc, init)
+    start, resumed_from = 0, None
+    if resume and has_checkpoint(out_dir):
+        model, opt, start, resumed_from = _resume_from(out_dir, meta, cfg, tc, dev, init)
+    else:
+        model, opt = _fresh_start(out_dir, resume, cfg, tc, dev, init)
+    model.train()
+    unit = "tok" if ds.task == "lm" else ("img" if ds.modality == "image" else "seq")
+    end = tc.steps if stop_at is None else min(tc.steps, stop_at)
+    run = _Run(ds, tc, model, opt, meta, out_dir, dev, _Reporter(tc.steps, start, unit, progress), unit)
+    step, done, t0, last_good = _loop(run, start, end, resumed_from)
+    meta["metrics"]["train_seconds"] = meta["metrics"].get("train_seconds", 0.0) + time.perf_counter() - t0
+    if done:  # refresh the recorded wall time
+        run.checkpoint(step)
+    meta["checkpoint"] = str(last_good) if last_good else None
+    return meta
+
+
+def _run_meta(cfg: ModelConfig | HFConfig, ds: Dataset, data_options: dict, tc: TrainConfig,
+              init: dict | None) -> dict:
+    """The run's ``config.json`` metadata at step 0: model, data, training settings, seed, threads, arithmetic
+    (and the re-initialisation, when ``init`` is given)."""
     meta = {"model": cfg.to_dict(), "data": {"name": ds.name, "options": data_options}, "train": tc.to_dict(),
             "seed": tc.seed, "step": 0, "metrics": {}, "history": [], "threads": torch.get_num_threads(),
             "arithmetic": describe()}
     if init is not None:
         meta["init"] = dict(init)
-    start, resumed_from = 0, None
-    if resume and has_checkpoint(out_dir):
-        ck = load_run(out_dir)
-        resumed_from = ck.path
-        for key in ("model", "data", "train", "init"):
-            if ck.meta.get(key) != meta.get(key):
-                raise CheckpointError(f"{ck.path}/config.json: its {key} settings differ from this run's; "
-                                      "resume with the same options or use another --out")
-        model = build_model(cfg, seed=None)
-        load_state_into(model, ck.state, ck.path / MODEL_FILE)
-        model.to(dev)
-        if init is not None and init.get("freeze"):
-            from symalign.reinit import scope_names
+    return meta
 
-            keep = scope_names(model, init["scope"])
-            for n, p in model.named_parameters():
-                p.requires_grad_(p.requires_grad and n in keep)
-        opt = _optimizer(model, tc)
-        saved = ck.optim_state()
-        if saved is None:
-            raise CheckpointError(f"{ck.path}/optim.pt: missing; cannot resume exactly")
-        opt.load_state_dict(saved["optimizer"])
-        _set_rng_state(saved["rng"])
-        start = int(ck.meta["step"])
-        meta.update(step=start, metrics=ck.meta.get("metrics", {}), history=ck.meta.get("history", []))
+
+def _resume_from(out_dir: Path, meta: dict, cfg: ModelConfig | HFConfig, tc: TrainConfig, dev: torch.device,
+                 init: dict | None) -> tuple[nn.Module, torch.optim.AdamW, int, Path]:
+    """Model, optimiser moments and RNG state restored from ``out_dir``'s latest checkpoint, whose model, data,
+    training and init settings must equal ``meta``'s; ``meta`` takes its step, metrics and history. Returns the
+    model, the optimiser, the step reached and the checkpoint's path."""
+    ck = load_run(out_dir)
+    for key in ("model", "data", "train", "init"):
+        if ck.meta.get(key) != meta.get(key):
+            raise CheckpointError(f"{ck.path}/config.json: its {key} settings differ from this run's; "
+                                  "resume with the same options or use another --out")
+    model = build_model(cfg, seed=None)
+    load_state_into(model, ck.state, ck.path / MODEL_FILE)
+    model.to(dev)
+    if init is not None and init.get("freeze"):
+        _freeze_outside(model, init["scope"])
+    opt = _optimizer(model, tc)
+    saved = ck.optim_state()
+    if saved is None:
+        raise CheckpointError(f"{ck.path}/optim.pt: missing; cannot resume exactly")
+    opt.load_state_dict(saved["optimizer"])
+    _set_rng_state(saved["rng"])
+    start = int(ck.meta["step"])
+    meta.update(step=start, metrics=ck.meta.get("metrics", {}), history=ck.meta.get("history", []))
+    return model, opt, start, ck.path
+
+
+def _freeze_outside(model: nn.Module, scope: str) -> None:
+    """Stop the gradient of every parameter outside ``scope`` (:func:`symalign.reinit.scope_names`)."""
+    from symalign.reinit import scope_names
+
+    keep = scope_names(model, scope)
+    for n, p in model.named_parameters():
+        p.requires_grad_(p.requires_grad and n in keep)
+
+
+def _fresh_start(out_dir: Path, resume: bool, cfg: ModelConfig | HFConfig, tc: TrainConfig, dev: torch.device,
+                 init: dict | None) -> tuple[nn.Module, torch.optim.AdamW]:
+    """A new model (``build_model(cfg, seed)``, or a re-initialised copy of ``init``'s base checkpoint), its
+    optimiser, and the dropout stream seeded from ``tc.seed``; an ``out_dir`` holding a checkpoint is refused
+    unless resuming."""
+    if out_dir.exists() and has_checkpoint(out_dir) and not resume:
+        raise ConfigError(f"{out_dir} already holds a checkpoint; pass --resume or choose another --out")
+    if init is not None:
+        from symalign.reinit import reinit
+
+        model, _ = reinit(init["base"], init["scope"], int(init["seed"]), bool(init.get("freeze", False)))
+        if model.cfg.to_dict() != cfg.to_dict():
+            raise ConfigError(f"the base checkpoint {init['base']} has a different model config than this run")
+        model = model.to(dev)
     else:
-        if out_dir.exists() and has_checkpoint(out_dir) and not resume:
-            raise ConfigError(f"{out_dir} already holds a checkpoint; pass --resume or choose another --out")
-        if init is not None:
-            from symalign.reinit import reinit
+        model = build_model(cfg, seed=tc.seed).to(dev)
+    opt = _optimizer(model, tc)
+    torch.manual_seed(mix(tc.seed, 0x0D50))  # dropout stream
+    return model, opt
 
-            model, _ = reinit(init["base"], init["scope"], int(init["seed"]), bool(init.get("freeze", False)))
-            if model.cfg.to_dict() != cfg.to_dict():
-                raise ConfigError(f"the base checkpoint {init['base']} has a different model config than this run")
-            model = model.to(dev)
-        else:
-            model = build_model(cfg, seed=tc.seed).to(dev)
-        opt = _optimizer(model, tc)
-        torch.manual_seed(mix(tc.seed, 0x0D50))  # dropout stream
-    model.train()
-    unit = "tok" if ds.task == "lm" else ("img" if ds.modality == "image" else "seq")
-    per_step = tc.batch_size * (tc.context if ds.task == "lm" else 1)
-    end = tc.steps if stop_at is None else min(tc.steps, stop_at)
-    rep = _Reporter(tc.steps, start, unit, progress)
 
-    def checkpoint(step: int) -> Path:
-        meta["step"] = step
-        return save_run(out_dir, model, meta, {"optimizer": opt.state_dict(), "rng": _rng_state()})
+@dataclass
+class _Run:
+    """A training run in progress: its data, settings, model, optimiser, ``config.json`` metadata, output folder,
+    device, progress reporter and throughput unit (tok, img or seq)."""
 
-    last_good = resumed_from
+    ds: Dataset
+    tc: TrainConfig
+    model: nn.Module
+    opt: torch.optim.AdamW
+    meta: dict
+    out_dir: Path
+    dev: torch.device
+    rep: _Reporter
+    unit: str
+
+    def checkpoint(self, step: int) -> Path:
+        """Save the model, the optimiser moments and the RNG state at ``step``; returns the checkpoint's path."""
+        self.meta["step"] = step
+        return save_run(self.out_dir, self.model, self.meta, {"optimizer": self.opt.state_dict(),
+                                                              "rng": _rng_state()})
+
+
+def _loop(run: _Run, start: int, end: int, last_good: Path | None) -> tuple[int, int, float, Path | None]:
+    """Optimiser steps ``start .. end - 1``, evaluated and checkpointed every ``eval_every`` steps and at ``end``;
+    an interrupt saves the step reached (if any step was taken) and is re-raised. Returns the step reached, the
+    steps taken, the start time and the last checkpoint written."""
+    tc = run.tc
+    per_step = tc.batch_size * (tc.context if run.ds.task == "lm" else 1)
     t0, done = time.perf_counter(), 0
     step = start
     try:
         while step < end:
-            lr = tc.lr_at(step)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            x, y = train_batch(ds, step, tc.batch_size, tc.seed, tc.context)
-            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-            loss = loss_fn(model(x), y)
-            lv = loss.item()
-            if not math.isfinite(lv):
-                where = f"; the last good checkpoint ({last_good or 'none saved yet'}) is kept"
-                raise SymalignError(f"the training loss is {lv} at step {step}; training stopped{where}. "
-                                    "Lower --lr or raise the warm-up")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if tc.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-            opt.step()
+            lv = _optimizer_step(run, step, last_good)
             step += 1
             done += 1
             rate = done * per_step / max(time.perf_counter() - t0, 1e-9)
-            rep.update(step, lv, rate)
+            run.rep.update(step, lv, rate)
             is_eval = tc.eval_every and step % tc.eval_every == 0
             if is_eval or step == end:
-                m = evaluate(model, ds, "val", 256, tc.context, tc.eval_items, dev)
-                rec = {"step": step, "train_loss": lv, **{f"val_{k}": v for k, v in m.items()},
-                       "elapsed_s": time.perf_counter() - t0, f"{unit}_per_s": rate}
-                meta["history"].append(rec)
-                meta["metrics"] = {**meta["metrics"], **rec}
-                rep.log("step {step}: train {train_loss:.4f}, val {val_loss:.4f}".format(**rec)
-                        + (f", val acc {m['accuracy']:.4f}" if "accuracy" in m else ""))
-                if step == tc.steps:
-                    tm = evaluate(model, ds, "test", 256, tc.context, tc.eval_items, dev)
-                    meta["metrics"].update({f"test_{k}": v for k, v in tm.items()})
-                    rep.log("test: " + ", ".join(f"{k} {v:.4f}" for k, v in tm.items()))
-                last_good = checkpoint(step)
+                _record_eval(run, step, lv, rate, t0)
+                last_good = run.checkpoint(step)
     except KeyboardInterrupt:
         if step > start:
-            last_good = checkpoint(step)
-            rep.log(f"interrupted: saved {last_good}")  # the command says how to continue (it knows its options)
+            last_good = run.checkpoint(step)
+            run.rep.log(f"interrupted: saved {last_good}")  # the command says how to continue (it knows its options)
         raise
     finally:
-        rep.close()
-    meta["metrics"]["train_seconds"] = meta["metrics"].get("train_seconds", 0.0) + time.perf_counter() - t0
-    if done:  # refresh the recorded wall time
-        checkpoint(step)
-    meta["checkpoint"] = str(last_good) if last_good else None
-    return meta
+        run.rep.close()
+    return step, done, t0, last_good
+
+
+def _optimizer_step(run: _Run, step: int, last_good: Path | None) -> float:
+    """One AdamW step on batch ``step`` at the scheduled learning rate ``lr(step)``, gradients clipped to global
+    norm ``grad_clip``; returns the batch loss. A non-finite loss raises before the update."""
+    tc, model, opt = run.tc, run.model, run.opt
+    lr = tc.lr_at(step)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    x, y = train_batch(run.ds, step, tc.batch_size, tc.seed, tc.context)
+    x, y = x.to(run.dev, non_blocking=True), y.to(run.dev, non_blocking=True)
+    loss = loss_fn(model(x), y)
+    lv = loss.item()
+    if not math.isfinite(lv):
+        where = f"; the last good checkpoint ({last_good or 'none saved yet'}) is kept"
+        raise SymalignError(f"the training loss is {lv} at step {step}; training stopped{where}. "
+                            "Lower --lr or raise the warm-up")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if tc.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+    opt.step()
+    return lv
+
+
+def _record_eval(run: _Run, step: int, lv: float, rate: float, t0: float) -> None:
+    """Validation metrics at ``step`` appended to the history and merged into ``metrics`` (with the test metrics
+    at the schedule's last step), and logged."""
+    tc, meta = run.tc, run.meta
+    m = evaluate(run.model, run.ds, "val", 256, tc.context, tc.eval_items, run.dev)
+    rec = {"step": step, "train_loss": lv, **{f"val_{k}": v for k, v in m.items()},
+           "elapsed_s": time.perf_counter() - t0, f"{run.unit}_per_s": rate}
+    meta["history"].append(rec)
+    meta["metrics"] = {**meta["metrics"], **rec}
+    run.rep.log("step {step}: train {train_loss:.4f}, val {val_loss:.4f}".format(**rec)
+                + (f", val acc {m['accuracy']:.4f}" if "accuracy" in m else ""))
+    if step == tc.steps:
+        tm = evaluate(run.model, run.ds, "test", 256, tc.context, tc.eval_items, run.dev)
+        meta["metrics"].update({f"test_{k}": v for k, v in tm.items()})
+        run.rep.log("test: " + ", ".join(f"{k} {v:.4f}" for k, v in tm.items()))

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import typer
 
@@ -202,21 +203,42 @@ def interpolate_command(
     if module is not None:  # any torch module: symalign.commands.interpolate_module
         return _interpolate_module(module, a_dir, b_dir, data, data_option, split, points, baseline, eval_items,
                                    batch_size, out, bn_reset, repair, no_progress, as_json, force, threads, device)
-    if repair or bn_reset is not None:
-        from symalign.errors import ConfigError
-
-        raise ConfigError("--repair and --bn-reset apply to --module curves; the checkpoints' own models are "
-                          "measured as they are")
-    from symalign.errors import ConfigError
     from symalign.evaluate import EvalOptions
-    from symalign.jobs.interpolate import check_evaluable, open_pair
-    from symalign.jobs.interpolate import curve as line_curve
-    from symalign.lmc import barrier_ratio
 
     from symalign.commands import interrupt
 
-    from symalign.data.user import check_data_path
+    data_options = _check_arguments(data, data_option, context, eval_items, eval_tokens, batch_size, points,
+                                    repair, bn_reset)
+    a_dir, b_dir, baseline, warnings = _check_inputs(a_dir, b_dir, baseline, revision, out, force)
+    checks.use_threads(threads)
+    dev = checks.use_device(device, None if as_json or no_progress else
+                            lambda line: typer.echo(f"interpolate: {line}", err=True))
+    interrupt.keep_output(out)
+    for line in warnings:
+        typer.echo(f"symalign: warning: {line}", err=True)
+    opts = EvalOptions(split=split, text_field=text_field, label_field=label_field, eval_items=eval_items,
+                       eval_tokens=eval_tokens, context=context, batch_size=batch_size, mask_seed=mask_seed,
+                       tokenizer=tokenizer, image_processor=image_processor, data_options=data_options)
+    curves = _measure_curves(a_dir, b_dir, baseline, data, opts, scope, stream, dev, points, not no_progress)
+    res = _results(a_dir, b_dir, baseline, curves)
+    write_results(out, res)
+    if as_json:
+        typer.echo(json.dumps(res, indent=2, default=float))
+        return
+    for line in _summary_lines(res, curves, data, out, baseline is not None):
+        typer.echo(line)
 
+
+def _check_arguments(data: str, data_option: list[str], context: Optional[int], eval_items: Optional[int],
+                     eval_tokens: Optional[int], batch_size: int, points: int, repair: bool,
+                     bn_reset: Optional[bool]) -> dict:
+    """The checkpoint curve's arguments checked before any file is read; returns the parsed ``--data-option``s."""
+    from symalign.data.user import check_data_path
+    from symalign.errors import ConfigError
+
+    if repair or bn_reset is not None:
+        raise ConfigError("--repair and --bn-reset apply to --module curves; the checkpoints' own models are "
+                          "measured as they are")
     data_options = checks.data_options(parse_options(data_option))  # arguments checked before any evaluation
     check_data_path(data)
     if context is not None:
@@ -229,26 +251,48 @@ def interpolate_command(
         raise ConfigError(f"--batch-size must be at least 1, got {batch_size}")
     if points < 2:
         raise ConfigError(f"--points must be at least 2 (the two endpoints), got {points}")
+    return data_options
+
+
+def _check_inputs(a_dir: Path, b_dir: Path, baseline: Optional[Path], revision: Optional[str], out: Path,
+                  force: bool) -> tuple[Path, Path, Optional[Path], list[str]]:
+    """Hub ids resolved to snapshots, every checkpoint's config read and A's head checked evaluable, OUT checked
+    (outside the inputs, replaceable) and each B checked aligned to A; returns the resolved folders and the
+    ``--force`` warnings to print."""
     from symalign.checkpoint.config import load_config
-    from symalign.io.hub import resolve_all, sources
+    from symalign.io.hub import resolve_all
+    from symalign.jobs.interpolate import check_evaluable
 
     a_dir, b_dir, baseline = resolve_all([a_dir, b_dir, baseline], revision, "checkpoint")  # Hub ids -> snapshots
-    for path in [a_dir, b_dir] + ([baseline] if baseline is not None else []):
+    others = [b_dir] + ([baseline] if baseline is not None else [])
+    for path in [a_dir, *others]:
         load_config(path)  # a missing folder or a typo fails here, not after the first curve
     check_evaluable(a_dir)  # a head symalign cannot evaluate is refused before any weights are loaded
-    checks.not_inside(out, [a_dir, b_dir] + ([baseline] if baseline is not None else []))
+    checks.not_inside(out, [a_dir, *others])
     check_results_dir(out, force)
-    warnings = check_reference(a_dir, [b_dir] + ([baseline] if baseline is not None else []), force)
-    checks.use_threads(threads)
-    dev = checks.use_device(device, None if as_json or no_progress else
-                            lambda line: typer.echo(f"interpolate: {line}", err=True))
-    interrupt.keep_output(out)
-    for line in warnings:
-        typer.echo(f"symalign: warning: {line}", err=True)
-    opts = EvalOptions(split=split, text_field=text_field, label_field=label_field, eval_items=eval_items,
-                       eval_tokens=eval_tokens, context=context, batch_size=batch_size, mask_seed=mask_seed,
-                       tokenizer=tokenizer, image_processor=image_processor, data_options=data_options)
-    base_curve = base_metrics = None
+    return a_dir, b_dir, baseline, check_reference(a_dir, others, force)
+
+
+@dataclass
+class _Curves:
+    """The measured A -> B line (and A -> BASELINE, when asked): the pair's description, the evaluation set,
+    the barriers (:class:`symalign.lmc.Curve`) and the per-point metrics."""
+
+    info: dict
+    evalset: Any
+    curve: Any
+    metrics: list
+    base_curve: Any = None
+    base_metrics: Optional[list] = None
+
+
+def _measure_curves(a_dir: Path, b_dir: Path, baseline: Optional[Path], data: str, opts, scope: str,
+                    stream: Optional[bool], dev, points: int, progress: bool) -> _Curves:
+    """Evaluate ``points`` evenly spaced points of A -> B (and A -> BASELINE on the same resident model and
+    batches), streamed when :func:`_streams` says so; the models are released on return."""
+    from symalign.jobs.interpolate import curve as line_curve
+    from symalign.jobs.interpolate import open_pair
+
     streamed = _streams([a_dir, b_dir] + ([baseline] if baseline is not None else []), stream)
     pair = open_pair(a_dir, b_dir, data, opts, scope=scope, stream=streamed, device=dev)
     evalset, info = pair.evalset, pair.info
@@ -256,37 +300,51 @@ def interpolate_command(
     if baseline is not None:  # checked before any curve; the same resident model and batches
         base = open_pair(a_dir, baseline, data, opts, evalset=evalset, scope=scope if streamed else info["scope"],
                          stream=streamed, reuse=pair)
-    with point_progress(points, f"A → {b_dir.name}", not no_progress) as cb:
+    with point_progress(points, f"A → {b_dir.name}", progress) as cb:
         curve, metrics = line_curve(pair, points, cb)
+    measured = _Curves(info, evalset, curve, metrics)
     if base is not None:
-        with point_progress(points, f"A → {baseline.name}", not no_progress) as cb:
-            base_curve, base_metrics = line_curve(base, points, cb)
+        with point_progress(points, f"A → {baseline.name}", progress) as cb:
+            measured.base_curve, measured.base_metrics = line_curve(base, points, cb)
     del pair, base
+    return measured
+
+
+def _results(a_dir: Path, b_dir: Path, baseline: Optional[Path], curves: _Curves) -> dict:
+    """``results.json``: the pair's description, the per-point metrics, the A -> B curve as ``curve`` and as the
+    naive one (or, with a baseline, A -> BASELINE as naive, A -> B as a variant, and the barrier ratio), and the
+    Hub sources of Hub-id inputs."""
+    from symalign.io.hub import sources
+    from symalign.lmc import barrier_ratio
+
+    info, curve = curves.info, curves.curve
     res: dict = {**info, "A": str(a_dir), "B": str(b_dir), "family": info["model_type"], "pe": "",
-                 "scope": f"{a_dir.name} → {b_dir.name}", "rewrite": info["scope"], "evaluation": evalset.info,
-                 "points": [m.to_dict() for m in metrics]}
-    if base_curve is not None:
-        res.update(naive=base_curve.to_dict(), naive_label=f"A → {baseline.name}",
-                   naive_points=[m.to_dict() for m in base_metrics],
+                 "scope": f"{a_dir.name} → {b_dir.name}", "rewrite": info["scope"],
+                 "evaluation": curves.evalset.info, "points": [m.to_dict() for m in curves.metrics]}
+    if curves.base_curve is not None:
+        res.update(naive=curves.base_curve.to_dict(), naive_label=f"A → {baseline.name}",
+                   naive_points=[m.to_dict() for m in curves.base_metrics],
                    variants={b_dir.name: {"curve": curve.to_dict()}},
-                   barrier_ratio_percent=barrier_ratio(curve.loss_barrier, base_curve.loss_barrier))
+                   barrier_ratio_percent=barrier_ratio(curve.loss_barrier, curves.base_curve.loss_barrier))
     else:
         res.update(naive=curve.to_dict(), naive_label=f"A → {b_dir.name}", variants={})
     res["curve"] = curve.to_dict()
     if sources([a_dir, b_dir, baseline]):
         res["hub"] = sources([a_dir, b_dir, baseline])  # id, revision, commit and snapshot of Hub-id inputs
-    write_results(out, res)
-    if as_json:
-        typer.echo(json.dumps(res, indent=2, default=float))
-        return
-    unit = {"causal-lm": "nats/token", "masked-lm": "nats/masked token"}.get(evalset.objective, "nats")
-    typer.echo(f"{evalset.objective} on {data}: loss A {metrics[0].loss:.4f}, B {metrics[-1].loss:.4f} ({unit})"
-               + (f"; per byte A {metrics[0].loss_per_byte:.4f}, B {metrics[-1].loss_per_byte:.4f}"
-                  if metrics[0].loss_per_byte is not None else ""))
-    typer.echo(f"loss barrier {curve.loss_barrier:.4f}, accuracy barrier {curve.acc_barrier:.4f}, "
-               f"midpoint loss barrier {curve.midpoint_loss_barrier:.4f}"
-               + (f"; ratio vs baseline {res['barrier_ratio_percent']:.1f}%" if baseline is not None else ""))
-    typer.echo(f"wrote {out / 'results.json'} and {out / 'curves.png'}")
+    return res
+
+
+def _summary_lines(res: dict, curves: _Curves, data: str, out: Path, has_baseline: bool) -> list[str]:
+    """The three lines printed without ``--json``: endpoint losses (and per byte), barriers, files written."""
+    objective, metrics, curve = curves.evalset.objective, curves.metrics, curves.curve
+    unit = {"causal-lm": "nats/token", "masked-lm": "nats/masked token"}.get(objective, "nats")
+    return [f"{objective} on {data}: loss A {metrics[0].loss:.4f}, B {metrics[-1].loss:.4f} ({unit})"
+            + (f"; per byte A {metrics[0].loss_per_byte:.4f}, B {metrics[-1].loss_per_byte:.4f}"
+               if metrics[0].loss_per_byte is not None else ""),
+            f"loss barrier {curve.loss_barrier:.4f}, accuracy barrier {curve.acc_barrier:.4f}, "
+            f"midpoint loss barrier {curve.midpoint_loss_barrier:.4f}"
+            + (f"; ratio vs baseline {res['barrier_ratio_percent']:.1f}%" if has_baseline else ""),
+            f"wrote {out / 'results.json'} and {out / 'curves.png'}"]
 
 
 def _interpolate_module(module, a_path, b_path, data, data_option, split, points, baseline, eval_items, batch_size,

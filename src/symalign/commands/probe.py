@@ -185,37 +185,54 @@ def register(app: typer.Typer) -> None:
         Refuses (exit 2) a spectrum without a clean gap rather than print a nullity that depends on the cut."""
         checks.use_threads(threads)
         dev = checks.use_device(device)
-        if method not in ("auto", "dense", "matrix-free"):
-            raise ConfigError(f"unknown --method {method!r}; use auto, dense or matrix-free")
-        if probes < 2:
-            raise ConfigError(f"--probes must be at least 2 (for a standard error), got {probes}")
-        if batch is not None and batch <= 0:
-            raise ConfigError(f"--batch must be positive, got {batch}")
+        _check_measurement(method, probes, batch)
         if hf is not None:
             given = {"--pe": pe, "--d-model": d_model, "--heads": heads, "--head-dim": head_dim,
                      "--kv-heads": kv_heads, "--rotary-fraction": rotary_fraction, "--pairing": pairing,
                      "--bias": bias, "--causal": causal, "--seq-len": seq_len, "--batch": batch}
-            clash = [flag for flag, value in given.items() if value != REFERENCE_DEFAULTS[flag]]
-            if clash:
-                raise ConfigError(f"{clash[0]} describes the reference layer; with --hf the layer comes from the "
-                                  f"model's config (drop {clash[0]})")
-            stack, index = parse_layer(layer)
-            from symalign.probe.hf import probe_hf
-
-            rows = probe_hf(hf, index, stack=stack, cross=cross, block=block, seed=seed, method=method, probes=probes,
-                            device=dev)
-            if as_json:
-                typer.echo(json.dumps({"hf": hf, "probes": [r.to_dict() for r in rows]}))
-            else:
-                render_hf(rows)
-            return
+            return _probe_hf_layer(hf, given, layer, cross, block, seed, method, probes, dev, as_json)
         if layer != "0" or block or cross:
             raise ConfigError("--layer, --cross and --block apply only with --hf")
         cfg = build_config(pe, d_model, heads, head_dim, kv_heads, rotary_fraction, pairing, bias, causal, seq_len)
-        from symalign.probe import probe_attention
+        _probe_reference(cfg, seq_len, batch, seed, method, probes, dev, as_json)
 
-        result = probe_attention(cfg, seq_len, batch, seed=seed, method=method, probes=probes, device=dev)
-        if as_json:
-            typer.echo(json.dumps({**result.to_dict(), "config": cfg.to_dict()}))
-        else:
-            render(result, cfg)
+
+def _check_measurement(method: str, probes: int, batch: int | None) -> None:
+    """``--method`` known, at least two ``--probes`` (for a standard error), a positive ``--batch``."""
+    if method not in ("auto", "dense", "matrix-free"):
+        raise ConfigError(f"unknown --method {method!r}; use auto, dense or matrix-free")
+    if probes < 2:
+        raise ConfigError(f"--probes must be at least 2 (for a standard error), got {probes}")
+    if batch is not None and batch <= 0:
+        raise ConfigError(f"--batch must be positive, got {batch}")
+
+
+def _probe_hf_layer(hf: str, given: dict, layer: str, cross: bool, block: bool, seed: int, method: str,
+                    probes: int, dev, as_json: bool) -> None:
+    """``probe --hf``: refuse a reference-layer option set away from its default (``given``), probe the family's
+    layer (and block) with :func:`symalign.probe.hf.probe_hf`, print JSON or the tables."""
+    clash = [flag for flag, value in given.items() if value != REFERENCE_DEFAULTS[flag]]
+    if clash:
+        raise ConfigError(f"{clash[0]} describes the reference layer; with --hf the layer comes from the "
+                          f"model's config (drop {clash[0]})")
+    stack, index = parse_layer(layer)
+    from symalign.probe.hf import probe_hf
+
+    rows = probe_hf(hf, index, stack=stack, cross=cross, block=block, seed=seed, method=method, probes=probes,
+                    device=dev)
+    if as_json:
+        typer.echo(json.dumps({"hf": hf, "probes": [r.to_dict() for r in rows]}))
+    else:
+        render_hf(rows)
+
+
+def _probe_reference(cfg, seq_len: int, batch: int | None, seed: int, method: str, probes: int, dev,
+                     as_json: bool) -> None:
+    """Probe the reference layer ``cfg`` (:func:`symalign.probe.probe_attention`), print JSON or the table."""
+    from symalign.probe import probe_attention
+
+    result = probe_attention(cfg, seq_len, batch, seed=seed, method=method, probes=probes, device=dev)
+    if as_json:
+        typer.echo(json.dumps({**result.to_dict(), "config": cfg.to_dict()}))
+    else:
+        render(result, cfg)

@@ -59,20 +59,12 @@ def train_command(
     quiet: bool = typer.Option(False, help="No progress output."),
 ) -> None:
     """Train a built-in Transformer (seeded, deterministic, resumable) and checkpoint it under --out."""
-    from symalign.data import canonical_name
-    from symalign.models.config import ModelConfig
     from symalign.train import TrainConfig, train
 
     from symalign.checkpoint import has_checkpoint
     from symalign.commands import interrupt
 
-    canonical_name(data)  # unknown dataset -> one-line error before anything heavy
-    checks.threads(threads)
-    checks.output_dir(out)
-    if rotary_fraction != 1.0 and pe != "rope":
-        from symalign.errors import ConfigError
-
-        raise ConfigError(f"--rotary-fraction applies to --pe rope only (got --pe {pe}); drop it or use --pe rope")
+    _check_arguments(data, threads, out, rotary_fraction, pe)
     threads = checks.use_threads(threads)
     interrupt.keep_run(out, add=("--resume",), resumable=lambda: has_checkpoint(out))
     model = dict(family=family, pe=pe, d_model=d_model, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
@@ -81,9 +73,41 @@ def train_command(
                  rotary_fraction=rotary_fraction)
     if patch_size is not None:
         model["patch_size"] = patch_size
-    # validate the data-independent fields now (one-line errors before loading any data)
+    _check_model(model, patch_size)
+    data_options = _data_options(subset, seq_len, root, download, tokenizer, image_size)
+    tc = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, weight_decay=weight_decay,
+                     grad_clip=grad_clip, eval_every=eval_every, eval_items=eval_items, context=context, seed=seed)
+    meta = train(model, data, tc, out, data_options=data_options, resume=resume, device=device, threads=threads,
+                 progress=not quiet)  # progress goes to stderr; --json output to stdout
+    _print_result(meta, as_json)
+
+
+def _check_arguments(data: str, threads: Optional[int], out: Path, rotary_fraction: float, pe: str) -> None:
+    """The dataset name, the thread count, the run folder and ``--rotary-fraction`` (RoPE only) checked before
+    anything heavy (one-line errors)."""
+    from symalign.data import canonical_name
+
+    canonical_name(data)  # unknown dataset -> one-line error before anything heavy
+    checks.threads(threads)
+    checks.output_dir(out)
+    if rotary_fraction != 1.0 and pe != "rope":
+        from symalign.errors import ConfigError
+
+        raise ConfigError(f"--rotary-fraction applies to --pe rope only (got --pe {pe}); drop it or use --pe rope")
+
+
+def _check_model(model: dict, patch_size: Optional[int]) -> None:
+    """Validate the data-independent model fields now (one-line errors before loading any data): a
+    :class:`ModelConfig` built with placeholder image size and context."""
+    from symalign.models.config import ModelConfig
+
     ModelConfig(**{**model, "image_size": patch_size or 7, "patch_size": patch_size or 7, "max_len": 4096})
-    data_options = {}
+
+
+def _data_options(subset: Optional[int], seq_len: Optional[int], root: Optional[Path], download: bool,
+                  tokenizer: Optional[Path], image_size: Optional[int]) -> dict:
+    """The dataset loader's options: only those given on the command line (paths as strings)."""
+    data_options: dict = {}
     if subset is not None:
         data_options["subset"] = subset
     if seq_len is not None:
@@ -96,10 +120,11 @@ def train_command(
         data_options["tokenizer"] = str(tokenizer)
     if image_size is not None:
         data_options["image_size"] = image_size
-    tc = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, weight_decay=weight_decay,
-                     grad_clip=grad_clip, eval_every=eval_every, eval_items=eval_items, context=context, seed=seed)
-    meta = train(model, data, tc, out, data_options=data_options, resume=resume, device=device, threads=threads,
-                 progress=not quiet)  # progress goes to stderr; --json output to stdout
+    return data_options
+
+
+def _print_result(meta: dict, as_json: bool) -> None:
+    """The final metadata as JSON (``--json``), else one line: the checkpoint, its step, its val/test metrics."""
     if as_json:
         typer.echo(json.dumps({k: meta[k] for k in ("model", "data", "train", "seed", "step", "metrics",
                                                     "checkpoint")}, indent=2))

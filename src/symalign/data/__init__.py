@@ -126,6 +126,29 @@ def load_dataset(name: str, split_seed: int = 0, subset: int | None = None, seq_
         if subset is not None:
             opts = {**opts, "subset": int(subset)}
         return _to_dataset(name, arrays, opts, subset)
+    _check_builtin_options(name, tok, opts, root, image_size, labels, per_class, download, test_fraction)
+    if name == "digits":
+        arrays = _digits_arrays(opts, split_seed, test_fraction, use_cache)
+    elif name == "fashion-mnist":
+        arrays = _fashion_arrays(opts, split_seed, root, use_cache)
+    elif name in ("shakespeare", "bible", "wordnet", "fortunes"):
+        arrays = _text_arrays(name, opts, split_seed, seq_len, tok, use_cache)
+    else:
+        from symalign.data.synthetic import synthetic_arrays
+
+        seq_len = seq_len or 16
+        opts.update(kind=kind, n=n, seq_len=seq_len)
+        arrays = synthetic_arrays(kind, n, split_seed, seq_len)
+    if subset is not None:
+        opts["subset"] = int(subset)
+    return _to_dataset(name, arrays, opts, subset)
+
+
+def _check_builtin_options(name: str, tok: Tokenizer, opts: dict, root: str | None, image_size: int | None,
+                           labels: str | None, per_class: int | None, download: bool,
+                           test_fraction: float | None) -> None:
+    """Refuse the options a built-in dataset does not take (the public datasets' options; ``test_fraction``
+    except for digits; a tokenizer for a non-text dataset); a non-byte tokenizer is recorded in ``opts``."""
     if test_fraction is not None and name != "digits":
         raise DatasetError(f"dataset {name!r} takes no test_fraction option (only digits does)")
     given = {k: v for k, v in (("root", root if name != "fashion-mnist" else None), ("image_size", image_size),
@@ -138,43 +161,46 @@ def load_dataset(name: str, split_seed: int = 0, subset: int | None = None, seq_
         if name in ("digits", "fashion-mnist", "synthetic"):
             raise DatasetError(f"dataset {name!r} is not a text corpus; it takes no tokenizer option")
         opts.update(tokenizer=tok.name, tokenizer_sha=tok.fingerprint())
-    if name == "digits":
-        from symalign.data.images import load_digits_arrays
 
-        if test_fraction is not None:
-            if not 0.05 <= float(test_fraction) <= 0.5:
-                raise DatasetError(f"test_fraction must be between 0.05 and 0.5, got {test_fraction}")
-            opts.update(test_fraction=float(test_fraction))
-        arrays = cached(name, {**opts, "v": 1},
-                        lambda: load_digits_arrays(split_seed, opts.get("test_fraction", 0.1)), use_cache)
-    elif name == "fashion-mnist":
-        from symalign.data.images import FASHION_DIR, load_fashion_arrays
 
-        folder = FASHION_DIR if root is None else Path(root).expanduser().absolute()
-        if root is not None:
-            opts["root"] = str(folder)
-        arrays = cached(name, {**opts, "v": 1}, lambda: load_fashion_arrays(split_seed, root=folder), use_cache)
-    elif name in ("shakespeare", "bible"):
-        from symalign.data import text
+def _digits_arrays(opts: dict, split_seed: int, test_fraction: float | None, use_cache: bool) -> dict:
+    """The digits arrays (cached), split with ``test_fraction`` (0.05 to 0.5, default 0.1; recorded in
+    ``opts`` when given)."""
+    from symalign.data.images import load_digits_arrays
 
+    if test_fraction is not None:
+        if not 0.05 <= float(test_fraction) <= 0.5:
+            raise DatasetError(f"test_fraction must be between 0.05 and 0.5, got {test_fraction}")
+        opts.update(test_fraction=float(test_fraction))
+    return cached("digits", {**opts, "v": 1},
+                  lambda: load_digits_arrays(split_seed, opts.get("test_fraction", 0.1)), use_cache)
+
+
+def _fashion_arrays(opts: dict, split_seed: int, root: str | None, use_cache: bool) -> dict:
+    """The fashion-mnist arrays (cached) from ``root`` (default the bundled folder; recorded in ``opts`` when
+    given)."""
+    from symalign.data.images import FASHION_DIR, load_fashion_arrays
+
+    folder = FASHION_DIR if root is None else Path(root).expanduser().absolute()
+    if root is not None:
+        opts["root"] = str(folder)
+    return cached("fashion-mnist", {**opts, "v": 1}, lambda: load_fashion_arrays(split_seed, root=folder),
+                  use_cache)
+
+
+def _text_arrays(name: str, opts: dict, split_seed: int, seq_len: int | None, tok: Tokenizer,
+                 use_cache: bool) -> dict:
+    """The arrays (cached) of a built-in text dataset: the shakespeare / bible LM corpora, or the wordnet /
+    fortunes classification sets cut to ``seq_len`` tokens (default 64 / 128; recorded in ``opts``)."""
+    from symalign.data import text
+
+    if name in ("shakespeare", "bible"):
         fn = text.load_shakespeare_text if name == "shakespeare" else text.load_bible_text
-        arrays = cached(name, {**opts, "v": 1}, _lm(fn, split_seed, tok), use_cache)
-    elif name in ("wordnet", "fortunes"):
-        from symalign.data import text
-
-        seq_len = seq_len or (64 if name == "wordnet" else 128)
-        opts["seq_len"] = seq_len
-        load = text.load_wordnet if name == "wordnet" else text.load_fortunes
-        arrays = cached(name, {**opts, "v": 1}, _labelled(load, seq_len, split_seed, tok), use_cache)
-    else:
-        from symalign.data.synthetic import synthetic_arrays
-
-        seq_len = seq_len or 16
-        opts.update(kind=kind, n=n, seq_len=seq_len)
-        arrays = synthetic_arrays(kind, n, split_seed, seq_len)
-    if subset is not None:
-        opts["subset"] = int(subset)
-    return _to_dataset(name, arrays, opts, subset)
+        return cached(name, {**opts, "v": 1}, _lm(fn, split_seed, tok), use_cache)
+    seq_len = seq_len or (64 if name == "wordnet" else 128)
+    opts["seq_len"] = seq_len
+    load = text.load_wordnet if name == "wordnet" else text.load_fortunes
+    return cached(name, {**opts, "v": 1}, _labelled(load, seq_len, split_seed, tok), use_cache)
 
 
 def _to_dataset(name: str, a: dict, opts: dict, subset: int | None) -> Dataset:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -80,6 +81,55 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
                       progress: Callable[[str], None] | None = None, bars: bool = False) -> dict:
     """Match B to A for every variant and measure naive and aligned curves (one scope);
     ``progress`` receives status lines, ``bars`` shows the learned variant's progress bar."""
+    run = _prepare_scope(cfg, dir_a, dir_b, scope)
+    p, ds, spec, model_a = cfg.protocol, run.ds, run.spec, run.model_a
+    t0 = time.perf_counter()
+    naive, naive_original = naive_curves(run.curve, model_a, run.arch_a, (run.sa, run.sb), (run.ra, run.rb))
+    out: dict[str, Any] = {
+        "scope": scope, "family": model_a.cfg.family, "pe": model_a.cfg.pe, "data": ds.name,
+        "eval_split": p.eval_split,
+        "endpoints": {"A": {"loss": naive.loss[0], "acc": naive.acc[0]},
+                      "B": {"loss": naive.loss[-1], "acc": naive.acc[-1]}},
+        "naive": naive.to_dict(), "variants": {}, "layers_aligned": scope_layers(scope, model_a.cfg.n_layers),
+        "spaces_aligned": spec.describe(), "notes": run.notes,
+    }
+    if naive_original is not None:
+        out["naive_original_coordinates"] = naive_original.to_dict()
+    first_match = _align_variants(run, scope, naive, out["variants"], progress, bars)
+    if scope == "full" and p.methods:
+        out["methods"] = seed002_methods(cfg, ds, run.arch_a, run.arch_b, run.batches, naive, progress,
+                                         checkpoint=Path(dir_a).parent / "learned-matching.pt")
+    out["stage1"] = _stage1_of(run, first_match)
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+@dataclass
+class _ScopeRun:
+    """One scope's inputs: the config and A's folder, the dataset and its evaluation batches, the curve runner,
+    A and B as trained and their full states, A and B in the alignment format (same functions) and their
+    states, the scope's spec and the notes on the format."""
+
+    cfg: ExperimentConfig
+    dir_a: Path
+    ds: Any
+    batches: list
+    curve: Callable
+    model_a: Any
+    model_b: Any
+    sa: dict
+    sb: dict
+    arch_a: Any
+    arch_b: Any
+    ra: dict
+    rb: dict
+    spec: Any
+    notes: list
+
+
+def _prepare_scope(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: str) -> _ScopeRun:
+    """Load A and B (evaluation mode), the dataset and its evaluation batches, rewrite both in the alignment
+    format of ``scope`` and restrict the spec to the scope's spaces."""
     from symalign.checkpoint import load_model
     from symalign.data import eval_batches, load_dataset
     model_a, _ = load_model(dir_a)
@@ -92,63 +142,63 @@ def align_and_measure(cfg: ExperimentConfig, dir_a: Path, dir_b: Path, scope: st
     batches = list(eval_batches(ds, p.eval_split, 256, context, p.eval_items))
     curve = curve_runner(batches, ds.task, p.points, p.device)
     sa, sb = lmc.full_state(model_a), lmc.full_state(model_b)
-    layers = scope_layers(scope, model_a.cfg.n_layers)
     arch_a, arch_b, notes = alignment_models(model_a, model_b, scope)  # same functions as A, B
     ra, rb = lmc.full_state(arch_a), lmc.full_state(arch_b)
     full_spec = arch_a.symmetry_spec()
     spec = full_spec.restrict(scope_spaces(full_spec, scope, model_a.cfg.n_layers))
-    t0 = time.perf_counter()
-    naive, naive_original = naive_curves(curve, model_a, arch_a, (sa, sb), (ra, rb))
-    out: dict[str, Any] = {
-        "scope": scope, "family": model_a.cfg.family, "pe": model_a.cfg.pe, "data": ds.name,
-        "eval_split": p.eval_split,
-        "endpoints": {"A": {"loss": naive.loss[0], "acc": naive.acc[0]},
-                      "B": {"loss": naive.loss[-1], "acc": naive.acc[-1]}},
-        "naive": naive.to_dict(), "variants": {}, "layers_aligned": layers,
-        "spaces_aligned": spec.describe(), "notes": notes,
-    }
-    if naive_original is not None:
-        out["naive_original_coordinates"] = naive_original.to_dict()
-    variants = [(True, v) for v in p.variants] + ([(False, "full")] if p.stage1_ablation else [])
+    return _ScopeRun(cfg, dir_a, ds, batches, curve, model_a, model_b, sa, sb, arch_a, arch_b, ra, rb, spec, notes)
+
+
+def _align_variants(run: _ScopeRun, scope: str, naive: lmc.Curve, variants: dict,
+                    progress: Callable[[str], None] | None, bars: bool) -> Any:
+    """Match B to A for every stage-2 variant of the protocol (stage 1 on; and ``full`` without stage 1 for the
+    ablation; ``learned`` starts from the ``full`` match) and record each in ``variants``; returns the first
+    match."""
+    p = run.cfg.protocol
+    todo = [(True, v) for v in p.variants] + ([(False, "full")] if p.stage1_ablation else [])
     first_match = None
     done: dict[tuple[bool, str], Any] = {}
-    for stage1, stage2 in variants:
+    for stage1, stage2 in todo:
         key = stage2 if stage1 else f"{stage2}-no-stage1"
         if progress:
             progress(f"{scope}: aligning ({key})")
         if stage2 == "learned":
-            start = done.get((True, "full")) or match_scope(spec, ra, rb, True, "full")
-            m = learned_variant(cfg, ds, spec, arch_a, arch_b, start, bars,
-                                checkpoint=Path(dir_a).parent / "learned-stage2.pt")
+            start = done.get((True, "full")) or match_scope(run.spec, run.ra, run.rb, True, "full")
+            m = learned_variant(run.cfg, run.ds, run.spec, run.arch_a, run.arch_b, start, bars,
+                                checkpoint=Path(run.dir_a).parent / "learned-stage2.pt")
         else:
-            m = match_scope(spec, ra, rb, stage1, stage2)
+            m = match_scope(run.spec, run.ra, run.rb, stage1, stage2)
         done[(stage1, stage2)] = m
         first_match = first_match or m
-        rb2 = {**rb, **apply(spec, m.transform, rb)}
-        change = relative_output_change(arch_a, rb2, sb, batches[0][0], model_b)
-        tol = function_tolerance(next(iter(sb.values())).dtype)
-        if change > tol:
-            raise SymalignError(f"alignment changed model B's function (relative change {change:.2e} > {tol:g}); "
-                                "this is a bug -- please report it with the config")
-        aligned = curve(arch_a, ra, rb2)
-        out["variants"][key] = {
-            "curve": aligned.to_dict(), "function_change": change,
-            "loss_barrier_ratio_percent": lmc.barrier_ratio(aligned.loss_barrier, naive.loss_barrier),
-            "acc_barrier_ratio_percent": lmc.barrier_ratio(aligned.acc_barrier, naive.acc_barrier),
-            "match": m.to_dict(),
-        }
-        del rb2
-    if scope == "full" and p.methods:
-        out["methods"] = seed002_methods(cfg, ds, arch_a, arch_b, batches, naive, progress,
-                                         checkpoint=Path(dir_a).parent / "learned-matching.pt")
-    # stage-1 metrics of the chosen head permutations, on B with the other spaces (residual, FF) aligned
+        variants[key] = _measure_variant(run, m, naive)
+    return first_match
+
+
+def _measure_variant(run: _ScopeRun, m, naive: lmc.Curve) -> dict:
+    """B aligned by ``m``: its relative output change against B (above the dtype's function tolerance: an error,
+    a bug), the aligned curve and its barrier ratios against the naive curve, and the match."""
+    rb2 = {**run.rb, **apply(run.spec, m.transform, run.rb)}
+    change = relative_output_change(run.arch_a, rb2, run.sb, run.batches[0][0], run.model_b)
+    tol = function_tolerance(next(iter(run.sb.values())).dtype)
+    if change > tol:
+        raise SymalignError(f"alignment changed model B's function (relative change {change:.2e} > {tol:g}); "
+                            "this is a bug -- please report it with the config")
+    aligned = run.curve(run.arch_a, run.ra, rb2)
+    return {
+        "curve": aligned.to_dict(), "function_change": change,
+        "loss_barrier_ratio_percent": lmc.barrier_ratio(aligned.loss_barrier, naive.loss_barrier),
+        "acc_barrier_ratio_percent": lmc.barrier_ratio(aligned.acc_barrier, naive.acc_barrier),
+        "match": m.to_dict(),
+    }
+
+
+def _stage1_of(run: _ScopeRun, first_match) -> dict:
+    """Stage-1 metrics of the chosen head permutations, on B with the other spaces (residual, FF) aligned."""
+    spec, rb = run.spec, run.rb
     attn_spaces = spec.select(role=ATTENTION_ROLES)
     other = [x for x in spec.spaces if x not in attn_spaces]
     rb_ctx = {**rb, **apply(spec.restrict(other), {k: v for k, v in first_match.transform.items() if k in other}, rb)}
-    out["stage1"] = stage1_metrics(spec.restrict(attn_spaces), ra, rb_ctx, first_match.transform)
-    out["seconds"] = time.perf_counter() - t0
-    return out
-
+    return stage1_metrics(spec.restrict(attn_spaces), run.ra, rb_ctx, first_match.transform)
 
 
 def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = True,

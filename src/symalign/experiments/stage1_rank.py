@@ -141,15 +141,7 @@ def rank_heads_by_barrier(model: nn.Module, spec: SymmetrySpec, state_a: Mapping
     def curve(sb2: Mapping[str, Tensor]) -> lmc.Curve:
         return lmc.curve(model, state_a, sb2, get, task, points)
 
-    view_spec, (va,) = split_segments(spec, state_a)
-    found = [lay for lay in find_layers(view_spec, va) if lay.heads is not None]
-    if not found:
-        raise MatchError("the spec has no attention layer with a heads space to rank")
-    names = [lay.heads for lay in found]
-    want = list(layers) if layers is not None else names
-    unknown = [w for w in want if w not in names]
-    if unknown:
-        raise MatchError(f"unknown heads space(s) {unknown}; the spec has {', '.join(names)}")
+    view_spec, va, found, want = _layers_to_rank(spec, state_a, layers)
     chosen_match = _match(spec, state_a, state_b, True, stage2)
     naive_barrier = curve(state_b).loss_barrier
     out = []
@@ -160,42 +152,75 @@ def rank_heads_by_barrier(model: nn.Module, spec: SymmetrySpec, state_a: Mapping
         if group.n_heads > 8:
             raise MatchError(f"layer {lay.tag!r} has {group.n_heads} heads; ranking all h! permutations "
                              "is limited to h <= 8")
-        own = [lay.heads, lay.qk.name, lay.vo.name]
-        others = [s for s in spec.spaces if s not in own and s in chosen_match.transform]
-        sb_ctx = apply(spec.restrict(others), {s: chosen_match.transform[s] for s in others}, state_b) \
-            if others else dict(state_b)
-        layer_spec = spec.restrict([s for s in own if s in spec.spaces])
-        heads_spec = spec.restrict([lay.heads])
-        _, (vctx,) = split_segments(spec, sb_ctx)
-        cost = head_cost(lay, va, vctx)
-        perms = [torch.as_tensor(p, dtype=torch.int64) for p in itertools.permutations(range(group.n_heads))]
-        perms = [p for p in perms if group.contains(p)]
-        rows = []
-        for i, pi in enumerate(perms):
-            say(f"{lay.tag}: permutation {i + 1}/{len(perms)}")
-            sb_pi = apply(heads_spec, {lay.heads: pi}, sb_ctx)
-            m = _match(layer_spec, state_a, sb_pi, False, stage2)
-            sb2 = apply(layer_spec, {k: v for k, v in m.transform.items() if k != lay.heads}, sb_pi)
-            c = curve(sb2)
-            rows.append(PermutationBarrier([int(j) for j in pi], c.loss_barrier, c.acc_barrier,
-                                           float(m.totals["distance_after"]), objective(cost, pi)))
+        rows = _permutation_barriers(spec, lay, group, chosen_match, state_a, state_b, va, stage2, curve, say)
         chosen = [int(j) for j in chosen_match.transform[lay.heads]]
-        by_perm = {tuple(r.permutation): r for r in rows}
-        mine = by_perm[tuple(chosen)]
-        barriers = np.array([r.loss_barrier for r in rows])
-        tol = 1e-9 * max(float(np.abs(barriers).max()), 1e-300)
-        best = rows[int(barriers.argmin())]
-        ident = by_perm[tuple(range(group.n_heads))]
-        dists = np.array([r.distance for r in rows])
-        out.append(LayerRank(
-            layer=lay.tag, heads_space=lay.heads, chosen=chosen,
-            rank=int((barriers < mine.loss_barrier - tol).sum()) + 1, n_permutations=len(rows),
-            chosen_barrier=mine.loss_barrier, best_barrier=best.loss_barrier, best_permutation=best.permutation,
-            identity_barrier=ident.loss_barrier, naive_barrier=naive_barrier,
-            lhat=_lhat(mine.loss_barrier, best.loss_barrier, naive_barrier),
-            lhat_identity=_lhat(mine.loss_barrier, best.loss_barrier, ident.loss_barrier),
-            distance_barrier_correlation=pearson(dists, barriers),
-            cost_barrier_correlation=pearson([r.stage1_cost for r in rows], barriers),
-            chosen_is_distance_minimum=bool(mine.distance <= dists.min() + 1e-9 * dists.max()),
-            permutations=rows))
+        out.append(_layer_rank(lay, group.n_heads, chosen, rows, naive_barrier))
     return out
+
+
+def _layers_to_rank(spec: SymmetrySpec, state_a: Mapping[str, Tensor],
+                    layers: Sequence[str] | None) -> tuple[SymmetrySpec, Any, list, list[str]]:
+    """The per-segment view of ``spec`` and of A, the attention layers with a heads space, and the heads spaces
+    to rank (``layers``, default all of them); a spec without such a layer, or an unknown name, is refused."""
+    view_spec, (va,) = split_segments(spec, state_a)
+    found = [lay for lay in find_layers(view_spec, va) if lay.heads is not None]
+    if not found:
+        raise MatchError("the spec has no attention layer with a heads space to rank")
+    names = [lay.heads for lay in found]
+    want = list(layers) if layers is not None else names
+    unknown = [w for w in want if w not in names]
+    if unknown:
+        raise MatchError(f"unknown heads space(s) {unknown}; the spec has {', '.join(names)}")
+    return view_spec, va, found, want
+
+
+def _permutation_barriers(spec: SymmetrySpec, lay, group, chosen_match, state_a: Mapping[str, Tensor],
+                          state_b: Mapping[str, Tensor], va, stage2: str, curve: Callable, say: Callable
+                          ) -> list[PermutationBarrier]:
+    """Steps 1-3 of the module docstring for one layer: with every other layer of the scope aligned by the
+    matcher's choice, each permutation ``pi`` of the head group applied to B's heads, stage 2 run for the layer
+    alone, and the curve's barriers, the layer's distance after stage 2 and ``pi``'s stage-1 cost recorded."""
+    own = [lay.heads, lay.qk.name, lay.vo.name]
+    others = [s for s in spec.spaces if s not in own and s in chosen_match.transform]
+    sb_ctx = apply(spec.restrict(others), {s: chosen_match.transform[s] for s in others}, state_b) \
+        if others else dict(state_b)
+    layer_spec = spec.restrict([s for s in own if s in spec.spaces])
+    heads_spec = spec.restrict([lay.heads])
+    _, (vctx,) = split_segments(spec, sb_ctx)
+    cost = head_cost(lay, va, vctx)
+    perms = [torch.as_tensor(p, dtype=torch.int64) for p in itertools.permutations(range(group.n_heads))]
+    perms = [p for p in perms if group.contains(p)]
+    rows = []
+    for i, pi in enumerate(perms):
+        say(f"{lay.tag}: permutation {i + 1}/{len(perms)}")
+        sb_pi = apply(heads_spec, {lay.heads: pi}, sb_ctx)
+        m = _match(layer_spec, state_a, sb_pi, False, stage2)
+        sb2 = apply(layer_spec, {k: v for k, v in m.transform.items() if k != lay.heads}, sb_pi)
+        c = curve(sb2)
+        rows.append(PermutationBarrier([int(j) for j in pi], c.loss_barrier, c.acc_barrier,
+                                       float(m.totals["distance_after"]), objective(cost, pi)))
+    return rows
+
+
+def _layer_rank(lay, n_heads: int, chosen: list[int], rows: list[PermutationBarrier],
+                naive_barrier: float) -> LayerRank:
+    """The chosen permutation's rank among ``rows`` by loss barrier (ties, to a relative ``1e-9``, in its
+    favour), ``Lhat`` against the naive and the identity barriers, and the distance/cost-barrier correlations."""
+    by_perm = {tuple(r.permutation): r for r in rows}
+    mine = by_perm[tuple(chosen)]
+    barriers = np.array([r.loss_barrier for r in rows])
+    tol = 1e-9 * max(float(np.abs(barriers).max()), 1e-300)
+    best = rows[int(barriers.argmin())]
+    ident = by_perm[tuple(range(n_heads))]
+    dists = np.array([r.distance for r in rows])
+    return LayerRank(
+        layer=lay.tag, heads_space=lay.heads, chosen=chosen,
+        rank=int((barriers < mine.loss_barrier - tol).sum()) + 1, n_permutations=len(rows),
+        chosen_barrier=mine.loss_barrier, best_barrier=best.loss_barrier, best_permutation=best.permutation,
+        identity_barrier=ident.loss_barrier, naive_barrier=naive_barrier,
+        lhat=_lhat(mine.loss_barrier, best.loss_barrier, naive_barrier),
+        lhat_identity=_lhat(mine.loss_barrier, best.loss_barrier, ident.loss_barrier),
+        distance_barrier_correlation=pearson(dists, barriers),
+        cost_barrier_correlation=pearson([r.stage1_cost for r in rows], barriers),
+        chosen_is_distance_minimum=bool(mine.distance <= dists.min() + 1e-9 * dists.max()),
+        permutations=rows)

@@ -296,15 +296,66 @@ def lbfgs(prob: Balanced, x0: Tensor, scale: Tensor, *, memory: int = 5, max_ite
     """
     n, d = x0.shape[0], x0.shape[-1]
     eps = torch.finfo(torch.float64).eps
-    out_x, out_f = x0.clone(), torch.empty(n, dtype=torch.float64)
-    out_ev = torch.ones(n, dtype=torch.int64)
-    out_conv = torch.zeros(n, dtype=torch.bool)
-    ids = torch.arange(n)
+    out = LBFGSResult(x0.clone(), torch.empty(n, dtype=torch.float64), torch.ones(n, dtype=torch.int64),
+                      torch.zeros(n, dtype=torch.bool))
+    w = _start(prob, x0, scale, window, eps)
+    hist = _History(n, d * d, memory)
+    for _ in range(max_iter - 1):
+        if bool(w.stop.any()) and (bool(w.stop.all()) or int(w.stop.sum()) * 4 >= w.stop.numel()):
+            prob = _retire(w, out, hist, prob)
+            if w.ids.numel() == 0:
+                break
+        run, step, y, ft, gt = _trial(prob, w)
+        ok = run & torch.isfinite(ft) & (ft <= w.f + c1 * w.alpha * w.gp + w.floor)
+        ss = _dot(step, step)
+        pair_ok = ok & (_dot(step, y) > 1e-10 * torch.sqrt(ss * _dot(y, y)))  # curvature pairs need s^T y > 0
+        done = _accept(w, ok, step, ft, gt, ss, window, ftol, xtol, gtol)
+        _directions(w, hist, ok & ~done, step, y, pair_ok)
+        rej = run & ~ok
+        if bool(rej.any()):
+            _backtrack(w, rej, ft, eps)
+    out.x[w.ids], out.f[w.ids], out.evaluations[w.ids], out.converged[w.ids] = w.x, w.f, w.evals, w.conv
+    return out
+
+
+@dataclass
+class _Working:
+    """The working set of :func:`lbfgs`: per running block its index ``ids`` in the batch, iterate ``x``, value
+    ``f``, gradient ``gr``, direction ``p``, slope ``gp = <gr, p>``, step length ``alpha``, evaluations, whether
+    it converged, value floor ``64 eps scale``, initial gradient norm ``g0``, the values before the last
+    ``window`` steps ``f_back``, and whether it stopped."""
+
+    ids: Tensor
+    x: Tensor
+    f: Tensor
+    gr: Tensor
+    p: Tensor
+    gp: Tensor
+    alpha: Tensor
+    evals: Tensor
+    conv: Tensor
+    floor: Tensor
+    g0: Tensor
+    f_back: Tensor
+    stop: Tensor
+
+    def select(self, keep: Tensor) -> None:
+        """Keep only the blocks where ``keep``."""
+        self.ids, self.x, self.f, self.gr, self.p = self.ids[keep], self.x[keep], self.f[keep], self.gr[keep], \
+            self.p[keep]
+        self.gp, self.alpha, self.evals, self.conv = self.gp[keep], self.alpha[keep], self.evals[keep], \
+            self.conv[keep]
+        self.floor, self.g0, self.f_back = self.floor[keep], self.g0[keep], self.f_back[keep]
+
+
+def _start(prob: Balanced, x0: Tensor, scale: Tensor, window: int, eps: float) -> _Working:
+    """Every block at ``x0``: one evaluation, steepest descent with step ``min(1, 1 / |g0|)``; a block with a
+    zero gradient has converged, one with a non-finite value has stopped."""
+    n = x0.shape[0]
     x = x0.clone()
     f, gr = prob.value_grad(x)
     floor = 64 * eps * scale
     g0 = torch.linalg.matrix_norm(gr)
-    hist = _History(n, d * d, memory)
     p = -gr
     gp = -_dot(gr, gr)
     alpha = (1.0 / g0.clamp_min(1e-300)).clamp(max=1.0)
@@ -312,61 +363,77 @@ def lbfgs(prob: Balanced, x0: Tensor, scale: Tensor, *, memory: int = 5, max_ite
     f_back = torch.full((n, window), math.inf, dtype=torch.float64)  # f before the last `window` steps
     conv = g0 <= 0
     stop = conv | ~torch.isfinite(f)
-    for _ in range(max_iter - 1):
-        if bool(stop.any()) and (bool(stop.all()) or int(stop.sum()) * 4 >= stop.numel()):
-            out_x[ids[stop]], out_f[ids[stop]] = x[stop], f[stop]
-            out_ev[ids[stop]], out_conv[ids[stop]] = evals[stop], conv[stop]
-            keep = ~stop
-            ids, x, f, gr, p, gp, alpha = ids[keep], x[keep], f[keep], gr[keep], p[keep], gp[keep], alpha[keep]
-            evals, conv, floor, g0, f_back = evals[keep], conv[keep], floor[keep], g0[keep], f_back[keep]
-            hist.select(keep)
-            prob = prob.select(keep)
-            stop = torch.zeros(ids.numel(), dtype=torch.bool)
-            if ids.numel() == 0:
-                break
-        # one trial point per running block (frozen blocks take a zero step and are not evaluated)
-        run = ~stop
-        step = _where(run, alpha[:, None, None] * p, torch.zeros_like(p))
-        xt = x + step
-        if bool(run.all()):
-            ft, gt = prob.value_grad(xt)
-        else:
-            idx = torch.nonzero(run).flatten()
-            ft, gt = f.clone(), gr.clone()
-            ft[idx], gt[idx] = prob.select(idx).value_grad(xt[idx])
-        evals += run.long()
-        ok = run & torch.isfinite(ft) & (ft <= f + c1 * alpha * gp + floor)
-        y = gt - gr
-        sy, yy, ss = _dot(step, y), _dot(y, y), _dot(step, step)
-        pair_ok = ok & (sy > 1e-10 * torch.sqrt(ss * yy))  # curvature pairs need s^T y > 0
-        # accept, then the stopping rule
-        f_back = _where(ok, torch.cat([f_back[:, 1:], f[:, None]], 1), f_back)
-        x, f, gr = _where(ok, xt, x), _where(ok, ft, f), _where(ok, gt, gr)
-        small_f = (f_back[:, 0] - f) <= window * ftol * torch.maximum(f.abs(), floor)
-        small_x = ss.sqrt() <= xtol * torch.linalg.matrix_norm(x)
-        small_g = torch.linalg.matrix_norm(gr) <= gtol * g0
-        done = ok & (small_f | small_x | small_g)
-        conv |= done
-        stop |= done
-        # store the pair; new directions (computed for the whole working set)
-        need = ok & ~done
-        q = hist.push_apply(step.flatten(1), y.flatten(1), pair_ok, gr.flatten(1)).view_as(gr)
-        if bool(need.any()):
-            gpn = -_dot(gr, q)
-            descent = gpn < 0  # else restart with steepest descent
-            p = _where(need, _where(descent, -q, -gr), p)
-            gp = _where(need, _where(descent, gpn, -_dot(gr, gr)), gp)
-            alpha = _where(need, torch.ones_like(alpha), alpha)
-        # backtracking for the rejected trial points (quadratic interpolation, factor in [0.1, 0.5])
-        rej = run & ~ok
-        if bool(rej.any()):
-            den = 2 * (ft - f - gp * alpha)
-            trial = -gp * alpha ** 2 / torch.where(den > 0, den, torch.ones_like(den))
-            trial = torch.where((den > 0) & torch.isfinite(trial), trial, 0.1 * alpha)
-            alpha = torch.where(rej, torch.minimum(torch.maximum(trial, 0.1 * alpha), 0.5 * alpha), alpha)
-            stop |= rej & (alpha * torch.linalg.matrix_norm(p) <= eps * torch.linalg.matrix_norm(x))  # stalled
-    out_x[ids], out_f[ids], out_ev[ids], out_conv[ids] = x, f, evals, conv
-    return LBFGSResult(out_x, out_f, out_ev, out_conv)
+    return _Working(torch.arange(n), x, f, gr, p, gp, alpha, evals, conv, floor, g0, f_back, stop)
+
+
+def _retire(w: _Working, out: LBFGSResult, hist: _History, prob: Balanced) -> Balanced:
+    """Write the stopped blocks into ``out`` and drop them from the working set, the memory and the problem;
+    returns the problem of the blocks left."""
+    stop = w.stop
+    out.x[w.ids[stop]], out.f[w.ids[stop]] = w.x[stop], w.f[stop]
+    out.evaluations[w.ids[stop]], out.converged[w.ids[stop]] = w.evals[stop], w.conv[stop]
+    keep = ~stop
+    w.select(keep)
+    hist.select(keep)
+    prob = prob.select(keep)
+    w.stop = torch.zeros(w.ids.numel(), dtype=torch.bool)
+    return prob
+
+
+def _trial(prob: Balanced, w: _Working) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """One trial point ``x + alpha p`` per running block (frozen blocks take a zero step and are not evaluated);
+    returns the running mask, the step, the gradient change and the trial value and gradient."""
+    run = ~w.stop
+    step = _where(run, w.alpha[:, None, None] * w.p, torch.zeros_like(w.p))
+    xt = w.x + step
+    if bool(run.all()):
+        ft, gt = prob.value_grad(xt)
+    else:
+        idx = torch.nonzero(run).flatten()
+        ft, gt = w.f.clone(), w.gr.clone()
+        ft[idx], gt[idx] = prob.select(idx).value_grad(xt[idx])
+    w.evals += run.long()
+    return run, step, gt - w.gr, ft, gt
+
+
+def _accept(w: _Working, ok: Tensor, step: Tensor, ft: Tensor, gt: Tensor, ss: Tensor, window: int, ftol: float,
+            xtol: float, gtol: float) -> Tensor:
+    """Move the blocks where ``ok`` (sufficient decrease) to their trial point, then the stopping rule: the
+    decrease over ``window`` steps below ``window ftol max(|f|, floor)``, the step below ``xtol |x|`` or the
+    gradient below ``gtol g0``. Returns the blocks that converged now."""
+    w.f_back = _where(ok, torch.cat([w.f_back[:, 1:], w.f[:, None]], 1), w.f_back)
+    w.x, w.f, w.gr = _where(ok, w.x + step, w.x), _where(ok, ft, w.f), _where(ok, gt, w.gr)
+    small_f = (w.f_back[:, 0] - w.f) <= window * ftol * torch.maximum(w.f.abs(), w.floor)
+    small_x = ss.sqrt() <= xtol * torch.linalg.matrix_norm(w.x)
+    small_g = torch.linalg.matrix_norm(w.gr) <= gtol * w.g0
+    done = ok & (small_f | small_x | small_g)
+    w.conv |= done
+    w.stop |= done
+    return done
+
+
+def _directions(w: _Working, hist: _History, need: Tensor, step: Tensor, y: Tensor, pair_ok: Tensor) -> None:
+    """Store the pair ``(s, y)`` where ``pair_ok``; where ``need`` the new direction ``-H g`` (steepest descent
+    when it is not a descent direction) with step length 1 (computed for the whole working set)."""
+    gr = w.gr
+    q = hist.push_apply(step.flatten(1), y.flatten(1), pair_ok, gr.flatten(1)).view_as(gr)
+    if bool(need.any()):
+        gpn = -_dot(gr, q)
+        descent = gpn < 0  # else restart with steepest descent
+        w.p = _where(need, _where(descent, -q, -gr), w.p)
+        w.gp = _where(need, _where(descent, gpn, -_dot(gr, gr)), w.gp)
+        w.alpha = _where(need, torch.ones_like(w.alpha), w.alpha)
+
+
+def _backtrack(w: _Working, rej: Tensor, ft: Tensor, eps: float) -> None:
+    """Shorten the step of the rejected trial points by quadratic interpolation (factor in ``[0.1, 0.5]``); a
+    block whose step falls below ``eps |x|`` has stalled and stops."""
+    alpha, gp = w.alpha, w.gp
+    den = 2 * (ft - w.f - gp * alpha)
+    trial = -gp * alpha ** 2 / torch.where(den > 0, den, torch.ones_like(den))
+    trial = torch.where((den > 0) & torch.isfinite(trial), trial, 0.1 * alpha)
+    w.alpha = torch.where(rej, torch.minimum(torch.maximum(trial, 0.1 * alpha), 0.5 * alpha), alpha)
+    w.stop |= rej & (w.alpha * torch.linalg.matrix_norm(w.p) <= eps * torch.linalg.matrix_norm(w.x))  # stalled
 
 
 def solve_gl(g: Grams, mode: str = "full", *, max_iter: int = 500, xtol: float = 1e-14,

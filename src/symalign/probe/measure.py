@@ -140,17 +140,45 @@ def probe(module: nn.Module, inputs: Any = (), *, spec: SymmetrySpec | None = No
     spectrum has no clean gap (never a nullity that depends on the cut).
     """
     if device is not None:
-        from symalign.device import exact_matmul, resolve
-
-        dev = resolve(device)
-        moved = tuple(x.to(dev) if isinstance(x, torch.Tensor) else x
-                      for x in (inputs if isinstance(inputs, tuple) else (inputs,)))
-        with torch.device(dev), exact_matmul():
-            return probe(module.to(dev), moved if isinstance(inputs, tuple) else moved[0], spec=spec,
-                         predicted=predicted, method=method, tol=tol, probes=probes, seed=seed, equilibrate=equilibrate,
-                         maxiter=maxiter, check_heads=check_heads, ad=ad, parameters=parameters,
-                         frequencies=frequencies, seq_len=seq_len)
+        return _probe_on(device, module, inputs, spec=spec, predicted=predicted, method=method, tol=tol,
+                         probes=probes, seed=seed, equilibrate=equilibrate, maxiter=maxiter, check_heads=check_heads,
+                         ad=ad, parameters=parameters, frequencies=frequencies, seq_len=seq_len)
     t0 = time.perf_counter()
+    lin = _linearise(module, inputs, parameters, method, ad, seed, equilibrate)
+    result, frequencies, seq_len = _theory(module, spec, lin.f, predicted, frequencies, seq_len, lin.method,
+                                           lin.outputs, lin.parameters)
+    if frequencies is not None and seq_len is not None:
+        result.rope_planes = rope_planes(frequencies, seq_len)
+    if lin.method == "dense":
+        _measure_dense(result, module, lin.f, lin.push, lin.scale, tol, ad)
+    else:
+        _measure_matrix_free(result, lin, tol, probes, maxiter)
+    if check_heads:
+        result.head_permutations_preserved = head_permutations_preserved(module, inputs, spec)
+    result.upcasts = sorted(lin.f.upcasts)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+@dataclass
+class _Linearised:
+    """The float64 functional view ``f`` of a module, its output and parameter counts, the method chosen, the
+    probes' generator, the Jacobian-vector products (``pull`` only matrix-free) and the equilibration scales."""
+
+    f: Any
+    outputs: int
+    parameters: int
+    method: str
+    gen: torch.Generator
+    push: Any
+    pull: Any
+    scale: torch.Tensor
+
+
+def _linearise(module: nn.Module, inputs: Any, parameters: Sequence[str] | None, method: str, ad: str, seed: int,
+               equilibrate: bool) -> _Linearised:
+    """Check ``method`` and ``ad``, build the functional view, choose the method (``auto``: :func:`choose_method`),
+    seed the generator and form the products and the per-tensor scales (ones without ``equilibrate``)."""
     if method not in ("auto", "dense", "matrix-free"):
         raise SymalignError(f"unknown probe method {method!r}; use auto, dense or matrix-free")
     if ad not in AD_MODES:
@@ -167,7 +195,38 @@ def probe(module: nn.Module, inputs: Any = (), *, spec: SymmetrySpec | None = No
     else:
         push, pull = linear_maps(f)
     scale = tensor_scales(f, push, gen) if equilibrate else torch.ones_like(f.theta)
+    return _Linearised(f, m, p, method, gen, push, pull, scale)
 
+
+def _measure_matrix_free(result: ProbeResult, lin: _Linearised, tol: float | None, probes: int,
+                         maxiter: int) -> None:
+    """The matrix-free nullity into ``result``: the Hutchinson mean over ``probes`` CGLS solves to the relative
+    residual ``tol``, its standard error, iterations and worst residual."""
+    result.tol = DEFAULT_CGLS_RTOL if tol is None else float(tol)
+    mean, err, iters, _, worst = matrix_free_nullity(lin.f, lin.push, lin.pull, lin.scale, probes, lin.gen,
+                                                     result.tol, maxiter)
+    result.nullity, result.rank, result.stderr, result.residual = mean, lin.parameters - mean, err, worst
+    result.probes, result.iterations = probes, iters
+
+
+def _probe_on(device: str | torch.device, module: nn.Module, inputs: Any, **options) -> ProbeResult:
+    """:func:`probe` on ``device``: the module and the tensor inputs moved there, tensors made there, TF32 off."""
+    from symalign.device import exact_matmul, resolve
+
+    dev = resolve(device)
+    moved = tuple(x.to(dev) if isinstance(x, torch.Tensor) else x
+                  for x in (inputs if isinstance(inputs, tuple) else (inputs,)))
+    with torch.device(dev), exact_matmul():
+        return probe(module.to(dev), moved if isinstance(inputs, tuple) else moved[0], **options)
+
+
+def _theory(module: nn.Module, spec: SymmetrySpec | None, f, predicted: int | None,
+            frequencies: Sequence[float] | torch.Tensor | None, seq_len: int | None, method: str, m: int,
+            p: int) -> tuple[ProbeResult, Sequence[float] | torch.Tensor | None, int | None]:
+    """The result before measuring: the predicted nullity and its breakdown, the symmetry group's description and
+    the degeneracy warnings (for :class:`MultiHeadAttention`, from its config, the context length of the inputs and
+    its RoPE frequencies; ``spec`` overrides the group). Returns it with the frequencies and context length to
+    report the RoPE planes for."""
     breakdown = group = None
     warnings: list[str] = []
     if isinstance(module, MultiHeadAttention):
@@ -180,35 +239,29 @@ def probe(module: nn.Module, inputs: Any = (), *, spec: SymmetrySpec | None = No
             frequencies = reference_frequencies(module.cfg)
     if spec is not None:
         group = spec.describe()
-
     result = ProbeResult(nullity=0, predicted=predicted, parameters=p, outputs=m, rank=0, tol=0.0, method=method,
                          breakdown=breakdown, group=group, warnings=warnings)
-    if frequencies is not None and seq_len is not None:
-        result.rope_planes = rope_planes(frequencies, seq_len)
-    if method == "dense":
-        result.tol = DEFAULT_TOL if tol is None else float(tol)
-        modes = ("forward", "reverse") if ad == "both" else (ad,)
-        spectra = {}
-        for mode in modes:
-            jac = dense_jacobian(f, push, scale, ad=mode)
-            spectra[mode] = analyse(torch.linalg.svdvals(jac), p, result.tol,
-                                    what=f"the {mode}-mode Jacobian of {type(module).__name__}")
-        if len({sp.nullity for sp in spectra.values()}) > 1:
-            raise AmbiguousSpectrumError(
-                "forward- and reverse-mode Jacobians disagree on the nullity ("
-                + ", ".join(f"{k} {v.nullity}" for k, v in spectra.items())
-                + "): rounding decides it; not reporting one")
-        sp = spectra[modes[0]]
-        result.nullity, result.rank, result.singular_value_gap = sp.nullity, sp.rank, sp.gap
-        result.smallest_kept, result.largest_null, result.near_null = sp.smallest_kept, sp.largest_null, sp.near_null
-        result.ad = ad
-    else:
-        result.tol = DEFAULT_CGLS_RTOL if tol is None else float(tol)
-        mean, err, iters, _, worst = matrix_free_nullity(f, push, pull, scale, probes, gen, result.tol, maxiter)
-        result.nullity, result.rank, result.stderr, result.residual = mean, p - mean, err, worst
-        result.probes, result.iterations = probes, iters
-    if check_heads:
-        result.head_permutations_preserved = head_permutations_preserved(module, inputs, spec)
-    result.upcasts = sorted(f.upcasts)
-    result.seconds = time.perf_counter() - t0
-    return result
+    return result, frequencies, seq_len
+
+
+def _measure_dense(result: ProbeResult, module: nn.Module, f, push, scale: torch.Tensor, tol: float | None,
+                   ad: str) -> None:
+    """The dense nullity into ``result``: the equilibrated Jacobian formed in ``ad`` mode (both modes for
+    ``both``, which must agree), its singular values cut at the relative ``tol`` with a clean gap required."""
+    result.tol = DEFAULT_TOL if tol is None else float(tol)
+    p = result.parameters
+    modes = ("forward", "reverse") if ad == "both" else (ad,)
+    spectra = {}
+    for mode in modes:
+        jac = dense_jacobian(f, push, scale, ad=mode)
+        spectra[mode] = analyse(torch.linalg.svdvals(jac), p, result.tol,
+                                what=f"the {mode}-mode Jacobian of {type(module).__name__}")
+    if len({sp.nullity for sp in spectra.values()}) > 1:
+        raise AmbiguousSpectrumError(
+            "forward- and reverse-mode Jacobians disagree on the nullity ("
+            + ", ".join(f"{k} {v.nullity}" for k, v in spectra.items())
+            + "): rounding decides it; not reporting one")
+    sp = spectra[modes[0]]
+    result.nullity, result.rank, result.singular_value_gap = sp.nullity, sp.rank, sp.gap
+    result.smallest_kept, result.largest_null, result.near_null = sp.smallest_kept, sp.largest_null, sp.near_null
+    result.ad = ad

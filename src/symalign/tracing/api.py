@@ -340,14 +340,24 @@ def _attention_ok(walker: Walker, att) -> str | None:
 
 def build_spec(walker: Walker) -> tuple[SymmetrySpec, list[Skipped], dict[str, str], list[str]]:
     """The spec, the skipped parts, the layer of each space and notes (see the module docstring)."""
-    sp = walker.sp
     _pin_all(walker)
     spec = SymmetrySpec()
     skipped: list[Skipped] = []
     layers: dict[str, str] = {}
     notes: list[str] = []
-    claimed: set[int] = set()
     skipped.extend(Skipped(layer, reason) for layer, reason in walker.failed)
+    claimed = _declare_attention(walker, spec, skipped, layers)
+    _skip_unrecognised(walker.sp, skipped)
+    streams, units = _free_axes(walker, claimed, skipped)
+    _declare_axes(spec, streams, units, skipped, layers, notes)
+    return spec, skipped, layers, notes
+
+
+def _declare_attention(walker: Walker, spec: SymmetrySpec, skipped: list[Skipped], layers: dict[str, str]) -> set:
+    """Declare the spaces of every attention layer the walker found (``heads.i``, ``qk.i``, ``vo.i``) and their
+    actions; a layer that cannot be aligned is skipped with its reason. Returns the roots of the Q/K/V/O axes."""
+    sp = walker.sp
+    claimed: set[int] = set()
     for i, att in enumerate(walker.attention):
         bad = _attention_ok(walker, att)
         roots = [sp.find(s) for s in (att.q, att.k, att.v, att.o)]
@@ -358,34 +368,53 @@ def build_spec(walker: Walker) -> tuple[SymmetrySpec, list[Skipped], dict[str, s
             continue
         for p in att.problems:
             skipped.append(Skipped(att.layer, p))
-        heads, qk, vo = f"heads.{i}", f"qk.{i}", f"vo.{i}"
-        h, kv, d = att.n_heads, att.n_kv, att.head_dim
-        if att.heads_ok:
-            spec.add_space(heads, HeadPermutation(h, d, kv), role="heads", layer=i)
-        if att.qk is not None:
-            spec.add_space(qk, PerHead(att.qk, kv), role="qk", layer=i)
-        spec.add_space(vo, PerHead(GeneralLinear(d), kv), role="vo", layer=i)
-        if att.heads_ok:
-            spec.couple(heads, *([qk] if att.qk is not None else []), vo)
-        for name in (heads, qk, vo):
-            if name in spec.spaces:
-                layers[name] = att.layer
-        for sid, block, flip, rep in ((att.q, qk, False, "query"), (att.k, qk, True, "kv"),
-                                      (att.v, vo, False, "kv"), (att.o, vo, False, "query")):
-            for tensor, axis, var, seg in _actions(walker, sp.find(sid)):
-                if att.heads_ok:
-                    spec.act_on(tensor, heads, axis, "co", rep, seg)
-                if block in spec.spaces:
-                    v = ("contra" if var == "co" else "co") if flip else var
-                    spec.act_on(tensor, block, axis, v, rep, seg)
+        _attention_spaces(walker, spec, att, i, layers)
+    return claimed
+
+
+def _attention_spaces(walker: Walker, spec: SymmetrySpec, att, i: int, layers: dict[str, str]) -> None:
+    """Layer ``i``'s head permutation (coupled to its blocks, when the heads may be permuted), its per-head Q/K
+    block (when the walker found one) and V/O block ``GL(d)``, and their actions on the Q, K, V and O axes (K's
+    contravariant to Q's)."""
+    sp = walker.sp
+    heads, qk, vo = f"heads.{i}", f"qk.{i}", f"vo.{i}"
+    h, kv, d = att.n_heads, att.n_kv, att.head_dim
+    if att.heads_ok:
+        spec.add_space(heads, HeadPermutation(h, d, kv), role="heads", layer=i)
+    if att.qk is not None:
+        spec.add_space(qk, PerHead(att.qk, kv), role="qk", layer=i)
+    spec.add_space(vo, PerHead(GeneralLinear(d), kv), role="vo", layer=i)
+    if att.heads_ok:
+        spec.couple(heads, *([qk] if att.qk is not None else []), vo)
+    for name in (heads, qk, vo):
+        if name in spec.spaces:
+            layers[name] = att.layer
+    for sid, block, flip, rep in ((att.q, qk, False, "query"), (att.k, qk, True, "kv"),
+                                  (att.v, vo, False, "kv"), (att.o, vo, False, "query")):
+        for tensor, axis, var, seg in _actions(walker, sp.find(sid)):
+            if att.heads_ok:
+                spec.act_on(tensor, heads, axis, "co", rep, seg)
+            if block in spec.spaces:
+                v = ("contra" if var == "co" else "co") if flip else var
+                spec.act_on(tensor, block, axis, v, rep, seg)
+
+
+def _skip_unrecognised(sp, skipped: list[Skipped]) -> None:
+    """A parameter fixed because it reaches an operation the tracer does not recognise (and bound to no axis) is
+    reported as skipped, once per parameter."""
     unrecognised = sorted({pa[0] for pa, why in sp.fixed.items() if why.startswith("reaches")
                            and not any(b[0] == pa[0] for b in sp.bind)})
     for name in unrecognised:
         skipped.append(Skipped(name.rsplit(".", 1)[0] if "." in name else "(model)",
                                f"{name} {sp.fixed[next(pa for pa in sp.fixed if pa[0] == name)]}: "
                                "an operation the tracer does not recognise; left unchanged"))
+
+
+def _free_axes(walker: Walker, claimed: set, skipped: list[Skipped]) -> tuple[list, list]:
+    """The feature axes outside attention that act on some parameter, in trace order, split into residual
+    streams and unit (feed-forward) axes, each with its actions; a pinned axis is skipped with its reason."""
     streams, units = [], []
-    for s in sorted(sp.roots(), key=lambda s: s.order):
+    for s in sorted(walker.sp.roots(), key=lambda s: s.order):
         if s.sid in claimed or s.split:
             continue
         acts = _actions(walker, s.sid)
@@ -397,6 +426,14 @@ def build_spec(walker: Walker) -> tuple[SymmetrySpec, list[Skipped], dict[str, s
             skipped.append(Skipped(layer, f"feature axis of width {s.n} ({s.layer}) not declared: {reason}", kind))
             continue
         (streams if s.stream else units).append((s, acts))
+    return streams, units
+
+
+def _declare_axes(spec: SymmetrySpec, streams: list, units: list, skipped: list[Skipped], layers: dict[str, str],
+                  notes: list[str]) -> None:
+    """Declare each free axis as a space of its exact group (:func:`_group`): ``residual`` (or ``residual.k`` for
+    several separate streams) and ``ff.k``, with its actions and notes; an axis without an exact group is
+    skipped."""
     for kind, items in (("residual", streams), ("ff", units)):
         for k, (s, acts) in enumerate(items):
             name = "residual" if kind == "residual" and len(items) == 1 else f"{kind}.{k}"
@@ -414,7 +451,6 @@ def build_spec(walker: Walker) -> tuple[SymmetrySpec, list[Skipped], dict[str, s
             for tensor, axis, var, seg in acts:
                 spec.act_on(tensor, name, axis, var, None, seg)
             notes.extend(f"{name}: {n}" for n in s.notes)
-    return spec, skipped, layers, notes
 
 
 def _group(s, notes: list[str], name: str):
