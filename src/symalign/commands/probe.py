@@ -146,55 +146,57 @@ def render_hf(rows) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("probe")
-    def probe_cmd(
-        hf: str = typer.Option(None, "--hf", metavar="DIR_OR_MODEL_TYPE",
-                               help="probe a Hugging Face family's real attention layer instead: a checkpoint folder "
-                                    "or a model_type (a tiny random config), beside its adapter's declared group"),
-        layer: str = typer.Option("0", "--layer", metavar="[STACK.]I",
-                                  help="--hf: which layer: its index I, or STACK.I in an encoder-decoder "
-                                       "(T5: encoder.I, decoder.I; a bare I is the encoder's)"),
-        cross: bool = typer.Option(False, "--cross",
-                                   help="--hf: the decoder layer's cross-attention (keys/values from the encoder's "
-                                        "output) instead of its self-attention; needs --layer decoder.I"),
-        block: bool = typer.Option(False, "--block", help="--hf: also probe the whole block (every parameter)"),
-        pe: str = typer.Option("none", "--pe", help=f"positional encoding: {', '.join(POSITIONAL_ENCODINGS)}"),
-        d_model: int = typer.Option(8, "--d-model", help="model width D"),
-        heads: int = typer.Option(2, "--heads", help="number of query heads h"),
-        head_dim: int = typer.Option(None, "--head-dim", help="head width d_h (default D / h)"),
-        kv_heads: int = typer.Option(None, "--kv-heads", help="K/V heads for grouped-query attention (default h)"),
-        rotary_fraction: float = typer.Option(None, "--rotary-fraction",
-                                              help="RoPE: rotated fraction of d_h (default 1; --pe rope only)"),
-        pairing: str = typer.Option(None, "--pairing", help="RoPE pairing: half (default) | interleaved"),
-        bias: bool = typer.Option(False, "--bias", help="biases on the Q/K/V/O projections"),
-        causal: bool = typer.Option(False, "--causal", help="causal mask"),
-        seq_len: int = typer.Option(8, "--seq-len", help="sequence length T of the probe inputs"),
-        batch: int = typer.Option(None, "--batch", help="batch size (default: outputs >= 2x parameters)"),
-        method: str = typer.Option("auto", "--method", help="auto | dense | matrix-free"),
-        probes: int = typer.Option(16, "--probes", help="Hutchinson probes (matrix-free)"),
-        seed: int = typer.Option(0, "--seed", help="seed of the weights, inputs and probes"),
-        as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
-        threads: int = checks.threads_option(),
-        device: str = checks.device_option(),
-    ) -> None:
-        """Measure the Jacobian nullity (the continuous symmetry group) of one generic attention layer in
-        float64 and whether a head swap is a symmetry; compare with the predicted group dimension. With
-        --hf, the real layer of a Hugging Face family against the dimension its adapter declares; an
-        encoder-decoder (T5) has three attention sites: --layer encoder.I (encoder self-attention),
-        --layer decoder.I (decoder self-attention, causal) and --layer decoder.I --cross (cross-attention).
-        Refuses (exit 2) a spectrum without a clean gap rather than print a nullity that depends on the cut."""
-        checks.use_threads(threads)
-        dev = checks.use_device(device)
-        _check_measurement(method, probes, batch)
-        if hf is not None:
-            given = {"--pe": pe, "--d-model": d_model, "--heads": heads, "--head-dim": head_dim,
-                     "--kv-heads": kv_heads, "--rotary-fraction": rotary_fraction, "--pairing": pairing,
-                     "--bias": bias, "--causal": causal, "--seq-len": seq_len, "--batch": batch}
-            return _probe_hf_layer(hf, given, layer, cross, block, seed, method, probes, dev, as_json)
-        if layer != "0" or block or cross:
-            raise ConfigError("--layer, --cross and --block apply only with --hf")
-        cfg = build_config(pe, d_model, heads, head_dim, kv_heads, rotary_fraction, pairing, bias, causal, seq_len)
-        _probe_reference(cfg, seq_len, batch, seed, method, probes, dev, as_json)
+    app.command("probe")(probe_cmd)
+
+
+def probe_cmd(
+    hf: str = typer.Option(None, "--hf", metavar="DIR_OR_MODEL_TYPE",
+                           help="probe a Hugging Face family's real attention layer instead: a checkpoint folder "
+                                "or a model_type (a tiny random config), beside its adapter's declared group"),
+    layer: str = typer.Option("0", "--layer", metavar="[STACK.]I",
+                              help="--hf: which layer: its index I, or STACK.I in an encoder-decoder "
+                                   "(T5: encoder.I, decoder.I; a bare I is the encoder's)"),
+    cross: bool = typer.Option(False, "--cross",
+                               help="--hf: the decoder layer's cross-attention (keys/values from the encoder's "
+                                    "output) instead of its self-attention; needs --layer decoder.I"),
+    block: bool = typer.Option(False, "--block", help="--hf: also probe the whole block (every parameter)"),
+    pe: str = typer.Option("none", "--pe", help=f"positional encoding: {', '.join(POSITIONAL_ENCODINGS)}"),
+    d_model: int = typer.Option(8, "--d-model", help="model width D"),
+    heads: int = typer.Option(2, "--heads", help="number of query heads h"),
+    head_dim: int = typer.Option(None, "--head-dim", help="head width d_h (default D / h)"),
+    kv_heads: int = typer.Option(None, "--kv-heads", help="K/V heads for grouped-query attention (default h)"),
+    rotary_fraction: float = typer.Option(None, "--rotary-fraction",
+                                          help="RoPE: rotated fraction of d_h (default 1; --pe rope only)"),
+    pairing: str = typer.Option(None, "--pairing", help="RoPE pairing: half (default) | interleaved"),
+    bias: bool = typer.Option(False, "--bias", help="biases on the Q/K/V/O projections"),
+    causal: bool = typer.Option(False, "--causal", help="causal mask"),
+    seq_len: int = typer.Option(8, "--seq-len", help="sequence length T of the probe inputs"),
+    batch: int = typer.Option(None, "--batch", help="batch size (default: outputs >= 2x parameters)"),
+    method: str = typer.Option("auto", "--method", help="auto | dense | matrix-free"),
+    probes: int = typer.Option(16, "--probes", help="Hutchinson probes (matrix-free)"),
+    seed: int = typer.Option(0, "--seed", help="seed of the weights, inputs and probes"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of a table"),
+    threads: int = checks.threads_option(),
+    device: str = checks.device_option(),
+) -> None:
+    """Measure the Jacobian nullity (the continuous symmetry group) of one generic attention layer in
+    float64 and whether a head swap is a symmetry; compare with the predicted group dimension. With
+    --hf, the real layer of a Hugging Face family against the dimension its adapter declares; an
+    encoder-decoder (T5) has three attention sites: --layer encoder.I (encoder self-attention),
+    --layer decoder.I (decoder self-attention, causal) and --layer decoder.I --cross (cross-attention).
+    Refuses (exit 2) a spectrum without a clean gap rather than print a nullity that depends on the cut."""
+    checks.use_threads(threads)
+    dev = checks.use_device(device)
+    _check_measurement(method, probes, batch)
+    if hf is not None:
+        given = {"--pe": pe, "--d-model": d_model, "--heads": heads, "--head-dim": head_dim,
+                 "--kv-heads": kv_heads, "--rotary-fraction": rotary_fraction, "--pairing": pairing,
+                 "--bias": bias, "--causal": causal, "--seq-len": seq_len, "--batch": batch}
+        return _probe_hf_layer(hf, given, layer, cross, block, seed, method, probes, dev, as_json)
+    if layer != "0" or block or cross:
+        raise ConfigError("--layer, --cross and --block apply only with --hf")
+    cfg = build_config(pe, d_model, heads, head_dim, kv_heads, rotary_fraction, pairing, bias, causal, seq_len)
+    _probe_reference(cfg, seq_len, batch, seed, method, probes, dev, as_json)
 
 
 def _check_measurement(method: str, probes: int, batch: int | None) -> None:

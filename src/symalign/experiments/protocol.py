@@ -214,21 +214,14 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = 
     ``fresh``, which discards it first. Every result records the torch thread count
     (``"threads"``): float reductions, and so the trained weights and barriers, depend on it.
     """
-    from symalign.experiments.report import plot_curves, write_summary
+    from symalign.experiments.report import write_summary
 
     if device is not None:
         from symalign.experiments.config import Protocol
 
         cfg.protocol = Protocol(**{**vars(cfg.protocol), "device": device})  # validated and recorded
     train_device = device or "auto"
-    check_inputs(cfg)
-    root = Path(out_dir) / cfg.name
-    if fresh:
-        discard_run(root)
-    check_recorded(cfg, root)
-    root.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(root / "config.json", cfg.to_dict())
-    write_json_atomic(root / ARITHMETIC_FILE, {"mode": describe()["mode"]})
+    root = _prepare_root(cfg, out_dir, fresh)
     say = log or (lambda s: None)
     p = cfg.protocol
     base = None
@@ -240,25 +233,56 @@ def run_experiment(cfg: ExperimentConfig, out_dir: str | Path, progress: bool = 
             say(f"{scope}: results exist (same config), reusing them")
             results.append(done)
             continue
-        dirs = []
-        for seed in p.seeds:
-            if scope == "full":
-                init = None
-            else:
-                if base is None:
-                    say("training the base model")
-                    base = _train(cfg, p.base_seed, root / "base", None, progress, train_device)
-                init = {"base": str(base), "scope": scope, "seed": seed, "freeze": p.freeze}
-            say(f"{scope}: training seed {seed}")
-            dirs.append(_train(cfg, seed, root / scope / f"seed{seed}", init, progress, train_device))
+        dirs, base = _train_seeds(cfg, root, scope, base, progress, train_device, say)
         res = align_and_measure(cfg, dirs[0], dirs[1], scope, progress=say, bars=progress)
-        res["experiment"] = cfg.name
-        res["seeds"] = list(p.seeds)
-        res["threads"] = torch.get_num_threads()
-        res["arithmetic"] = describe()
-        res["config"] = cfg.to_dict()
-        plot_curves(res, root / scope / "curves.png")
-        write_json_atomic(res_path, res)
+        _record_scope(cfg, root, scope, res)
         results.append(res)
     write_summary(Path(out_dir))
     return results
+
+
+def _prepare_root(cfg: ExperimentConfig, out_dir: str | Path, fresh: bool) -> Path:
+    """Check the inputs and the run folder ``out_dir/cfg.name`` (discarded first with ``fresh``; one recorded
+    with another config is refused), create it and record the config and the arithmetic mode."""
+    check_inputs(cfg)
+    root = Path(out_dir) / cfg.name
+    if fresh:
+        discard_run(root)
+    check_recorded(cfg, root)
+    root.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(root / "config.json", cfg.to_dict())
+    write_json_atomic(root / ARITHMETIC_FILE, {"mode": describe()["mode"]})
+    return root
+
+
+def _train_seeds(cfg: ExperimentConfig, root: Path, scope: str, base: Path | None, progress: bool,
+                 train_device: str, say: Callable[[str], None]) -> tuple[list[Path], Path | None]:
+    """Train (or resume) the models of ``scope``, one per seed: from scratch for ``full``, else re-initialised
+    in the scope from the base model (trained first when not yet). Returns their folders and the base's."""
+    p = cfg.protocol
+    dirs = []
+    for seed in p.seeds:
+        if scope == "full":
+            init = None
+        else:
+            if base is None:
+                say("training the base model")
+                base = _train(cfg, p.base_seed, root / "base", None, progress, train_device)
+            init = {"base": str(base), "scope": scope, "seed": seed, "freeze": p.freeze}
+        say(f"{scope}: training seed {seed}")
+        dirs.append(_train(cfg, seed, root / scope / f"seed{seed}", init, progress, train_device))
+    return dirs, base
+
+
+def _record_scope(cfg: ExperimentConfig, root: Path, scope: str, res: dict) -> None:
+    """Complete a scope's result (experiment, seeds, threads, arithmetic, config) and write its curves plot
+    and ``results.json``."""
+    from symalign.experiments.report import plot_curves
+
+    res["experiment"] = cfg.name
+    res["seeds"] = list(cfg.protocol.seeds)
+    res["threads"] = torch.get_num_threads()
+    res["arithmetic"] = describe()
+    res["config"] = cfg.to_dict()
+    plot_curves(res, root / scope / "curves.png")
+    write_json_atomic(root / scope / "results.json", res)

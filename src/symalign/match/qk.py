@@ -460,17 +460,8 @@ def solve_gl(g: Grams, mode: str = "full", *, max_iter: int = 500, xtol: float =
                           torch.zeros(n, dtype=torch.bool))
     if mode != "full":
         raise ValueError(f"unknown stage-2 mode {mode!r}; use 'none', 'orthogonal' or 'full'")
-    # chunks of blocks bound the solver's working memory (~40 (n, d, d) float64 tensors)
-    size = max(1, CHUNK_BYTES // (40 * 8 * d * d))
-    parts = []
-    for lo in range(0, n, size):
-        sub = g.select(torch.arange(lo, min(n, lo + size)))
-        prob = balance(sub)
-        with one_thread():
-            res = lbfgs(prob, uo[lo:lo + size] @ prob.m, sub.scale().clamp_min(1e-300), memory=memory,
-                        max_iter=max_iter, ftol=ftol, gtol=gtol, xtol=xtol)
-        parts.append((res.x @ prob.m_inv, res.evaluations, res.converged))
-    u, evaluations, converged = (torch.cat(t) for t in zip(*parts))
+    u, evaluations, converged = _lbfgs_chunks(g, uo, memory=memory, max_iter=max_iter, ftol=ftol, gtol=gtol,
+                                              xtol=xtol)
     v, info = torch.linalg.inv_ex(u)
     f = torch.where(info == 0, g.objective(u, v), torch.full_like(fo, math.inf))
     # never above the orthogonal start; guard the conditioning
@@ -487,3 +478,20 @@ def solve_gl(g: Grams, mode: str = "full", *, max_iter: int = 500, xtol: float =
     f = torch.where(fallback, fo, f)
     cond = torch.where(fallback, condition(uo), cond)
     return GLSolution(u, f, evaluations, converged, cond, fallback)
+
+
+def _lbfgs_chunks(g: Grams, uo: Tensor, **options) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`lbfgs` from ``uo`` in balanced coordinates, on chunks of blocks that bound the solver's working
+    memory (~40 ``(n, d, d)`` float64 tensors, one thread); returns ``U``, the evaluations and whether each block
+    converged."""
+    n, d = g.n, g.d
+    size = max(1, CHUNK_BYTES // (40 * 8 * d * d))
+    parts = []
+    for lo in range(0, n, size):
+        sub = g.select(torch.arange(lo, min(n, lo + size)))
+        prob = balance(sub)
+        with one_thread():
+            res = lbfgs(prob, uo[lo:lo + size] @ prob.m, sub.scale().clamp_min(1e-300), **options)
+        parts.append((res.x @ prob.m_inv, res.evaluations, res.converged))
+    u, evaluations, converged = (torch.cat(t) for t in zip(*parts))
+    return u, evaluations, converged
