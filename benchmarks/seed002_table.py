@@ -63,7 +63,7 @@ def measure(root: Path, experiment: str, steps: int, batch_size: int, stream_see
     """One pair: ``{method: entry}`` plus the vanilla barrier, in the rewritten coordinates (see the docstring)."""
     cfg = parse_config(json.loads((root / experiment / "config.json").read_text()))
     full = root / experiment / "full"
-    seeds = sorted(p.name for p in full.glob("seed*"))
+    seeds = sorted(p.name for p in full.glob("seed*"))  # A = the first folder in name order ("seed10" < "seed9")
     a, _ = load_model(full / seeds[0])
     b, _ = load_model(full / seeds[1])
     arch_a, arch_b, _ = alignment_models(a.eval(), b.eval(), "full")
