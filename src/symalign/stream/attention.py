@@ -47,6 +47,7 @@ from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
 from symalign.tolerance import dtype_name, function_tolerance
 from symalign.checkpoint.lazy import LazyCheckpoint, check_same_architecture, open_checkpoint
+from symalign.io.prefetch import Gate, read_ahead
 from symalign.io.shards import ShardWriter
 
 FLOAT64_MAX_LAYER_PARAMS = 150_000_000
@@ -201,11 +202,12 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
 
     try:
         with progress_bar(total_bytes, "align (attention, streamed)", progress) as bar:
-            for i, names in enumerate(names_of):
+            ahead = Gate()  # layer i + 1 is read while layer i - 1 is finished (after layer i's stage-1 peak)
+            for (i, names), (raw_a, raw_b) in zip(enumerate(names_of), read_ahead(
+                    lambda ns: (a.read(ns), b.read(ns)), names_of, device, lambda: clock("read"), gate=ahead)):
                 bar.update(a.bytes_read + b.bytes_read, f"layer {i + 1}/{L}")
                 sub = spec.restrict(layer_of(spec, i))
                 with clock("read"):  # as stored: kept (small) until the layer is finished
-                    raw_a, raw_b = a.read(names), b.read(names)
                     la, lb = {n: raw_a[n].to(dt) for n in names}, {n: raw_b[n].to(dt) for n in names}
                 with clock("match"):
                     view_spec, (va, vb) = split_segments(sub, la, lb)
@@ -223,6 +225,7 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
                 waiting.append(_Pending(i, names, sub, raw_a, raw_b, solved))
                 del raw_a, raw_b
                 if len(waiting) > 1:
+                    ahead.open()
                     finish(waiting.popleft())
             while waiting:
                 finish(waiting.popleft())
