@@ -57,6 +57,8 @@ def tables(res: dict) -> dict:
                      "off": r["median_wall_s"]["off"], "ratio": r["on_over_off"],
                      "min_on": min(x["wall_s"] for x in on), "min_off": min(x["wall_s"] for x in off),
                      "ratio_min": min(x["wall_s"] for x in on) / min(x["wall_s"] for x in off),
+                     "read_on": statistics.median(x["timings"]["read_s"] for x in on),
+                     "read_off": statistics.median(x["timings"]["read_s"] for x in off),
                      "rss_on": max(x["peak_rss_bytes"] for x in on) / 2 ** 20,
                      "rss_off": max(x["peak_rss_bytes"] for x in off) / 2 ** 20,
                      "same": "yes" if r["identical_bytes"] else "NO"})
@@ -64,7 +66,8 @@ def tables(res: dict) -> dict:
         ("scope", "streamed align"), ("runs", "runs on + off"), ("on", "median wall s, prefetch on", ".1f"),
         ("off", "median wall s, off", ".1f"), ("ratio", "on / off (medians)", ".3f"),
         ("min_on", "fastest s, on", ".1f"), ("min_off", "fastest s, off", ".1f"),
-        ("ratio_min", "on / off (fastest)", ".3f"), ("rss_on", "peak RSS MiB, on", ".0f"),
+        ("ratio_min", "on / off (fastest)", ".3f"), ("read_on", "read phase s, on (median)", ".2f"),
+        ("read_off", "read phase s, off", ".2f"), ("rss_on", "peak RSS MiB, on", ".0f"),
         ("rss_off", "peak RSS MiB, off", ".0f"), ("same", "same bytes")])}
 
 
