@@ -12,7 +12,11 @@ the command's own ``memory`` report):
    form), measured here;
 4. ``align --stream --scope attention``, ``align --stream --scope model --max-sweeps 1``, ``merge --stream
    --scope attention`` and a 5-point ``interpolate --stream`` on synthetic token data, each with ``--device``;
-5. wall time, wall / floor, host peak RSS, device peak memory and exit code per step, with the provenance
+   the model-scope alignment and the merge under ``--max-device-memory`` (``--cap``; default 90 % of the GPU's
+   memory, ``1GiB`` in the smoke run, where it is recorded and bounds nothing); with ``--cpu-smoke`` (or
+   ``--prefetch-check``) the attention alignment again with ``SYMALIGN_PREFETCH=0``, whose weights must be
+   the same bytes (``prefetch_identical``);
+5. wall time, wall / floor, host peak RSS, device peak memory, the cap and exit code per step, with the provenance
    (commit, command, threads, versions, device and GPU name), to ``--json`` (default
    ``benchmarks/results/gpu_7b.json`` for ``--shape 7b`` on CUDA; a smoke run writes only where asked).
 
@@ -67,9 +71,34 @@ def gemm_floor(a_dir: Path, b_dir: Path, device: torch.device) -> float:
     return total
 
 
-def step(name: str, args: list[str], floor_s: float, threads: int, limit_s: float | None, tmp: Path) -> dict:
-    r = measured(args, limit_s, threads)
-    out: dict = {"command": ["symalign", *(a.replace(str(tmp), "TMP") for a in args)],
+def weights_digest(folder: Path) -> str | None:
+    """SHA-256 over a checkpoint's weight files (names and bytes), ``None`` when there are none."""
+    import hashlib
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def step(name: str, args: list[str], floor_s: float, threads: int, limit_s: float | None, tmp: Path,
+         env: dict[str, str] | None = None) -> dict:
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        r = measured(args, limit_s, threads)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    out: dict = {"command": [*(f"{k}={v}" for k, v in (env or {}).items()), "symalign",
+                             *(a.replace(str(tmp), "TMP") for a in args)],
                  "rc": r["rc"], "timed_out": r["timed_out"], "wall_s": round(r["wall_s"], 2),
                  "wall_over_floor": round(r["wall_s"] / floor_s, 2) if floor_s > 0 else None,
                  "host_peak_rss_bytes": r["peak_rss"]}
@@ -77,6 +106,8 @@ def step(name: str, args: list[str], floor_s: float, threads: int, limit_s: floa
         res = json.loads(r["out"])
         mem = res.get("memory") or {}
         out["device_peak_bytes"] = mem.get("device_peak_bytes")
+        out["max_device_memory_bytes"] = mem.get("max_device_memory_bytes")
+        out["device_memory_fraction"] = mem.get("device_memory_fraction")
         out["device"] = (res.get("provenance") or {}).get("device") or res.get("device")
     except (ValueError, AttributeError):
         out["device_peak_bytes"] = None
@@ -95,6 +126,10 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--limit-s", type=float, default=None, help="Kill a step after this many seconds.")
     ap.add_argument("--no-tests", action="store_true", help="Skip step 1 (the gpu tests).")
+    ap.add_argument("--cap", default=None, help="--max-device-memory of the model-scope alignment and the merge "
+                    "(default: 90%% of the GPU's memory; 1GiB on the CPU).")
+    ap.add_argument("--prefetch-check", action="store_true", help="Also align the attention with "
+                    "SYMALIGN_PREFETCH=0 and require the same bytes (always with --cpu-smoke).")
     ap.add_argument("--json", default=None, help="Where to write the results.")
     args = ap.parse_args()
     shape = args.shape or ("tiny" if args.cpu_smoke else "7b")
@@ -130,13 +165,16 @@ def main() -> int:
         print(json.dumps({"floor": res["floor"]}), flush=True)
         dev = ["--device", str(device)]
         a, b = str(tmp / "A"), str(tmp / "B")
+        cap = args.cap or (str(int(0.9 * torch.cuda.get_device_properties(device).total_memory))
+                           if device.type == "cuda" else "1GiB")
+        capped = ["--max-device-memory", cap]
         plan = [
             ("align_attention", ["align", a, b, "-o", str(tmp / "OA"), "--stream", "--scope", "attention", "--json",
                                  *dev]),
             ("align_model", ["align", a, b, "-o", str(tmp / "OM"), "--stream", "--scope", "model", "--max-sweeps",
-                             "1", "--json", *dev]),
+                             "1", "--json", *dev, *capped]),
             ("merge", ["merge", a, str(tmp / "OA"), "-o", str(tmp / "MG"), "--stream", "--scope", "attention",
-                       "--json", "--no-progress", *dev]),
+                       "--json", "--no-progress", *dev, *capped]),
             ("interpolate", ["interpolate", a, str(tmp / "OA"), "--stream", "--data", "synthetic", "--data-option",
                              "kind=lm", "--points", "5", "--eval-items", "8", "--context", "64", "-o", str(tmp / "I"),
                              "--json", "--no-progress", *dev]),
@@ -146,6 +184,14 @@ def main() -> int:
             ok &= res["steps"][name]["rc"] == 0
             if out_json:
                 Path(out_json).write_text(json.dumps(res, indent=2) + "\n")
+        if args.cpu_smoke or args.prefetch_check:  # the reader thread changes no byte
+            name = "align_attention_prefetch_off"
+            res["steps"][name] = step(name, ["align", a, b, "-o", str(tmp / "OA0"), "--stream", "--scope",
+                                             "attention", "--json", *dev], floor_s, args.threads, args.limit_s, tmp,
+                                      env={"SYMALIGN_PREFETCH": "0"})
+            on, off = weights_digest(tmp / "OA"), weights_digest(tmp / "OA0")
+            res["prefetch_identical"] = on is not None and on == off
+            ok &= res["steps"][name]["rc"] == 0 and res["prefetch_identical"]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     res["passed"] = bool(ok)

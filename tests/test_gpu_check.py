@@ -23,10 +23,17 @@ def test_gpu_check_cpu_smoke_passes(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["passed"] and res["smoke"] and res["device"] == {"device": "cpu"}
-    assert set(res["steps"]) == {"align_attention", "align_model", "merge", "interpolate"}
+    assert set(res["steps"]) == {"align_attention", "align_model", "merge", "interpolate",
+                                 "align_attention_prefetch_off"}
     for name, st in res["steps"].items():
         assert st["rc"] == 0 and st["wall_s"] > 0 and st["wall_over_floor"] > 0, name
         assert st["host_peak_rss_bytes"] > 0 and st["device"] == "cpu", name
+        assert st["device_peak_bytes"] is None, name  # no device memory on the CPU
+    for name in ("align_model", "merge"):  # --max-device-memory: accepted and recorded on the CPU
+        assert res["steps"][name]["max_device_memory_bytes"] == 1 << 30, name
+        assert res["steps"][name]["device_memory_fraction"] is None, name
+    assert res["steps"]["align_attention"]["max_device_memory_bytes"] is None
+    assert res["prefetch_identical"] is True  # SYMALIGN_PREFETCH=0 wrote the same bytes
     assert res["floor"]["read_s"] > 0 and res["floor"]["gemm_s"] > 0
     assert [p.name for p in tmp_path.iterdir()] == ["smoke.json"]  # the temporary checkpoints are gone
     assert not (ROOT / "benchmarks" / "results" / "gpu_7b.json").exists() or "smoke" not in json.loads(

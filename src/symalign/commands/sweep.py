@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from symalign.commands import checks, interrupt
+
+if TYPE_CHECKING:
+    from symalign.experiments.sweep.grid import Resources
 
 
 def register(app: typer.Typer) -> None:
@@ -85,12 +88,11 @@ def run_device_of(device: str | None, ray: str | None) -> str | None:
     return checks.use_device(device).type
 
 
-def gpu_resources(resources, gpus_per_run: float | None, device: str | None, ray: str | None):
+def gpu_resources(resources: Resources, gpus_per_run: float | None, device: str | None,
+                  ray: str | None) -> Resources:
     """``[resources]`` with ``--gpus-per-run`` applied: Ray's ``num_gpus`` per run. ``--device cuda`` on Ray
     reserves one GPU per run unless told otherwise (a task granted none sees no GPU). Refused without ``--ray``
     (a local pool uses this machine's devices) and below 0."""
-    from dataclasses import replace as _replace
-
     from symalign.errors import ConfigError
 
     if gpus_per_run is not None:
@@ -99,7 +101,7 @@ def gpu_resources(resources, gpus_per_run: float | None, device: str | None, ray
                               "this machine's devices: --device chooses)")
         if gpus_per_run < 0:
             raise ConfigError(f"--gpus-per-run must be 0 or more, got {gpus_per_run:g}")
-        return _replace(resources, gpus_per_run=gpus_per_run)
+        return replace(resources, gpus_per_run=gpus_per_run)
     if ray is not None and device == "cuda" and resources.gpus_per_run == 0:
-        return _replace(resources, gpus_per_run=1)
+        return replace(resources, gpus_per_run=1)
     return resources

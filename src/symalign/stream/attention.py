@@ -53,6 +53,7 @@ from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
 from symalign.tolerance import dtype_name, function_tolerance
 from symalign.checkpoint.lazy import LazyCheckpoint, check_same_architecture, open_checkpoint
+from symalign.io.prefetch import Gate, read_ahead
 from symalign.io.shards import ShardWriter
 
 FLOAT64_MAX_LAYER_PARAMS = 150_000_000
@@ -276,11 +277,12 @@ def align_attention(a, b, sink, *, stage2: str = "full", stage1: bool = True, pr
 
     try:
         with progress_bar(total_bytes, label, progress) as bar:
-            for (layers, spaces), names in zip(units, names_of):
+            ahead = Gate()  # unit i + 1 is read while unit i - 1 is finished (after unit i's stage-1 peak)
+            pairs = read_ahead(read_pair, names_of, device, lambda: clock("read"), gate=ahead)
+            for (layers, spaces), names, (raw_a, raw_b) in zip(units, names_of, pairs):
                 bar.update(a.bytes_read + b.bytes_read, f"layer {layers[-1] + 1 if layers else L}/{L}")
                 sub = spec.restrict(spaces)
                 with clock("read"):  # as stored: kept (small) until the unit is finished
-                    raw_a, raw_b = read_pair(names)
                     la, lb = {n: raw_a[n].to(dt) for n in names}, {n: raw_b[n].to(dt) for n in names}
                 with clock("match"):
                     view_spec, (va, vb) = split_segments(sub, la, lb)
@@ -297,6 +299,7 @@ def align_attention(a, b, sink, *, stage2: str = "full", stage1: bool = True, pr
                 waiting.append(_Pending(layers, names, sub, raw_a, raw_b, solved))
                 del raw_a, raw_b
                 if len(waiting) > 1:
+                    ahead.open()
                     finish(waiting.popleft())
             while waiting:
                 finish(waiting.popleft())

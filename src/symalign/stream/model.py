@@ -62,6 +62,7 @@ from symalign.stream.fold import (CHUNK_ELEMENTS, SMALL_ELEMENTS, Preparer, adde
                                   prepare_parts, refusal, residual_space, stored_names)
 from symalign.stream.attention import exact_tolerance, layer_of, n_layers, open_pair, stored_tolerance, work_dtype
 from symalign.stream.layercheck import LayerChecker, layer_prefix, sparse_layer
+from symalign.io.prefetch import read_ahead
 from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
 from symalign.tolerance import dtype_name
@@ -156,6 +157,12 @@ class StreamedWhole:
         out.update(done)
         out.update(prepare_experts(prep, small, experts, read))
         return {n: out[n] for n in (self.pnames[i] if prep.fused else names)}
+
+    def raw_pair(self, i: int) -> tuple[dict[str, Tensor] | None, dict[str, Tensor] | None]:
+        """A's and B's layer ``i`` as stored, for :meth:`layer` (read ahead, :mod:`symalign.io.prefetch`);
+        ``(None, None)`` for a mixture-of-experts layer, which :meth:`layer` reads one expert at a time."""
+        names = self.layer_names[i]
+        return (None, None) if self.prep_b.experts_of(names) else (self.a.read(names), self.b.read(names))
 
     def global_chunks(self, ck: LazyCheckpoint, prep: Preparer):
         """``(name, start, prepared rows)`` over every global tensor (small ones whole, ``start`` 0; a small
@@ -294,12 +301,13 @@ class StreamedWhole:
         D = self.group.n
         m = torch.zeros(D, D, dtype=torch.float64)
         acc = d0 = 0.0
-        for i in range(self.L):
+        for i, (raw_a, raw_b) in zip(range(self.L), read_ahead(self.raw_pair, range(self.L))):  # i + 1 meanwhile
             release()
             if bar is not None:
                 bar.update(self.a.bytes_read + self.b.bytes_read, f"layer {i + 1}/{self.L}")
-            la = self.layer(self.a, self.prep_a, i)
-            lb = self.layer(self.b, self.prep_b, i)
+            la = self.layer(self.a, self.prep_a, i, raw_a)
+            lb = self.layer(self.b, self.prep_b, i, raw_b)
+            del raw_a, raw_b
             sub = self.layer_spec(i)
             free = set(self.free(i))  # in M_free and the norms since pass 0
             bound = [t for t in sub.tensors if t not in free]
@@ -439,11 +447,10 @@ def write_aligned(w: StreamedWhole, sink: Any, clock: PhaseClock, progress: bool
     checks = []
     b.bytes_read = 0
     with progress_bar(b.nbytes, "align (model, streamed) writing", progress) as bar:
-        for i in range(w.L):
+        for i, raw in zip(range(w.L), read_ahead(lambda j: b.read(w.layer_names[j]), range(w.L), None,
+                                                 lambda: clock("read"))):  # layer i + 1 is read meanwhile
             release()
             bar.update(b.bytes_read, f"layer {i + 1}/{w.L}")
-            with clock("read"):
-                raw = b.read(w.layer_names[i])
             with clock("match"):
                 out = w.aligned_layer(b, w.prep_b, i, raw)
                 if w.prep_b.fused:  # the check runs the model's own (fused) layout
