@@ -42,8 +42,6 @@ def demo_command(
     same settings reuses finished work; other settings are refused (use --fresh or another --out)."""
     import time
 
-    from rich.table import Table
-
     from symalign import arithmetic as arith
     from symalign.commands import interrupt
     from symalign.experiments.demo import run_demo
@@ -57,36 +55,56 @@ def demo_command(
     console = checks.console(stderr=as_json)
     t0 = time.perf_counter()
     if not as_json:
-        from symalign.experiments.demo import training_device
-
-        train_on = training_device(run_device)
-        where = train_on["device"] + (f" ({train_on['gpu']})" if "gpu" in train_on else "")
-        console.print(f"device: {where}" + ("" if run_device is not None or train_on["device"] == "cpu" else
-                                            " for training, the CPU for the curves (--device chooses)"))
-    if tour and not as_json:
-        from symalign.commands.tour import render_tour
-        from symalign.probe import probe_tour
-
-        console.print("[bold]1. The symmetry group of each attention design, measured[/] "
-                      "(Jacobian null space vs theory)")
-        import os
-
-        rows = probe_tour(seed=0)
-        wide = not console.is_terminal and "COLUMNS" not in os.environ
-        if wide:  # render_tour makes its own Console: let it keep the table's width in a log too
-            os.environ["COLUMNS"] = str(console.width)
-        try:
-            render_tour(rows)
-        finally:
-            if wide:
-                del os.environ["COLUMNS"]
-        console.print("[bold]2. Linear mode connectivity after alignment[/] (ViT on digits)")
+        _print_device(console, run_device)
+        if tour:
+            _print_tour(console)
     log = (lambda s: console.print(f"  {s}")) if not as_json else None
     summary = run_demo(out, steps=steps, progress=not as_json, log=log, fresh=fresh, learned_steps=learned_steps,
                        device=run_device)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return
+    console.print(_barrier_table(summary))
+    if "whole_model" in summary:
+        console.print(_whole_model_table(summary["whole_model"]))
+    _print_footer(console, summary, out, time.perf_counter() - t0)
+
+
+def _print_device(console, run_device: str | None) -> None:
+    """Where the demo trains (and, by default, that the curves are computed on the CPU)."""
+    from symalign.experiments.demo import training_device
+
+    train_on = training_device(run_device)
+    where = train_on["device"] + (f" ({train_on['gpu']})" if "gpu" in train_on else "")
+    console.print(f"device: {where}" + ("" if run_device is not None or train_on["device"] == "cpu" else
+                                        " for training, the CPU for the curves (--device chooses)"))
+
+
+def _print_tour(console) -> None:
+    """Part 1: the symmetry-probe tour (:func:`symalign.probe.probe_tour`), at the console's width in a log too."""
+    import os
+
+    from symalign.commands.tour import render_tour
+    from symalign.probe import probe_tour
+
+    console.print("[bold]1. The symmetry group of each attention design, measured[/] "
+                  "(Jacobian null space vs theory)")
+    rows = probe_tour(seed=0)
+    wide = not console.is_terminal and "COLUMNS" not in os.environ
+    if wide:  # render_tour makes its own Console: let it keep the table's width in a log too
+        os.environ["COLUMNS"] = str(console.width)
+    try:
+        render_tour(rows)
+    finally:
+        if wide:
+            del os.environ["COLUMNS"]
+    console.print("[bold]2. Linear mode connectivity after alignment[/] (ViT on digits)")
+
+
+def _barrier_table(summary: dict):
+    """The LMC barrier rows (naive vs aligned) of every encoding, scope and stage 2; the main row starred."""
+    from rich.table import Table
+
     table = Table(title="LMC barriers on held-out digits: naive (A -> B) vs aligned (A -> B')")
     for col in ("encoding", "scope", "stage 2", "naive loss barrier", "aligned loss barrier", "ratio %",
                 "naive acc barrier", "aligned acc barrier"):
@@ -99,19 +117,28 @@ def demo_command(
         table.add_row(r["encoding"], r["scope"], r["stage2"] + star, f"{r['naive_loss_barrier']:.4f}",
                       f"{r['aligned_loss_barrier']:.4f}", _pct(r["barrier_ratio_percent"]),
                       f"{r['naive_acc_barrier']:.4f}", f"{r['aligned_acc_barrier']:.4f}")
-    console.print(table)
-    if "whole_model" in summary:
-        w = summary["whole_model"]
-        wt = Table(title=f"Whole-model alignment ({w['encoding']}, trained from scratch): the merged model t = 1/2")
-        for col in ("acc A", "acc B", "merged: naive", "aligned (full)", "aligned (learned)", "naive loss barrier",
-                    "full", "learned", "ratio % full / learned"):
-            wt.add_column(col, justify="right")
-        wt.add_row(f"{w['acc_A']:.3f}", f"{w['acc_B']:.3f}", f"{w['merged_naive_acc']:.3f}",
-                   f"{w['merged_aligned_acc']:.3f}", f"{w['merged_learned_acc']:.3f}",
-                   f"{w['naive_loss_barrier']:.4f}", f"{w['aligned_loss_barrier']:.4f}",
-                   f"{w['learned_loss_barrier']:.4f}",
-                   f"{_pct(w['barrier_ratio_percent'])} / {_pct(w['learned_ratio_percent'])}")
-        console.print(wt)
+    return table
+
+
+def _whole_model_table(w: dict):
+    """The whole-model alignment row: A's and B's accuracy, the merged model's (naive, aligned, learned), barriers."""
+    from rich.table import Table
+
+    wt = Table(title=f"Whole-model alignment ({w['encoding']}, trained from scratch): the merged model t = 1/2")
+    for col in ("acc A", "acc B", "merged: naive", "aligned (full)", "aligned (learned)", "naive loss barrier",
+                "full", "learned", "ratio % full / learned"):
+        wt.add_column(col, justify="right")
+    wt.add_row(f"{w['acc_A']:.3f}", f"{w['acc_B']:.3f}", f"{w['merged_naive_acc']:.3f}",
+               f"{w['merged_aligned_acc']:.3f}", f"{w['merged_learned_acc']:.3f}",
+               f"{w['naive_loss_barrier']:.4f}", f"{w['aligned_loss_barrier']:.4f}",
+               f"{w['learned_loss_barrier']:.4f}",
+               f"{_pct(w['barrier_ratio_percent'])} / {_pct(w['learned_ratio_percent'])}")
+    return wt
+
+
+def _print_footer(console, summary: dict, out: Path, elapsed: float) -> None:
+    """The accuracies behind the main row, how many seed pairs and test images stand behind the numbers, the
+    arithmetic mode, and the files written."""
     accs = ", ".join(f"{pe} A {d['acc_A']:.3f} / B {d['acc_B']:.3f}" for pe, d in summary["encodings"].items())
     console.print(f"* main row (the paper's protocol). Test accuracy of the re-initialised pairs: {accs}.")
     console.print(f"These numbers rest on {summary['seed_pairs']} seed pair (A: seed {summary['seeds'][0]}, B: seed "
@@ -120,7 +147,7 @@ def demo_command(
                   + ("portable arithmetic: the same on every x86-64 CPU." if summary["arithmetic"]["mode"] == "portable"
                      else "native arithmetic: they also vary with the CPU (--arithmetic portable does not)."))
     console.print(f"wrote {out / 'results.json'}, {out / 'report.md'}, {out / 'curves.png'} "
-                  f"({time.perf_counter() - t0:.0f} s)")
+                  f"({elapsed:.0f} s)")
 
 
 def _pct(x) -> str:

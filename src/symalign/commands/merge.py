@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -160,15 +161,62 @@ def _merge_in_memory(dirs: list[Path], out_path: Path, w: list[float], scope: st
     (:func:`symalign.pipeline.align_loaded`: never written or read back) and added to a running weighted sum
     (:class:`symalign.checkpoint.average.RunningAverage`), so only A, the model being aligned and the sum are
     resident. ``--universe`` holds every model (universe matching needs them all)."""
-    from symalign.checkpoint.average import RunningAverage
+    ref = _open_reference(dirs, step)
+    evalset = _eval_batches(dirs, eval_data, eval_opts, step)
+    if universe:
+        acc = _universe_sum(ref, dirs, w, rounds, stage2, experts, step)
+    else:
+        acc = _aligned_sum(ref, dirs, w, scope, stage2, align, max_sweeps, experts, device, step)
+    ref.ckpt = None
+    step("averaging and writing")
+    merged = acc.total.result()
+    acc.total = None
+    _write_merged(out_path, merged, dirs, acc.edits, {
+        "command": "merge", "scope": scope, "folded": scope == "model", "weights": list(w),
+        "inputs": [str(Path(d).resolve()) for d in dirs]}, step)
+    res: dict[str, Any] = {
+        "models": [str(d) for d in dirs], "weights": w, "out": str(out_path), "scope": scope if align else "none",
+        "universe": {"rounds": rounds, "spread": acc.spread} if universe else None,
+        "aligned": acc.aligned, "dtype": str(ref.dtype).replace("torch.", ""), "architecture": ref.config.model_type,
+        "tensors": len(merged), "new_tensors": sorted(set(merged) - ref.keys),
+        "experts": _experts_ran(align, scope, ref.adapter, experts),
+    }
+    if evalset is not None:
+        step(f"evaluating {len(dirs)} inputs and the merged model")
+        res["eval"] = _evaluate_merge(dirs, out_path, eval_data, evalset)
+    return res
+
+
+@dataclass
+class _Reference:
+    """Model A, which every other model is aligned to: its loaded checkpoint (``ckpt``; set to ``None`` as soon as
+    its tensors are no longer needed, so they can be freed) and what the result reports of it."""
+
+    ckpt: Any
+    keys: set[str]
+    config: Any
+    adapter: Any
+    dtype: Any
+
+
+@dataclass
+class _Accumulated:
+    """The running weighted sum (:class:`symalign.checkpoint.average.RunningAverage`) and what building it
+    recorded: config edits for the output, each aligned model's alignment summary, the universe spread."""
+
+    total: Any
+    edits: dict[str, Any] = field(default_factory=dict)
+    aligned: list[dict] = field(default_factory=list)
+    spread: list[float] | None = None
+
+
+def _open_reference(dirs: list[Path], step: Callable[[str], None]) -> _Reference:
+    """Every checkpoint checked from its headers (same architecture, same vocabulary: every refusal before any
+    tensor is read), then A loaded."""
     from symalign.checkpoint.config import check_same_architecture
     from symalign.checkpoint.hf import load_checkpoint
     from symalign.checkpoint.lazy import open_checkpoint
-    from symalign.checkpoint.output import stage_checkpoint
-    from symalign.evaluate import build_eval, check_same_vocabulary, check_tokenizers, evaluate_model
-    from symalign.io.folder import commit, discard
-    from symalign.jobs.interpolate import load_hf_model
-    from symalign.pipeline import align_loaded
+    from symalign.evaluate import check_same_vocabulary
 
     step(f"reading {len(dirs)} checkpoints")
     opened = [open_checkpoint(d) for d in dirs]  # headers only: every refusal before any tensor is read
@@ -176,68 +224,107 @@ def _merge_in_memory(dirs: list[Path], out_path: Path, w: list[float], scope: st
         check_same_architecture(opened[0], c)
     check_same_vocabulary(dirs)
     a_ckpt = load_checkpoint(dirs[0])
-    ref_keys = set(a_ckpt.state)
-    a_config, a_adapter, dtype = a_ckpt.config, a_ckpt.adapter, a_ckpt.dtype
+    return _Reference(a_ckpt, set(a_ckpt.state), a_ckpt.config, a_ckpt.adapter, a_ckpt.dtype)
 
-    evalset = None
-    if eval_data is not None:
-        step("building the evaluation batches")
-        evalset = build_eval(dirs[0], load_hf_model(dirs[0]), eval_data, eval_opts)
-        check_tokenizers(dirs, evalset, eval_opts)
-    spread: list[float] | None = None
-    edits: dict[str, Any] = {}
-    aligned_info: list[dict] = []
-    total = RunningAverage()
-    if universe:
-        from symalign.merge import universe_states
 
-        step(f"universe matching of {len(dirs)} checkpoints ({rounds} rounds)")
-        ckpts = [a_ckpt] + [load_checkpoint(d) for d in dirs[1:]]
-        states, untied, spread = universe_states(ckpts, w, rounds, stage2, experts=experts or "exact")
-        del ckpts
-        if untied:
-            edits["tie_word_embeddings"] = False
-        for s, wk in zip(states, w):
-            total.add(s, wk)
-        del states
-    else:
-        for k, d in enumerate(dirs):
-            if k == 0 and align and scope == "model":  # A in the same exactly rewritten format as the aligned
-                from symalign.checkpoint.config import saved_names
-                from symalign.families import prepare
+def _eval_batches(dirs: list[Path], eval_data: str | None, eval_opts: Any, step: Callable[[str], None]):
+    """The evaluation batches of ``--eval`` (built from A; every model's tokenizer checked against them), or
+    ``None`` without it."""
+    if eval_data is None:
+        return None
+    from symalign.evaluate import build_eval, check_tokenizers
+    from symalign.jobs.interpolate import load_hf_model
 
-                pa = prepare(a_config, a_ckpt.state, a_adapter.spec(a_config, a_ckpt.state.keys()))
-                state = saved_names(a_config, pa.state)
-                if pa.untied:
-                    edits["tie_word_embeddings"] = False
-                del pa
-            elif k == 0 or not align:
-                state = a_ckpt.state if k == 0 else load_checkpoint(d).state
-                if not align:  # nothing is aligned to A: its tensors go once they are in the sum
-                    a_ckpt = None
-            else:
-                step(f"aligning {Path(d).name} to {Path(dirs[0]).name} ({k}/{len(dirs) - 1})")
-                got = align_loaded(a_ckpt, load_checkpoint(d), scope=scope, stage2=stage2, max_sweeps=max_sweeps,
-                                   experts=experts, device=device)
-                info = got.result
-                aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict(),
-                                     "experts": info.match.get("experts"), "sweeps": info.sweeps,
-                                     "converged": info.converged})
-                edits.update(got.edits)
-                state = got.state
-            try:
-                total.add(state, w[k])
-            except ValueError:
-                raise ConfigError("the aligned checkpoints hold different tensors; merge them with the same "
-                                  "--scope") from None
-            del state
-    del a_ckpt
-    step("averaging and writing")
-    merged = total.result()
-    del total
-    tmp = stage_checkpoint(out_path, merged, dirs[0], edits or None, marker={
-        "command": "merge", "scope": scope, "folded": scope == "model", "weights": list(w),
-        "inputs": [str(Path(d).resolve()) for d in dirs]})
+    step("building the evaluation batches")
+    evalset = build_eval(dirs[0], load_hf_model(dirs[0]), eval_data, eval_opts)
+    check_tokenizers(dirs, evalset, eval_opts)
+    return evalset
+
+
+def _universe_sum(ref: _Reference, dirs: list[Path], w: list[float], rounds: int, stage2: str,
+                  experts: str | None, step: Callable[[str], None]) -> _Accumulated:
+    """``--universe``: every model aligned to the evolving weighted average (:func:`symalign.merge.universe_states`;
+    all of them resident), then summed."""
+    from symalign.checkpoint.average import RunningAverage
+    from symalign.checkpoint.hf import load_checkpoint
+    from symalign.merge import universe_states
+
+    step(f"universe matching of {len(dirs)} checkpoints ({rounds} rounds)")
+    ckpts = [ref.ckpt] + [load_checkpoint(d) for d in dirs[1:]]
+    states, untied, spread = universe_states(ckpts, w, rounds, stage2, experts=experts or "exact")
+    del ckpts
+    acc = _Accumulated(RunningAverage(), spread=spread)
+    if untied:
+        acc.edits["tie_word_embeddings"] = False
+    for s, wk in zip(states, w):
+        acc.total.add(s, wk)
+    del states
+    return acc
+
+
+def _aligned_sum(ref: _Reference, dirs: list[Path], w: list[float], scope: str, stage2: str, align: bool,
+                 max_sweeps: int, experts: str | None, device: Any, step: Callable[[str], None]) -> _Accumulated:
+    """Each model in turn (aligned to A unless ``--no-align``) added to the weighted sum and dropped: only A, the
+    model being aligned and the sum are resident."""
+    from symalign.checkpoint.average import RunningAverage
+
+    acc = _Accumulated(RunningAverage())
+    for k in range(len(dirs)):
+        state = _model_state(ref, acc, dirs, k, scope, stage2, align, max_sweeps, experts, device, step)
+        try:
+            acc.total.add(state, w[k])
+        except ValueError:
+            raise ConfigError("the aligned checkpoints hold different tensors; merge them with the same "
+                              "--scope") from None
+        del state
+    return acc
+
+
+def _model_state(ref: _Reference, acc: _Accumulated, dirs: list[Path], k: int, scope: str, stage2: str,
+                 align: bool, max_sweeps: int, experts: str | None, device: Any,
+                 step: Callable[[str], None]) -> dict[str, Any]:
+    """Model ``k``'s tensors as they enter the sum: A itself (in the exactly rewritten format of the aligned
+    models under ``--scope model``), a model as stored (``--no-align``; A is then dropped once read), or the model
+    aligned to A (:func:`symalign.pipeline.align_loaded`, its summary recorded in ``acc``)."""
+    from symalign.checkpoint.hf import load_checkpoint
+
+    d = dirs[k]
+    if k == 0 and align and scope == "model":  # A in the same exactly rewritten format as the aligned
+        from symalign.checkpoint.config import saved_names
+        from symalign.families import prepare
+
+        pa = prepare(ref.config, ref.ckpt.state, ref.adapter.spec(ref.config, ref.ckpt.state.keys()))
+        if pa.untied:
+            acc.edits["tie_word_embeddings"] = False
+        return saved_names(ref.config, pa.state)
+    if k == 0 or not align:
+        state = ref.ckpt.state if k == 0 else load_checkpoint(d).state
+        if not align:  # nothing is aligned to A: its tensors go once they are in the sum
+            ref.ckpt = None
+        return state
+    from symalign.pipeline import align_loaded
+
+    step(f"aligning {Path(d).name} to {Path(dirs[0]).name} ({k}/{len(dirs) - 1})")
+    got = align_loaded(ref.ckpt, load_checkpoint(d), scope=scope, stage2=stage2, max_sweeps=max_sweeps,
+                       experts=experts, device=device)
+    info = got.result
+    acc.aligned.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict(),
+                        "experts": info.match.get("experts"), "sweeps": info.sweeps, "converged": info.converged})
+    acc.edits.update(got.edits)
+    return got.state
+
+
+def _write_merged(out_path: Path, merged: dict[str, Any], dirs: list[Path], edits: dict[str, Any],
+                  marker: dict[str, Any], step: Callable[[str], None]) -> None:
+    """The merged tensors staged beside OUT laid out like A (:func:`symalign.checkpoint.output.stage_checkpoint`),
+    checked to load (config and tensors agree; ``from_pretrained`` reads it), then renamed to OUT (else
+    discarded)."""
+    from symalign.checkpoint.hf import load_checkpoint
+    from symalign.checkpoint.output import stage_checkpoint
+    from symalign.io.folder import commit, discard
+    from symalign.jobs.interpolate import load_hf_model
+
+    tmp = stage_checkpoint(out_path, merged, dirs[0], edits or None, marker=marker)
     step("checking that the merged checkpoint loads")
     try:
         load_checkpoint(tmp)  # config and tensors agree
@@ -246,19 +333,16 @@ def _merge_in_memory(dirs: list[Path], out_path: Path, w: list[float], scope: st
     except BaseException:
         discard(tmp)
         raise
-    res: dict[str, Any] = {
-        "models": [str(d) for d in dirs], "weights": w, "out": str(out_path), "scope": scope if align else "none",
-        "universe": {"rounds": rounds, "spread": spread} if universe else None,
-        "aligned": aligned_info, "dtype": str(dtype).replace("torch.", ""), "architecture": a_config.model_type,
-        "tensors": len(merged), "new_tensors": sorted(set(merged) - ref_keys),
-        "experts": _experts_ran(align, scope, a_adapter, experts),
-    }
-    if evalset is not None:
-        step(f"evaluating {len(dirs)} inputs and the merged model")
-        res["eval"] = {"data": eval_data, "objective": evalset.objective, "info": evalset.info,
-                       "models": {str(d): evaluate_model(load_hf_model(d), evalset).to_dict() for d in dirs},
-                       "merged": evaluate_model(load_hf_model(out_path), evalset).to_dict()}
-    return res
+
+
+def _evaluate_merge(dirs: list[Path], out_path: Path, eval_data: str, evalset: Any) -> dict[str, Any]:
+    """``--eval``: each input's and the merged model's loss on the evaluation batches."""
+    from symalign.evaluate import evaluate_model
+    from symalign.jobs.interpolate import load_hf_model
+
+    return {"data": eval_data, "objective": evalset.objective, "info": evalset.info,
+            "models": {str(d): evaluate_model(load_hf_model(d), evalset).to_dict() for d in dirs},
+            "merged": evaluate_model(load_hf_model(out_path), evalset).to_dict()}
 
 
 def check_distinct(dirs: list[Path]) -> None:

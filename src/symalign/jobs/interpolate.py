@@ -160,44 +160,13 @@ same A, whose resident model and A source serve again).
     the plain parametrisation streams (folded checkpoints need the in-memory rewrite and are refused).
     ``device``: the resident model lives and is evaluated there (:mod:`symalign.device`); the sources stay on the
     CPU and each point's chunks are copied over."""
-    from symalign.checkpoint.config import check_same_architecture
-    from symalign.checkpoint.lazy import open_checkpoint
-    from symalign.checkpoint.folded import is_folded
-
-    if scope not in ("attention", "model"):
-        raise ConfigError(f"unknown scope {scope!r}; use attention or model")
-    check_evaluable(dir_a)
-    a_folded = scope == "attention" and is_folded(dir_b) and not is_folded(dir_a)
-    if stream and (scope != "attention" or is_folded(dir_b) or is_folded(dir_a)):
-        raise ConfigError("interpolate --stream measures the checkpoints as stored; a folded (--scope model) "
-                          "checkpoint needs the in-memory rewrite: use --no-stream")
-    if a_folded:  # B' is an `align --scope model` output, marked folded: measure the path that was aligned
-        scope = "model"
-    lazy_a, lazy_b = open_checkpoint(dir_a), open_checkpoint(dir_b)  # headers only
-    try:
-        check_same_architecture(lazy_a, lazy_b)
-    except MatchError as exc:
-        if scope == "model" and "exists only in" in str(exc):
-            pass  # e.g. GPT-2's untied head of an aligned output: compared after the rewrite
-        elif "exists only in" in str(exc):
-            raise MatchError(f"{exc}; if B was aligned with --scope model, pass --scope model") from None
-        else:
-            raise
-    check_same_vocabulary([dir_a, dir_b])
+    scope, a_folded = _pair_scope(dir_a, dir_b, scope, stream)
+    lazy_a, lazy_b = _checked_headers(dir_a, dir_b, scope)
     if stream:
         model = reuse.model if reuse is not None else load_hf_model(dir_a)
         a, b = (reuse.a if reuse is not None else lazy_a), lazy_b
     else:
-        load = load_rewritten if scope == "model" else load_hf_model
-        model_b = load(dir_b)
-        b = StateTensors(lmc.full_state(model_b), dir_b)
-        del model_b
-        if reuse is not None:
-            model, a = reuse.model, reuse.a
-        else:  # the model's own tensors are overwritten per point: A is a copy
-            model = load(dir_a)
-            a = StateTensors({k: v.clone() for k, v in lmc.full_state(model).items()}, dir_a)
-        lmc.check_compatible(a.state, b.state)
+        model, a, b = _in_memory_sources(dir_a, dir_b, scope, reuse)
     if evalset is None:
         evalset = build_eval(dir_a, model, data, opts)
     check_tokenizers([dir_a, dir_b], evalset, opts)  # B is held to the rule A met
@@ -209,6 +178,60 @@ same A, whose resident model and A source serve again).
     if stream:
         info["streamed"] = True
     return Pair(model, a, b, evalset, info)
+
+
+def _pair_scope(dir_a: str | Path, dir_b: str | Path, scope: str, stream: bool) -> tuple[str, bool]:
+    """``(scope, a_folded)``: the scope the pair is measured in -- ``"model"`` also when B is marked folded (an
+    ``align --scope model`` output) and A is not (``a_folded``) -- after checking the scope, that A has an
+    evaluable head, and that ``stream`` is not asked of a folded checkpoint."""
+    from symalign.checkpoint.folded import is_folded
+
+    if scope not in ("attention", "model"):
+        raise ConfigError(f"unknown scope {scope!r}; use attention or model")
+    check_evaluable(dir_a)
+    a_folded = scope == "attention" and is_folded(dir_b) and not is_folded(dir_a)
+    if stream and (scope != "attention" or is_folded(dir_b) or is_folded(dir_a)):
+        raise ConfigError("interpolate --stream measures the checkpoints as stored; a folded (--scope model) "
+                          "checkpoint needs the in-memory rewrite: use --no-stream")
+    if a_folded:  # B' is an `align --scope model` output, marked folded: measure the path that was aligned
+        scope = "model"
+    return scope, a_folded
+
+
+def _checked_headers(dir_a: str | Path, dir_b: str | Path, scope: str):
+    """Both checkpoints opened from their headers only, checked to share the architecture (a tensor only one holds
+    is allowed under ``scope="model"``: compared after the rewrite) and the vocabulary."""
+    from symalign.checkpoint.config import check_same_architecture
+    from symalign.checkpoint.lazy import open_checkpoint
+
+    lazy_a, lazy_b = open_checkpoint(dir_a), open_checkpoint(dir_b)  # headers only
+    try:
+        check_same_architecture(lazy_a, lazy_b)
+    except MatchError as exc:
+        if scope == "model" and "exists only in" in str(exc):
+            pass  # e.g. GPT-2's untied head of an aligned output: compared after the rewrite
+        elif "exists only in" in str(exc):
+            raise MatchError(f"{exc}; if B was aligned with --scope model, pass --scope model") from None
+        else:
+            raise
+    check_same_vocabulary([dir_a, dir_b])
+    return lazy_a, lazy_b
+
+
+def _in_memory_sources(dir_a: str | Path, dir_b: str | Path, scope: str, reuse: Pair | None):
+    """``(model, a, b)`` in memory: B's tensors, and A's resident model with a copy of its tensors (the model's own
+    are overwritten per point) or ``reuse``'s; under ``scope="model"`` both rewritten (:func:`load_rewritten`)."""
+    load = load_rewritten if scope == "model" else load_hf_model
+    model_b = load(dir_b)
+    b = StateTensors(lmc.full_state(model_b), dir_b)
+    del model_b
+    if reuse is not None:
+        model, a = reuse.model, reuse.a
+    else:  # the model's own tensors are overwritten per point: A is a copy
+        model = load(dir_a)
+        a = StateTensors({k: v.clone() for k, v in lmc.full_state(model).items()}, dir_a)
+    lmc.check_compatible(a.state, b.state)
+    return model, a, b
 
 
 def curve(pair: Pair, points: int = 25, progress: Callable[[int, float], None] | None = None

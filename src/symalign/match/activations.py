@@ -36,6 +36,7 @@ skipped.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -43,7 +44,7 @@ from torch import Tensor, nn
 
 from symalign.errors import MatchError
 from symalign.match.distance import distance
-from symalign.match.whole import WholeMatch, attention_step, model_states, partition, validate_states
+from symalign.match.whole import Partition, WholeMatch, attention_step, model_states, partition, validate_states
 from symalign.nn.sites import ActivationSite, HasActivationSites, module_input
 from symalign.spec import Transform, apply
 
@@ -153,6 +154,24 @@ def match_activations(model_a: nn.Module, model_b: nn.Module, batches: Iterable[
     Raises :class:`MatchError` without data or for incompatible models.
     """
     t0 = time.perf_counter()
+    batches = _batch_list(batches)
+    spec, sa, sb = model_states(model_a, model_b)
+    validate_states(spec, sa, sb)
+    part = partition(spec)
+    sites = _Sites.of(spec, model_a, model_b)
+    transform = _match_statistics(spec, model_a, model_b, sites, batches)
+    if sites.heads:
+        stream = [s for s in transform if spec.role(s) == "residual"]
+        o = spec.spaces[stream[0]].matrix(transform[stream[0]]) if stream else None
+        transform.update(_match_heads(spec, model_a, model_b, sites, batches, o))
+    d0 = distance(spec, sa, sb)
+    att = _match_attention_given(spec, part, sa, sb, transform, stage2)
+    d1 = distance(spec, sa, apply(spec, transform, sb))
+    return WholeMatch(transform, spec, [d0, d1], True, "activation", att, time.perf_counter() - t0)
+
+
+def _batch_list(batches: Iterable[Tensor] | Tensor | None) -> list[Tensor]:
+    """The inputs as a non-empty list (one tensor: one batch); :class:`MatchError` without any."""
     if batches is None:
         raise MatchError("activation matching needs data: pass a batch (or an iterable of batches) of inputs")
     if isinstance(batches, Tensor):
@@ -160,54 +179,79 @@ def match_activations(model_a: nn.Module, model_b: nn.Module, batches: Iterable[
     batches = list(batches)
     if not batches:
         raise MatchError("activation matching needs data: the sample was empty")
-    spec, sa, sb = model_states(model_a, model_b)
-    validate_states(spec, sa, sb)
-    part = partition(spec)
-    all_a, all_b = activation_sites(model_a), activation_sites(model_b)
-    if [s.space for s in all_a] != [s.space for s in all_b]:
-        raise MatchError("the two models declare different activation sites (different depth or structure)")
-    used = [k for k, s in enumerate(all_a) if s.space in spec.spaces]
-    heads = [k for k in used if spec.role(all_a[k].space) == "heads"]
-    rest = [k for k in used if k not in heads]
-    # pass 1: residual stream and FF statistics (memory O(D^2 + d_ff^2) per site, whatever the sample size)
-    stats: dict[int, PairStats] = {k: PairStats() for k in rest}
-    for acts_a, acts_b in _passes(model_a, model_b, [(k, all_a[k]) for k in rest], [(k, all_b[k]) for k in rest],
-                                  batches):
-        for k in rest:
+    return batches
+
+
+@dataclass
+class _Sites:
+    """Both models' activation sites (same spaces, in the same order) and the indices of those the spec has a
+    space for: ``heads`` (per-head outputs, pass 2) and ``rest`` (residual stream and FF units, pass 1)."""
+
+    a: list[ActivationSite]
+    b: list[ActivationSite]
+    heads: list[int]
+    rest: list[int]
+
+    @classmethod
+    def of(cls, spec, model_a: nn.Module, model_b: nn.Module) -> _Sites:
+        all_a, all_b = activation_sites(model_a), activation_sites(model_b)
+        if [s.space for s in all_a] != [s.space for s in all_b]:
+            raise MatchError("the two models declare different activation sites (different depth or structure)")
+        used = [k for k, s in enumerate(all_a) if s.space in spec.spaces]
+        heads = [k for k in used if spec.role(all_a[k].space) == "heads"]
+        return cls(all_a, all_b, heads, [k for k in used if k not in heads])
+
+    def pairs(self, ks: list[int]) -> tuple[list[tuple[int, ActivationSite]], list[tuple[int, ActivationSite]]]:
+        """The sites ``ks`` of A and of B, as :func:`_passes` takes them."""
+        return [(k, self.a[k]) for k in ks], [(k, self.b[k]) for k in ks]
+
+
+def _match_statistics(spec, model_a: nn.Module, model_b: nn.Module, sites: _Sites, batches: list[Tensor]) -> Transform:
+    """Pass 1: the residual stream and FF spaces from their activation statistics (memory ``O(D^2 + d_ff^2)`` per
+    site, whatever the sample size), each space's element the group's nearest to its summed statistics
+    (:meth:`Group.nearest_activations`); the residual stream first (its entries come first)."""
+    stats: dict[int, PairStats] = {k: PairStats() for k in sites.rest}
+    for acts_a, acts_b in _passes(model_a, model_b, *sites.pairs(sites.rest), batches):
+        for k in sites.rest:
             stats[k].add(acts_a[k], acts_b[k])
     by_space: dict[str, list[PairStats]] = {}
-    for k in rest:
-        by_space.setdefault(all_a[k].space, []).append(stats[k])
+    for k in sites.rest:
+        by_space.setdefault(sites.a[k].space, []).append(stats[k])
     transform: Transform = {}
     # the residual stream first: the head costs of pass 2 compare B's heads in A's stream coordinates
     stream = [s for s in by_space if spec.role(s) == "residual"]
     for s in stream + [s for s in by_space if s not in stream]:
         transform[s] = spec.spaces[s].nearest_activations(StatsSum(by_space[s]))
-    o = spec.spaces[stream[0]].matrix(transform[stream[0]]) if stream else None
-    # pass 2 (B's stream now aligned by O): cost[i, j] = sum_n ||y_A^i - O y_B^j||^2 per heads space, (h, h)
-    if heads:
-        costs: dict[int, Tensor] = {}
-        for acts_a, acts_b in _passes(model_a, model_b, [(k, all_a[k]) for k in heads],
-                                      [(k, all_b[k]) for k in heads], batches):
-            for k in heads:
-                ya, yb = acts_a[k], acts_b[k]
-                if o is not None:
-                    yb = yb @ o.T
-                c = (ya.pow(2).sum((0, 2))[:, None] + yb.pow(2).sum((0, 2))[None, :]
-                     - 2 * torch.einsum("nid,njd->ij", ya, yb))
-                costs[k] = costs[k] + c if k in costs else c
-        for k in heads:
-            space = all_a[k].space
-            transform[space] = spec.spaces[space].nearest(-costs[k])
-    d0 = distance(spec, sa, sb)
-    att = None
-    if part.attention:
-        head_spaces = [s for s in part.attention if spec.role(s) == "heads"]
-        fixed = {k: v for k, v in transform.items() if k not in part.attention or k in head_spaces}
-        cur = apply(spec, fixed, sb)
-        att = attention_step(spec, part.attention, sa, cur, stage1=False, stage2=stage2)
-        for k, v in att.transform.items():
-            if k not in head_spaces:
-                transform[k] = v
-    d1 = distance(spec, sa, apply(spec, transform, sb))
-    return WholeMatch(transform, spec, [d0, d1], True, "activation", att, time.perf_counter() - t0)
+    return transform
+
+
+def _match_heads(spec, model_a: nn.Module, model_b: nn.Module, sites: _Sites, batches: list[Tensor],
+                 o: Tensor | None) -> Transform:
+    """Pass 2 (B's stream aligned by ``O``): per heads space, the assignment minimising
+    ``cost[i, j] = sum_n ||y_A^i - O y_B^j||^2`` (an ``(h, h)`` matrix summed over the batches)."""
+    costs: dict[int, Tensor] = {}
+    for acts_a, acts_b in _passes(model_a, model_b, *sites.pairs(sites.heads), batches):
+        for k in sites.heads:
+            ya, yb = acts_a[k], acts_b[k]
+            if o is not None:
+                yb = yb @ o.T
+            c = (ya.pow(2).sum((0, 2))[:, None] + yb.pow(2).sum((0, 2))[None, :]
+                 - 2 * torch.einsum("nid,njd->ij", ya, yb))
+            costs[k] = costs[k] + c if k in costs else c
+    return {sites.a[k].space: spec.spaces[sites.a[k].space].nearest(-costs[k]) for k in sites.heads}
+
+
+def _match_attention_given(spec, part: Partition, sa, sb, transform: Transform, stage2: str):
+    """The attention spaces other than the head permutations (found from activations) by the weight matcher
+    (:func:`attention_step`, no stage 1) on B with ``transform`` applied; updates ``transform`` in place and
+    returns the attention match (``None`` without attention spaces)."""
+    if not part.attention:
+        return None
+    head_spaces = [s for s in part.attention if spec.role(s) == "heads"]
+    fixed = {k: v for k, v in transform.items() if k not in part.attention or k in head_spaces}
+    cur = apply(spec, fixed, sb)
+    att = attention_step(spec, part.attention, sa, cur, stage1=False, stage2=stage2)
+    for k, v in att.transform.items():
+        if k not in head_spaces:
+            transform[k] = v
+    return att

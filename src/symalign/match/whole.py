@@ -453,113 +453,192 @@ def match_whole(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapp
     Raises:
         MatchError: different specs, shapes (depth/width), NaN weights, unsupported spaces, unknown order.
     """
+    opts = dict(max_sweeps=max_sweeps, rtol=rtol, stage1=stage1, stage2=stage2, init=init, spec_b=spec_b,
+                order=order, seed=seed, start=start, gauge=gauge, experts=experts, progress=progress)
     if device is not None:
-        from symalign.device import exact_matmul, resolve, to_device
-
-        dev, names = resolve(device), set(spec.tensors) | (set(spec_b.tensors) if spec_b is not None else set())
-        with exact_matmul():
-            res = match_whole(spec, to_device({k: v for k, v in state_a.items() if k in names}, dev),
-                              to_device({k: v for k, v in state_b.items() if k in names}, dev),
-                              max_sweeps=max_sweeps, rtol=rtol, stage1=stage1, stage2=stage2, spec_b=spec_b,
-                              order=order, seed=seed, start=start, gauge=gauge, experts=experts, progress=progress,
-                              init=None if init is None else to_device(dict(init), dev))
-        res.transform = to_device(dict(res.transform), torch.device("cpu"))
-        return res
+        return _match_on_device(spec, state_a, state_b, device, opts)
     t0 = time.perf_counter()
-    sweeps = max_sweeps
-    if order not in ORDERS:
-        raise MatchError(f"unknown sweep order {order!r}; use one of {', '.join(ORDERS)}")
-    if gauge not in GAUGES:
-        raise MatchError(f"unknown gauge {gauge!r}; use one of {', '.join(GAUGES)}")
-    if experts not in METHODS:
-        raise MatchError(f"unknown expert matching method {experts!r}; use one of {', '.join(METHODS)}")
-    if gauge == "balanced":
-        validate_states(spec, state_a, state_b)
-        da, db = balanced_gauge(spec, state_a), balanced_gauge(spec, state_b)
-        if da:
-            res = match_whole(spec, apply(spec, da, state_a), apply(spec, db, state_b),
-                              max_sweeps=max_sweeps, rtol=rtol, stage1=stage1, stage2=stage2, spec_b=spec_b,
-                              order=order, seed=seed, start=start, gauge="raw", experts=experts, progress=progress,
-                              init=None if init is None else compose(spec, da, compose(spec, init, invert(spec, db))))
-            res.transform = compose(spec, invert(spec, da), compose(spec, res.transform, db))
-            res.notes.append("balanced gauge: the distances are those between the balanced A and B")
-            res.time_s = time.perf_counter() - t0
-            return res
-    if start not in STARTS and start != _UNGUARDED:
-        raise MatchError(f"unknown start {start!r}; use one of {', '.join(STARTS)}")
-    if start == "identity" and init is None:  # guarded: the better of the two descents
-        common = dict(max_sweeps=max_sweeps, rtol=rtol, stage1=stage1, stage2=stage2, spec_b=spec_b,
-                      order=order, seed=seed, gauge="raw", experts=experts,
-                      progress=progress)
-        both = [match_whole(spec, state_a, state_b, start=st, **common) for st in (_UNGUARDED, "anchored")]
-        best = min(both, key=lambda r: r.distances[-1])
-        best.notes.append(f"start identity (guarded): from the identity the descent ended at distance "
-                          f"{both[0].distances[-1]:.6g}, anchored at {both[1].distances[-1]:.6g}; kept the "
-                          + ("identity" if best is both[0] else "anchored") + " one")
-        best.time_s = time.perf_counter() - t0
-        return best
-    if sweeps < 1:
-        raise MatchError(f"max_sweeps must be at least 1, got {sweeps}")
+    _check_choice("sweep order", order, ORDERS)
+    _check_choice("gauge", gauge, GAUGES)
+    _check_choice("expert matching method", experts, METHODS)
+    res = _match_balanced(spec, state_a, state_b, opts) if gauge == "balanced" else None
+    if res is None and start != _UNGUARDED:
+        _check_choice("start", start, STARTS)
+    if res is None and start == "identity" and init is None:
+        res = _match_guarded(spec, state_a, state_b, opts)
+    if res is not None:
+        res.time_s = time.perf_counter() - t0
+        return res
+    _check_pair(spec, spec_b, state_a, state_b, max_sweeps)
+    return _descend(_Descent.begin(spec, state_a, state_b, init, stage1, stage2, experts), opts, t0)
+
+
+def _check_choice(what: str, value: str, allowed) -> None:
+    """One of the named options (else :class:`MatchError` listing them)."""
+    if value not in allowed:
+        raise MatchError(f"unknown {what} {value!r}; use one of {', '.join(allowed)}")
+
+
+def _match_on_device(spec: SymmetrySpec, state_a, state_b, device, opts: dict) -> WholeMatch:
+    """:func:`match_whole` with the spec's tensors (and ``init``) on ``device``, exact matmuls (TF32 off); the
+    transform comes back on the CPU."""
+    from symalign.device import exact_matmul, resolve, to_device
+
+    spec_b, init = opts["spec_b"], opts["init"]
+    dev, names = resolve(device), set(spec.tensors) | (set(spec_b.tensors) if spec_b is not None else set())
+    with exact_matmul():
+        res = match_whole(spec, to_device({k: v for k, v in state_a.items() if k in names}, dev),
+                          to_device({k: v for k, v in state_b.items() if k in names}, dev),
+                          **{**opts, "init": None if init is None else to_device(dict(init), dev)})
+    res.transform = to_device(dict(res.transform), torch.device("cpu"))
+    return res
+
+
+def _match_balanced(spec: SymmetrySpec, state_a, state_b, opts: dict) -> WholeMatch | None:
+    """The balanced gauge: ``d_A^{-1} g d_B`` with ``g`` matching the balanced ``d_A . A`` and ``d_B . B``
+    (:func:`balanced_gauge`; an ``init`` ``h`` becomes ``d_A h d_B^{-1}``). ``None`` without ReLU spaces (the
+    raw gauge is then the same)."""
+    validate_states(spec, state_a, state_b)
+    da, db = balanced_gauge(spec, state_a), balanced_gauge(spec, state_b)
+    if not da:
+        return None
+    init = opts["init"]
+    res = match_whole(spec, apply(spec, da, state_a), apply(spec, db, state_b),
+                      **{**opts, "gauge": "raw",
+                         "init": None if init is None else compose(spec, da, compose(spec, init, invert(spec, db)))})
+    res.transform = compose(spec, invert(spec, da), compose(spec, res.transform, db))
+    res.notes.append("balanced gauge: the distances are those between the balanced A and B")
+    return res
+
+
+def _match_guarded(spec: SymmetrySpec, state_a, state_b, opts: dict) -> WholeMatch:
+    """``start="identity"``: the unguarded descent from the identity and the anchored one; the one with the lower
+    final distance, with a note comparing them."""
+    both = [match_whole(spec, state_a, state_b, **{**opts, "start": st, "gauge": "raw"})
+            for st in (_UNGUARDED, "anchored")]
+    best = min(both, key=lambda r: r.distances[-1])
+    best.notes.append(f"start identity (guarded): from the identity the descent ended at distance "
+                      f"{both[0].distances[-1]:.6g}, anchored at {both[1].distances[-1]:.6g}; kept the "
+                      + ("identity" if best is both[0] else "anchored") + " one")
+    return best
+
+
+def _check_pair(spec: SymmetrySpec, spec_b: SymmetrySpec | None, state_a, state_b, max_sweeps: int) -> None:
+    """At least one sweep, B's spec (if given) describes A's groups, and the states fit the spec."""
+    if max_sweeps < 1:
+        raise MatchError(f"max_sweeps must be at least 1, got {max_sweeps}")
     if spec_b is not None and spec_b.describe() != spec.describe():
         da, db = spec.describe(), spec_b.describe()
         diff = sorted(set(da) ^ set(db)) or sorted(k for k in da if da[k] != db.get(k))
         raise MatchError(f"the models have different symmetry groups (first difference: {diff[0]!r}: "
                          f"{da.get(diff[0])} in A, {db.get(diff[0])} in B) -- different depth or widths?")
     validate_states(spec, state_a, state_b)
-    part = partition(spec)
-    transform: Transform = dict(init) if init is not None else {}
-    notes: list[str] = [n for n in (spec.spaces[name].note(name) for name in part.orthogonal) if n]
-    units, stream = unit_spaces(spec, part)
-    free_m: dict[str, Tensor] = {}
-    for name in stream:  # the free tensors' cross term is the same in every sweep: computed once
-        pairs = _pairs(spec, name, True)
-        if pairs:
-            free_m[name] = cross(pairs, state_a, state_b)
-    if init is None:
-        for name in stream:
-            if name in free_m:
-                transform[name] = _project(spec, name, free_m[name])
+
+
+@dataclass
+class _Descent:
+    """The working state of one block-coordinate descent: the pair, its spaces by step (``units``: step 1,
+    ``part.attention``: step 2, ``stream``: step 3), the current ``transform`` (updated by each step), the
+    constant cross terms ``free_m`` of the stream spaces' free tensors, the notes and the last attention match."""
+
+    spec: SymmetrySpec
+    state_a: Mapping[str, Tensor]
+    state_b: Mapping[str, Tensor]
+    part: Partition
+    units: list[str]
+    stream: list[str]
+    transform: Transform
+    free_m: dict[str, Tensor]
+    notes: list[str]
+    stage1: bool
+    stage2: str
+    experts: str
+    att: Any = None
+
+    @classmethod
+    def begin(cls, spec: SymmetrySpec, state_a, state_b, init: Transform | None, stage1: bool, stage2: str,
+              experts: str) -> _Descent:
+        """The descent's start: ``init``, or (``None``) step 0 -- each stream space from its free tensors."""
+        part = partition(spec)
+        notes = [n for n in (spec.spaces[name].note(name) for name in part.orthogonal) if n]
+        units, stream = unit_spaces(spec, part)
+        free_m: dict[str, Tensor] = {}
+        for name in stream:  # the free tensors' cross term is the same in every sweep: computed once
+            pairs = _pairs(spec, name, True)
+            if pairs:
+                free_m[name] = cross(pairs, state_a, state_b)
+        run = cls(spec, state_a, state_b, part, units, stream, dict(init) if init is not None else {}, free_m, notes,
+                  stage1, stage2, experts)
+        if init is None:
+            run.init_stream()
+        return run
+
+    def init_stream(self) -> None:
+        """Step 0: each stream space as the best element on its free tensors (identity without any)."""
+        for name in self.stream:
+            if name in self.free_m:
+                self.transform[name] = _project(self.spec, name, self.free_m[name])
             else:
-                notes.append(f"{name}: no tensor free of other spaces; initialised at the identity")
-    d_first = distance(spec, state_a, state_b)
-    distances = [d_first]
-    changes: list[int] = []
-    att = None
-    converged = False
-    gen = torch.Generator().manual_seed(int(seed))
-    tol = 1e-12 * d_first
-    anchored = init is None and start == "anchored"
-    partial = False  # the anchored first sweep solved some space on part of its tensors
-    for sweep in range(sweeps):
-        # 1. unit spaces (FF hidden units, experts), each given every other current element
-        seq = units if order == "fixed" else [units[i] for i in torch.randperm(len(units), generator=gen).tolist()]
-        if sweep == 0 and anchored:
-            moved, partial = anchored_step(spec, units, transform, state_a, state_b, set(transform), experts)
-            changes.append(moved)
-        else:
-            changes.append(unit_step(spec, units, transform, state_a, state_b, seq, tol, experts))
-        # 2. attention
-        if part.attention:
-            cur = apply_subset(spec, _without(transform, part.attention), state_b, part.attention)
-            att = attention_step(spec, part.attention, state_a, cur, stage1, stage2)
-            transform = {**_without(transform, part.attention), **att.transform}
-        # 3. residual-stream spaces (orthogonal, or a permuted stream), each given every other element
-        for name in stream:
-            cur = apply_subset(spec, _without(transform, [name]), state_b, [name], only_bound=True)
-            el = _solve_space(spec, name, state_a, cur, constant=free_m.get(name))
+                self.notes.append(f"{name}: no tensor free of other spaces; initialised at the identity")
+
+    def anchored_units(self) -> tuple[int, bool]:
+        """Step 1 as the anchored first sweep (:func:`anchored_step`): ``(spaces solved, partial)``."""
+        return anchored_step(self.spec, self.units, self.transform, self.state_a, self.state_b, set(self.transform),
+                             self.experts)
+
+    def unit_sweep(self, seq: list[str], tol: float) -> int:
+        """Step 1 in the order ``seq`` (:func:`unit_step`): how many unit spaces moved."""
+        return unit_step(self.spec, self.units, self.transform, self.state_a, self.state_b, seq, tol, self.experts)
+
+    def solve_attention(self) -> None:
+        """Step 2: the attention spaces on B with every other element applied."""
+        if self.part.attention:
+            cur = apply_subset(self.spec, _without(self.transform, self.part.attention), self.state_b,
+                               self.part.attention)
+            self.att = attention_step(self.spec, self.part.attention, self.state_a, cur, self.stage1, self.stage2)
+            self.transform = {**_without(self.transform, self.part.attention), **self.att.transform}
+
+    def solve_stream(self) -> None:
+        """Step 3: each residual-stream space (orthogonal, or a permuted stream) given every other element."""
+        for name in self.stream:
+            cur = apply_subset(self.spec, _without(self.transform, [name]), self.state_b, [name], only_bound=True)
+            el = _solve_space(self.spec, name, self.state_a, cur, constant=self.free_m.get(name))
             if el is not None:
-                transform[name] = el
-        d = distance(spec, state_a, apply(spec, transform, state_b))
+                self.transform[name] = el
+
+    def current_distance(self) -> float:
+        """``D(g)`` of the current transform (:class:`MatchError` when not finite)."""
+        d = distance(self.spec, self.state_a, apply(self.spec, self.transform, self.state_b))
         if not math.isfinite(d):
             raise MatchError("whole-model matching produced a non-finite distance; check the inputs")
+        return d
+
+
+def _descend(run: _Descent, opts: dict, t0: float) -> WholeMatch:
+    """Sweeps of steps 1-3 until the stopping rule (module docstring) or ``max_sweeps``."""
+    d_first = distance(run.spec, run.state_a, run.state_b)
+    distances, changes, converged, partial = [d_first], [], False, False
+    gen = torch.Generator().manual_seed(int(opts["seed"]))
+    anchored = opts["init"] is None and opts["start"] == "anchored"
+    for sweep in range(opts["max_sweeps"]):
+        # 1. unit spaces (FF hidden units, experts), each given every other current element
+        perm = torch.randperm(len(run.units), generator=gen).tolist() if opts["order"] != "fixed" else None
+        if sweep == 0 and anchored:
+            moved, partial = run.anchored_units()
+        else:
+            moved = run.unit_sweep(run.units if perm is None else [run.units[i] for i in perm], 1e-12 * d_first)
+        changes.append(moved)
+        run.solve_attention()  # 2. attention
+        run.solve_stream()  # 3. residual-stream spaces
+        d = run.current_distance()
         distances.append(d)
-        if progress is not None:
-            progress(len(distances) - 1, d)
-        if (sweep > 0 or not partial) and (distances[-2] - d <= rtol * d_first or d <= 1e-20 * d_first):
+        if opts["progress"] is not None:
+            opts["progress"](len(distances) - 1, d)
+        if (sweep > 0 or not partial) and (distances[-2] - d <= opts["rtol"] * d_first or d <= 1e-20 * d_first):
             converged = True
             break
-    return WholeMatch(transform, spec, distances, converged, "weight", att, time.perf_counter() - t0, notes,
-                      changes=changes, experts=experts if part.experts else None)
+    return WholeMatch(run.transform, run.spec, distances, converged, "weight", run.att, time.perf_counter() - t0,
+                      run.notes, changes=changes, experts=opts["experts"] if run.part.experts else None)
 
 
 def check_configs(cfg_a, cfg_b, allow_heterogeneous: bool = False) -> None:

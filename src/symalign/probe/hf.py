@@ -487,57 +487,104 @@ def probe_hf(source: Any, layer: int = 0, *, stack: str | None = None, cross: bo
     without an adapter, or a site that does not exist, and
     :class:`~symalign.probe.spectrum.AmbiguousSpectrumError` when a spectrum has no clean gap.
     """
-    config = hf_config(source)
-    adapter = get_adapter(config)
-    cfg_summary = _summary(config)
-    number, stack = probe_site(adapter, config, layer, stack, cross)
-    model = generic_model(config, seed)
-    state = dict(model.state_dict())
-    full = adapter.spec(model)
-    spaces = getattr(adapter, "layer_spaces", None)  # a Family names all its attention spaces (QK-norm gains too)
-    spec = full.restrict([s for s in spaces(number) if s in full.spaces]) if spaces else layer_spec(full, number)
-    tensors = list(spec.tensors)
-    if not tensors:
-        raise ConfigError(f"the {adapter.family} adapter declares no attention spaces for layer {layer}")
-    attn_name = _common_module(tensors)
-    site = _parent(next(t for t in tensors if any(a.variance == "contra" for a in spec.tensors[t])
-                        and state[t].dim() == 2 and _is_vo(spec, t)))
-    declared = int(spec.dim)
-    undeclared = undeclared_terms(spec, state)
-    n_params = sum(state[t].numel() for t in tensors)
-    if n_params > MAX_PARAMETERS:
-        raise ConfigError(f"layer {layer} of this {adapter.family} model has {n_params:,} attention parameters; the "
-                          f"probe handles up to {MAX_PARAMETERS:,} (pass the model_type, e.g. "
-                          f"{config.model_type!r}, to probe a tiny model with the same structure)")
-    per_item = _tokens_times_width(*capture_call(model, attn_name, _inputs(adapter, config, 1, seed)))
-    args, kwargs = capture_call(model, attn_name, _inputs(adapter, config, _batch(n_params, per_item), seed))
-    args, kwargs, seq_len = generic_hidden_states(args, kwargs, seed + 2)
-    freqs = _frequencies(model, config, number)
-    rows = []
-    call = _Call(model.get_submodule(attn_name), args, kwargs, site[len(attn_name) + 1:] if attn_name else site)
-    names = ["layer." + t[len(attn_name) + 1:] if attn_name else "layer." + t for t in tensors]
-    res = probe(call, (), method=method, ad=ad, probes=probes, seed=seed, parameters=names, check_heads=False,
-                predicted=declared + sum(undeclared.values()), frequencies=freqs, seq_len=seq_len, spec=spec,
-                device=device)
-    kind = "cross-attention" if cross else "attention"
-    rows.append(HFProbe(adapter.family, config.model_type, layer, kind, attn_name, declared, spec.describe(),
-                        undeclared, res, cfg_summary, stack))
+    t = _AttentionSite.open(source, layer, stack, cross, seed)
+    per_item = _tokens_times_width(*capture_call(t.model, t.attn_name, _inputs(t.adapter, t.config, 1, seed)))
+    opts = dict(method=method, ad=ad, probes=probes, seed=seed, device=device)
+    res, freqs = _probe_attention(t, per_item, opts)
+    rows = [HFProbe(t.adapter.family, t.config.model_type, layer, "cross-attention" if cross else "attention",
+                    t.attn_name, t.declared, t.spec.describe(), t.undeclared, res, t.cfg_summary, t.stack)]
     if block:
-        if getattr(adapter, "moe", None) is not None:
-            raise ConfigError(f"--block: a {adapter.family} layer routes each token to its experts data-dependently, "
-                              "which the Jacobian tracer cannot follow; drop --block (the experts-and-router block "
-                              "is probed on its own: docs/symmetry.md, 'Mixture-of-experts blocks')")
-        block_name = _block_of(attn_name)
-        block_module = model.get_submodule(block_name)
-        n_block = sum(p.numel() for p in block_module.parameters() if p.is_floating_point())
-        _check_block_fits(n_block, adapter.family, block_name)
-        bargs, bkwargs = capture_call(model, block_name, _inputs(adapter, config, _batch(n_block, per_item), seed))
-        bargs, bkwargs, bseq = generic_hidden_states(bargs, bkwargs, seed + 3)
-        bres = probe(_Call(block_module, bargs, bkwargs, ""), (), method=method, ad=ad, probes=probes, seed=seed,
-                     check_heads=False, frequencies=freqs, seq_len=bseq, device=device)
-        rows.append(HFProbe(adapter.family, config.model_type, layer, "block", block_name, None, {}, {}, bres,
-                            cfg_summary, stack))
+        rows.append(_probe_block(t, layer, per_item, freqs, opts))
     return rows
+
+
+@dataclass
+class _AttentionSite:
+    """The probed layer of a generic model of the family: its config and adapter, the model and its state, the
+    layer's spec (its attention spaces) and tensors, the attention module (``attn_name``) and the value/output site
+    inside it, the declared group's dimension and the undeclared exact symmetries."""
+
+    config: Any
+    adapter: Any
+    cfg_summary: Any
+    number: int
+    stack: str | None
+    model: nn.Module
+    state: dict[str, Tensor]
+    spec: Any
+    tensors: list[str]
+    attn_name: str
+    site: str
+    declared: int
+    undeclared: dict[str, int]
+    n_params: int
+
+    @classmethod
+    def open(cls, source: Any, layer: int, stack: str | None, cross: bool, seed: int) -> _AttentionSite:
+        """The site of ``layer`` (:func:`probe_site`) in a generic model (``seed``); :class:`ConfigError` when the
+        adapter declares no attention space there or the layer has more than ``MAX_PARAMETERS`` parameters."""
+        config = hf_config(source)
+        adapter = get_adapter(config)
+        cfg_summary = _summary(config)
+        number, stack = probe_site(adapter, config, layer, stack, cross)
+        model = generic_model(config, seed)
+        state = dict(model.state_dict())
+        full = adapter.spec(model)
+        spaces = getattr(adapter, "layer_spaces", None)  # a Family names all its attention spaces (QK-norm gains too)
+        spec = full.restrict([s for s in spaces(number) if s in full.spaces]) if spaces else layer_spec(full, number)
+        tensors = list(spec.tensors)
+        if not tensors:
+            raise ConfigError(f"the {adapter.family} adapter declares no attention spaces for layer {layer}")
+        attn_name = _common_module(tensors)
+        site = _parent(next(t for t in tensors if any(a.variance == "contra" for a in spec.tensors[t])
+                            and state[t].dim() == 2 and _is_vo(spec, t)))
+        declared = int(spec.dim)
+        undeclared = undeclared_terms(spec, state)
+        n_params = sum(state[t].numel() for t in tensors)
+        if n_params > MAX_PARAMETERS:
+            raise ConfigError(f"layer {layer} of this {adapter.family} model has {n_params:,} attention parameters; "
+                              f"the probe handles up to {MAX_PARAMETERS:,} (pass the model_type, e.g. "
+                              f"{config.model_type!r}, to probe a tiny model with the same structure)")
+        return cls(config, adapter, cfg_summary, number, stack, model, state, spec, tensors, attn_name, site, declared,
+                   undeclared, n_params)
+
+
+def _probe_attention(t: _AttentionSite, per_item: int, opts: dict) -> tuple[ProbeResult, Tensor | None]:
+    """The attention module's Jacobian probe on its captured call (a batch sized by :func:`_batch`, generic hidden
+    states), predicted nullity ``declared + sum(undeclared)``; also the layer's RoPE frequencies (read after the
+    calls, as the block probe reuses them)."""
+    seed = opts["seed"]
+    args, kwargs = capture_call(t.model, t.attn_name, _inputs(t.adapter, t.config, _batch(t.n_params, per_item), seed))
+    args, kwargs, seq_len = generic_hidden_states(args, kwargs, seed + 2)
+    freqs = _frequencies(t.model, t.config, t.number)
+    call = _Call(t.model.get_submodule(t.attn_name), args, kwargs,
+                 t.site[len(t.attn_name) + 1:] if t.attn_name else t.site)
+    names = ["layer." + n[len(t.attn_name) + 1:] if t.attn_name else "layer." + n for n in t.tensors]
+    res = probe(call, (), method=opts["method"], ad=opts["ad"], probes=opts["probes"], seed=seed, parameters=names,
+                check_heads=False, predicted=t.declared + sum(t.undeclared.values()), frequencies=freqs,
+                seq_len=seq_len, spec=t.spec, device=opts["device"])
+    return res, freqs
+
+
+def _probe_block(t: _AttentionSite, layer: int, per_item: int, freqs: Tensor | None, opts: dict) -> HFProbe:
+    """``--block``: the Jacobian probe of the whole layer enclosing the attention module (no declared group);
+    :class:`ConfigError` for a mixture-of-experts layer or a block too large."""
+    if getattr(t.adapter, "moe", None) is not None:
+        raise ConfigError(f"--block: a {t.adapter.family} layer routes each token to its experts data-dependently, "
+                          "which the Jacobian tracer cannot follow; drop --block (the experts-and-router block "
+                          "is probed on its own: docs/symmetry.md, 'Mixture-of-experts blocks')")
+    seed = opts["seed"]
+    block_name = _block_of(t.attn_name)
+    block_module = t.model.get_submodule(block_name)
+    n_block = sum(p.numel() for p in block_module.parameters() if p.is_floating_point())
+    _check_block_fits(n_block, t.adapter.family, block_name)
+    bargs, bkwargs = capture_call(t.model, block_name, _inputs(t.adapter, t.config, _batch(n_block, per_item), seed))
+    bargs, bkwargs, bseq = generic_hidden_states(bargs, bkwargs, seed + 3)
+    bres = probe(_Call(block_module, bargs, bkwargs, ""), (), method=opts["method"], ad=opts["ad"],
+                 probes=opts["probes"], seed=seed, check_heads=False, frequencies=freqs, seq_len=bseq,
+                 device=opts["device"])
+    return HFProbe(t.adapter.family, t.config.model_type, layer, "block", block_name, None, {}, {}, bres,
+                   t.cfg_summary, t.stack)
 
 
 def _is_vo(spec: Any, tensor: str) -> bool:
