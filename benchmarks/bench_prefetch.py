@@ -1,4 +1,4 @@
-"""Read-ahead on the CPU: streamed ``symalign align`` with ``SYMALIGN_PREFETCH=1`` (the default) against ``0``.
+"""Read-ahead on the CPU: streamed ``symalign align`` with ``SYMALIGN_PREFETCH=1`` against ``0`` (unset: CUDA only).
 
 Writes two random Llama-shaped bfloat16 checkpoints (``bench_align_stream.write_random``: ``N(0, 0.02)`` weights,
 sharded) of a small shape (``--layers``, ``--d-model``, ``--ff``, ``--heads``/``--kv-heads``, ``--vocab``) to a

@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+PREFETCH_ENV = "SYMALIGN_PREFETCH"
+
 from bench_align_stream import SHAPES, llama_config, measured, read_floor, write_random  # noqa: E402
 
 
@@ -179,13 +181,15 @@ def main() -> int:
                              "kind=lm", "--points", "5", "--eval-items", "8", "--context", "64", "-o", str(tmp / "I"),
                              "--json", "--no-progress", *dev]),
         ]
+        if args.cpu_smoke or args.prefetch_check:  # the steps read ahead (the default only on CUDA)
+            os.environ[PREFETCH_ENV] = "1"
         for name, cmd in plan:
             res["steps"][name] = step(name, cmd, floor_s, args.threads, args.limit_s, tmp)
             ok &= res["steps"][name]["rc"] == 0
             if out_json:
                 Path(out_json).write_text(json.dumps(res, indent=2) + "\n")
         if args.cpu_smoke or args.prefetch_check:  # the reader thread changes no byte
-            name = "align_attention_prefetch_off"
+            name = "align_attention_prefetch_off"  # the run above read ahead: on CUDA by default, else forced below
             res["steps"][name] = step(name, ["align", a, b, "-o", str(tmp / "OA0"), "--stream", "--scope",
                                              "attention", "--json", *dev], floor_s, args.threads, args.limit_s, tmp,
                                       env={"SYMALIGN_PREFETCH": "0"})

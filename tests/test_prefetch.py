@@ -37,7 +37,7 @@ def test_values_and_order_are_those_of_map(setting, monkeypatch):
 
 
 def test_read_on_a_thread_at_most_one_item_ahead(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv(ENV, "1")
     log: list[tuple[str, int]] = []
     lock = threading.Lock()
     where: list[str] = []
@@ -85,7 +85,7 @@ def test_bad_setting_is_refused(monkeypatch):
 
 
 def test_an_exception_on_the_thread_is_raised_at_its_item(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv(ENV, "1")
 
     def read(i):
         if i == 3:
@@ -101,7 +101,7 @@ def test_an_exception_on_the_thread_is_raised_at_its_item(monkeypatch):
 
 @pytest.mark.parametrize("how", ["break", "raise", "close"])
 def test_the_thread_stops_when_the_caller_stops(how, monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv(ENV, "1")
     reads = []
 
     def read(i):
@@ -128,7 +128,7 @@ def test_the_thread_stops_when_the_caller_stops(how, monkeypatch):
 
 
 def test_timer_wraps_each_wait(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv(ENV, "1")
     import contextlib
 
     n = []
@@ -144,7 +144,7 @@ def test_timer_wraps_each_wait(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_pins_and_moves_on_a_side_stream(monkeypatch):
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv(ENV, "1")
     read = lambda i: {"w": torch.full((256, 256), float(i))}  # noqa: E731
     for i, v in enumerate(read_ahead(read, range(4), "cuda:0")):
         assert v["w"].is_pinned() and torch.equal(v["w"], read(i)["w"])
@@ -190,7 +190,7 @@ def test_a_read_failing_on_the_thread_stops_the_run_in_one_line(scope, tmp_path,
     from symalign.io.tensors import ShardedTensors
 
     a, b = _pair(tmp_path)
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv(ENV, "1")
     real = ShardedTensors.read
     seen = []
 
@@ -212,7 +212,7 @@ def test_a_read_failing_on_the_thread_stops_the_run_in_one_line(scope, tmp_path,
 def test_with_a_gate_the_reader_waits_for_it(monkeypatch):
     from symalign.io.prefetch import Gate
 
-    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setenv(ENV, "1")
     reads = []
     gate = Gate()
 
@@ -230,3 +230,14 @@ def test_with_a_gate_the_reader_waits_for_it(monkeypatch):
                 time.sleep(0.005)
             assert max(reads) == i + 1  # read ahead once it has
     assert reads == [0, 1, 2, 3]
+
+
+def test_by_default_on_for_cuda_only(monkeypatch):
+    """Unset, read-ahead is on where the reads feed a CUDA device and off on the CPU (no gain measured there)."""
+    monkeypatch.delenv(ENV, raising=False)
+    assert not enabled() and not enabled("cpu") and not enabled(torch.device("cpu"))
+    assert enabled("cuda") and enabled(torch.device("cuda", 1))
+    monkeypatch.setenv(ENV, "1")
+    assert enabled() and enabled("cpu")
+    monkeypatch.setenv(ENV, "0")
+    assert not enabled("cuda")

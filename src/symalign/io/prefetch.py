@@ -14,8 +14,10 @@ Errors: an exception raised by ``read`` on the thread is raised in the caller, a
 items before it are delivered). The thread never outlives the iteration: the generator's ``finally`` (run
 when it is exhausted, closed, or dropped by a loop that raised) stops and joins it.
 
-``SYMALIGN_PREFETCH=0`` (or ``off``, ``false``, ``no``) turns it off: the same reads, on the calling thread,
-when each item is asked for.
+**When it is on.** By default only when the reads feed a CUDA device: on the CPU, ``benchmarks/bench_prefetch.py``
+measured no gain (docs/scaling.md, "Reading ahead"), so the CPU path reads in turn, as before read-ahead existed.
+``SYMALIGN_PREFETCH=1`` (or ``on``, ``true``, ``yes``) turns it on everywhere, ``0`` (``off``, ``false``, ``no``)
+off everywhere: the same reads, on the calling thread, when each item is asked for.
 """
 
 from __future__ import annotations
@@ -34,19 +36,22 @@ __all__ = ["ENV", "Gate", "enabled", "read_ahead"]
 
 ENV = "SYMALIGN_PREFETCH"
 _OFF = ("0", "off", "false", "no")
-_ON = ("", "1", "on", "true", "yes")
+_ON = ("1", "on", "true", "yes")
 _POLL_S = 0.05  # how often a waiting thread looks at the stop flag
 
 K = TypeVar("K")
 V = TypeVar("V")
 
 
-def enabled() -> bool:
-    """Whether read-ahead is on (``$SYMALIGN_PREFETCH``: on unless ``0``/``off``/``false``/``no``)."""
+def enabled(device: torch.device | str | None = None) -> bool:
+    """Whether read-ahead is on for reads that feed ``device``: ``$SYMALIGN_PREFETCH`` when set (``1``/``on``/
+    ``true``/``yes`` or ``0``/``off``/``false``/``no``), else only for a CUDA device (module docstring)."""
     value = os.environ.get(ENV, "").strip().lower()
-    if value not in _OFF + _ON:
-        raise ConfigError(f"{ENV}={value!r}: use 1 (read the next layer ahead, the default) or 0 (off)")
-    return value not in _OFF
+    if value and value not in _OFF + _ON:
+        raise ConfigError(f"{ENV}={value!r}: use 1 (read the next layer ahead) or 0 (off); unset: on for CUDA only")
+    if value:
+        return value in _ON
+    return device is not None and torch.device(device).type == "cuda"
 
 
 def _map(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -96,7 +101,7 @@ def read_ahead(read: Callable[[K], V], items: Iterable[K], device: torch.device 
     reader waits for :meth:`Gate.open` before reading the next item (:class:`Gate`)."""
     items = list(items)
     wait = timer or contextlib.nullcontext
-    if not enabled() or len(items) < 2:
+    if not enabled(device) or len(items) < 2:
         for item in items:
             with wait():
                 value = read(item)
