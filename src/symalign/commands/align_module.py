@@ -78,6 +78,15 @@ def load_state(path: Path, who: str) -> dict[str, torch.Tensor]:
     return load_state_file(path, who)
 
 
+def check_output_file(out: Path, inputs: tuple[Path, ...], force: bool) -> None:
+    """Refuse (:class:`CheckpointError`) an output file that is one of ``inputs``, or exists without ``force``."""
+    for src in inputs:
+        if Path(out).resolve() == Path(src).resolve():
+            raise CheckpointError(f"the output {out} is an input; pick another path")
+    if Path(out).exists() and not force:
+        raise CheckpointError(f"{out} already exists; pass --force to replace it")
+
+
 def run_align_module(module: str, a_path: Path, b_path: Path, out: Path, scope: str = "model",
                      stage2: str = "full", stage1: bool = True, force: bool = False,
                      max_sweeps: int = 20, strict: bool = False, device: Any = None) -> AlignResult:
@@ -89,11 +98,7 @@ def run_align_module(module: str, a_path: Path, b_path: Path, out: Path, scope: 
 
     clock = PhaseClock()
     out = Path(out)
-    for src in (a_path, b_path):
-        if out.resolve() == Path(src).resolve():
-            raise CheckpointError(f"the output {out} is an input; pick another path")
-    if out.exists() and not force:
-        raise CheckpointError(f"{out} already exists; pass --force to replace it")
+    check_output_file(out, (a_path, b_path), force)
     if stage2 not in ("none", "orthogonal", "full"):
         raise ConfigError(f"unknown --stage2 {stage2!r}; use one of none, orthogonal, full")
     with clock("read"):

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from symalign.errors import CheckpointError, ConfigError
+from symalign.errors import ConfigError
 from symalign.provenance import provenance
 
 
@@ -49,7 +49,7 @@ def run_merge_widths(module: str, a_path: Path, b_path: Path, out: Path, widths:
                      force: bool = False, max_sweeps: int = 20, device: Any = None) -> dict[str, Any]:
     """Merge A.pt and B.pt of ``factory(widths[0])`` and ``factory(widths[1])`` into OUT.pt (module docstring);
     returns the diagnostics."""
-    from symalign.commands.align_module import load_factory, load_state
+    from symalign.commands.align_module import check_output_file, load_factory, load_state
     from symalign.io.statedict import save_state_file
     from symalign.merge import normalise_weights
     from symalign.tracing.align import check_state
@@ -57,11 +57,7 @@ def run_merge_widths(module: str, a_path: Path, b_path: Path, out: Path, widths:
 
     t0 = time.perf_counter()
     out = Path(out)
-    for src in (a_path, b_path):
-        if out.resolve() == Path(src).resolve():
-            raise CheckpointError(f"the output {out} is an input; pick another path")
-    if out.exists() and not force:
-        raise CheckpointError(f"{out} already exists; pass --force to replace it")
+    check_output_file(out, (a_path, b_path), force)
     if split not in SPLITS:
         raise ConfigError(f"unknown --split {split!r}; use one of {', '.join(SPLITS)}")
     w = normalise_weights(weights, 2)
