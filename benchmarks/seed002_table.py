@@ -57,13 +57,23 @@ PAPER = {"vit_cifar10": {"vanilla": 1.69, "weight": 0.36, "learned": 0.00, "acti
          "note": "seed 002's CIFAR-10 ViT and Tiny-Shakespeare GPT-2 (activation: its two activation-matching rows); "
                  "weight matching leaves 17-21 % of vanilla, learned matching 0.00-0.02 nats"}
 ORDER = ("weight", "activation", "learned", "learned-perm")
+DEFAULTS = {"steps": 6000, "batch_size": 128, "stream_seed": 12345}
+
+
+def pair_seeds(root: Path, experiment: str) -> list[str]:
+    """The pair's seed folders, A first: name order (``"seed10" < "seed9"``, so pair 9-10 is aligned 10 -> 9)."""
+    return sorted(p.name for p in (root / experiment / "full").glob("seed*"))
+
+
+def seeds_label(seeds: list[str]) -> str:
+    return "-".join(s.removeprefix("seed") for s in seeds)
 
 
 def measure(root: Path, experiment: str, steps: int, batch_size: int, stream_seed: int, methods: list[str]) -> dict:
     """One pair: ``{method: entry}`` plus the vanilla barrier, in the rewritten coordinates (see the docstring)."""
     cfg = parse_config(json.loads((root / experiment / "config.json").read_text()))
     full = root / experiment / "full"
-    seeds = sorted(p.name for p in full.glob("seed*"))  # A = the first folder in name order ("seed10" < "seed9")
+    seeds = pair_seeds(root, experiment)
     a, _ = load_model(full / seeds[0])
     b, _ = load_model(full / seeds[1])
     arch_a, arch_b, _ = alignment_models(a.eval(), b.eval(), "full")
@@ -81,7 +91,7 @@ def measure(root: Path, experiment: str, steps: int, batch_size: int, stream_see
         perm = [n for n, g in spec.spaces.items() if g.is_permutation or g.permutes_heads]
         res["learned-perm"] = align_methods(arch_a, arch_b, test, ds.task, methods=["learned"],
                                             learned_options={"spaces": perm}, **common)["learned"]
-    out = {"seeds": "-".join(s.removeprefix("seed") for s in seeds), "vanilla": naive["loss_barrier"]}
+    out = {"seeds": seeds_label(seeds), "vanilla": naive["loss_barrier"]}
     for m, e in res.items():
         out[m] = e["loss_barrier"]
         out[f"{m}_pct"] = e["loss_barrier_ratio_percent"]
@@ -109,26 +119,49 @@ def summarise(experiment: str, rows: list[dict]) -> dict:
     return agg
 
 
+def reusable(files: list[Path], recipe: dict, methods: list[str]) -> dict[tuple[str, str], dict]:
+    """The pair rows of earlier result files, by ``(experiment, seeds)``; a file measured with another learned-matching
+    recipe (``steps``, ``batch_size``, ``stream_seed``: files without the last two used the defaults) or other
+    methods is refused, since its rows would not be this table's."""
+    old: dict[tuple[str, str], dict] = {}
+    for f in files:
+        d = json.loads(f.read_text())
+        have = [m for m in ORDER if any(m in r for r in d["rows"])]
+        theirs = {k: d.get(k, DEFAULTS.get(k)) for k in recipe}
+        if theirs != recipe or have != [m for m in ORDER if m in methods]:
+            raise SystemExit(f"--reuse {f}: measured with {theirs} and methods {have}, not {recipe} and "
+                             f"{methods}; rerun without --reuse")
+        old.update({(r["experiment"], r["seeds"]): r for r in d["rows"]})
+    return old
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("experiments", nargs="+", help="experiment names (e.g. vit-digits-rope)")
     ap.add_argument("--runs", action="append", required=True, type=Path, help="a runs directory per seed pair")
-    ap.add_argument("--steps", type=int, default=6000, help="learned-matching steps")
-    ap.add_argument("--batch-size", type=int, default=128, help="training-stream batch size")
-    ap.add_argument("--stream-seed", type=int, default=12345, help="seed of the training-batch stream")
+    ap.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="learned-matching steps")
+    ap.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"], help="training-stream batch size")
+    ap.add_argument("--stream-seed", type=int, default=DEFAULTS["stream_seed"], help="training-batch stream seed")
     ap.add_argument("--methods", default=",".join(ORDER))
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reuse", type=Path, action="append", default=[],
+                    help="an earlier result file of this script with the same --steps, --batch-size, --stream-seed "
+                         "and --methods (repeatable): its pairs (same experiment and seeds) are kept, not recomputed")
     ap.add_argument("--out", type=Path, required=True, help="result file (JSON, written atomically)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     methods = args.methods.split(",")
+    recipe = {"steps": args.steps, "batch_size": args.batch_size, "stream_seed": args.stream_seed}
+    old = reusable(args.reuse, recipe, methods)
     rows, summary = [], []
     t0 = time.time()
     for exp in args.experiments:
         mine = []
         for runs in args.runs:
-            r = {"experiment": exp, **measure(runs, exp, args.steps, args.batch_size, args.stream_seed, methods)}
-            print(f"{time.time() - t0:7.1f} s  {r}", flush=True)
+            key = (exp, seeds_label(pair_seeds(runs, exp)))
+            r = old.get(key) or {"experiment": exp, **measure(runs, exp, args.steps, args.batch_size,
+                                                                args.stream_seed, methods)}
+            print(f"{time.time() - t0:7.1f} s  {'(reused) ' if key in old else ''}{r}", flush=True)
             mine.append(r)
         rows += mine
         summary.append(summarise(exp, mine))
@@ -138,7 +171,7 @@ def main() -> None:
     mean_cols += [(f"{m}_cell", m + (" (% of vanilla)" if m == "weight" else "")) for m in ORDER if m in methods]
     command = shlex.join(["python", "benchmarks/seed002_table.py", *sys.argv[1:]])
     write_json(args.out, {"provenance": provenance(command, args.threads, min(s["pairs"] for s in summary)),
-                          "pairs": min(s["pairs"] for s in summary), "paper": PAPER, "steps": args.steps,
+                          "pairs": min(s["pairs"] for s in summary), "paper": PAPER, **recipe,
                           "coordinates": "rewritten (every barrier, vanilla included)",
                           "summary": summary, "rows": rows,
                           "tables": {"pairs": make_table(rows, pair_cols), "means": make_table(summary, mean_cols)}})
