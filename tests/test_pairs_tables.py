@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import statistics
 from pathlib import Path
 
@@ -43,3 +44,16 @@ def test_seed002_summary_cells() -> None:
     assert agg["weight_pct_std"] == pytest.approx(statistics.stdev([25.0, 30.0]))
     assert agg["weight_cell"] == "0.400 ± 0.141 (27.5 ± 3.5 %)"
     assert "learned_cell" not in agg
+
+
+def test_seed002_reuse_keeps_rows_of_the_same_recipe_and_refuses_another(tmp_path) -> None:
+    st = _load("seed002_table")
+    row = {"experiment": "x", "seeds": "1-2", "vanilla": 2.0, "weight": 0.5, "weight_pct": 25.0}
+    f = tmp_path / "old.json"
+    f.write_text(json.dumps({"steps": 1500, "rows": [row]}))  # an older file: batch size and stream seed defaulted
+    recipe = {"steps": 1500, "batch_size": st.DEFAULTS["batch_size"], "stream_seed": st.DEFAULTS["stream_seed"]}
+    assert st.reusable([f], recipe, ["weight"]) == {("x", "1-2"): row}
+    with pytest.raises(SystemExit, match="rerun without --reuse"):
+        st.reusable([f], {**recipe, "steps": 6000}, ["weight"])
+    with pytest.raises(SystemExit, match="rerun without --reuse"):
+        st.reusable([f], recipe, ["weight", "learned"])
