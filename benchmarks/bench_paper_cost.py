@@ -164,12 +164,15 @@ def tables(configs: list[dict], gpu_tflops: float) -> dict:
                      "train_gflop": r["train_flops_per_example"] / 1e9, "train_pflop": a["train_flops"] / 1e15,
                      "curve_pflop": a["curve_flops"] / 1e15, "gpu_h": a["gpu_hours_at_assumed_rate"],
                      "gpu_h_full": f["gpu_hours_at_assumed_rate"],
-                     "gpu_h_config": 3 * a["gpu_hours_at_assumed_rate"] + f["gpu_hours_at_assumed_rate"]})
-    return {"cost": make_table(rows, [
-        ("config", "config"), ("params", "params"), ("train_gflop", "train GFLOP / example", ".2f"),
-        ("train_pflop", "training PFLOP / run", ".1f"), ("curve_pflop", "curves PFLOP / run", ".2f"),
-        ("gpu_h", f"GPU h / run at {gpu_tflops:g} TFLOP/s", ".2f"), ("gpu_h_full", "`full` run", ".2f"),
-        ("gpu_h_config", "config, 4 runs", ".1f")])}
+                     "gpu_h_config": 3 * a["gpu_hours_at_assumed_rate"] + f["gpu_hours_at_assumed_rate"],
+                     "cpu_gflops": r["cpu_gflops_train"], "cpu_h": a["cpu_hours_here"]})
+    columns = [("config", "config"), ("params", "params"), ("train_gflop", "train GFLOP / example", ".2f"),
+               ("train_pflop", "training PFLOP / run", ".1f"), ("curve_pflop", "curves PFLOP / run", ".2f"),
+               ("gpu_h", f"GPU h / run at {gpu_tflops:g} TFLOP/s", ".2f"), ("gpu_h_full", "`full` run", ".2f"),
+               ("gpu_h_config", "config, 4 runs", ".1f")]
+    if any(r["cpu_h"] is not None for r in rows):  # timed: this machine's training rate and hours per run
+        columns += [("cpu_gflops", "CPU GFLOP/s here (training)", ".0f"), ("cpu_h", "CPU h / run here", ".0f")]
+    return {"cost": make_table(rows, columns)}
 
 
 def main() -> None:
