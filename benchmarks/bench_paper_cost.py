@@ -172,7 +172,13 @@ def tables(configs: list[dict], gpu_tflops: float) -> dict:
                ("gpu_h_config", "config, 4 runs", ".1f")]
     if any(r["cpu_h"] is not None for r in rows):  # timed: this machine's training rate and hours per run
         columns += [("cpu_gflops", "CPU GFLOP/s here (training)", ".0f"), ("cpu_h", "CPU h / run here", ".0f")]
-    return {"cost": make_table(rows, columns)}
+    scoped = [(r["runs"]["attention/block scopes"], r["runs"]["full"]) for r in configs]
+    runs = [3 * (a["train_flops"] + a["curve_flops"]) + f["train_flops"] + f["curve_flops"] for a, f in scoped]
+    total = {"configs": len(configs), "runs": 4 * len(configs), "eflop": sum(runs) / 1e18,
+             "gpu_h": sum(runs) / (gpu_tflops * 1e12) / 3600}
+    return {"cost": make_table(rows, columns), "total": make_table([total], [
+        ("configs", "configs"), ("runs", "runs (4 scopes each)"), ("eflop", "EFLOP", ".2f"),
+        ("gpu_h", f"GPU h at {gpu_tflops:g} TFLOP/s", ".0f")])}
 
 
 def main() -> None:
@@ -188,6 +194,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    from symalign.provenance import provenance
+
+    prov = provenance(["python", "benchmarks/bench_paper_cost.py", *sys.argv[1:]], threads=args.threads)  # at start
     paths = sorted((ROOT / "configs" / "paper").glob("*.toml"))
     if args.only:
         paths = [p for p in paths if p.stem in args.only]
@@ -207,15 +216,8 @@ def main() -> None:
             "load_average": os.getloadavg(), "torch": torch.__version__, "timed": not args.no_time}
     if args.out:
         from symalign.atomic import write_json
-        from symalign.provenance import provenance
 
-        prov = provenance(["python", "benchmarks/bench_paper_cost.py", *sys.argv[1:]], threads=args.threads)
-        totals = {"configs": len(out), "runs": 4 * len(out),
-                  "flops": sum(3 * (c["runs"]["attention/block scopes"]["train_flops"]
-                                    + c["runs"]["attention/block scopes"]["curve_flops"])
-                               + c["runs"]["full"]["train_flops"] + c["runs"]["full"]["curve_flops"] for c in out)}
-        totals["gpu_hours_at_assumed_rate"] = totals["flops"] / (args.gpu_tflops * 1e12) / 3600
-        write_json(args.out, {"provenance": prov, "meta": meta, "configs": out, "totals": totals,
+        write_json(args.out, {"provenance": prov, "meta": meta, "configs": out,
                               "tables": tables(out, args.gpu_tflops)})
     if args.json:
         print(json.dumps({"meta": meta, "configs": out}, indent=1))
