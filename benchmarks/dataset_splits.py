@@ -3,7 +3,7 @@
 Loads each built-in dataset with ``symalign.data.load_dataset(name, split_seed=0)`` (and ``digits`` once more
 with ``test_fraction=0.25``, as ``symalign demo`` uses) and records its train / val / test sizes (examples;
 language-model corpora: bytes), classes, input length, and for classification the majority class's share of the
-training split. A dataset that is not installed on this machine is recorded as such, with the command that
+training and the test split. A dataset that is not installed on this machine is recorded as such, with the command that
 installs it (the loader's own message), not left out. Seconds (the loaders cache under ``$SYMALIGN_CACHE``)::
 
     python benchmarks/dataset_splits.py --out results/dataset-splits.json
@@ -47,9 +47,11 @@ def measure(name: str, opts: dict) -> dict:
     s = ds.summary()
     row.update(installed=True, task=s["task"], sizes=s["sizes"], classes=s["n_classes"],
                input_shape=s["input_shape"], vocab=s["vocab_size"])
-    if ds.y_train is not None:
-        counts = ds.y_train.flatten().bincount()
-        row["majority_train"] = float(counts.max()) / float(counts.sum())
+    for split in ("train", "test"):
+        y = getattr(ds, f"y_{split}")
+        if y is not None:
+            counts = y.flatten().bincount()
+            row[f"majority_{split}"] = float(counts.max()) / float(counts.sum())
     return row
 
 
@@ -68,8 +70,8 @@ def shown(r: dict) -> dict:
     else:
         task = f"{shape} {WHAT[r['name']]}, {r['classes']} classes"
     split = " / ".join(_count(r["sizes"][k], lm) for k in ("train", "val", "test")) + (" bytes" if lm else "")
-    if r.get("majority_train") is not None and r["vocab"]:
-        split += f" (majority class {r['majority_train']:.1%} of train)"
+    if r.get("majority_test") is not None and r["vocab"]:
+        split += f" (majority class: {r['majority_test']:.1%} of test, {r['majority_train']:.1%} of train)"
     return {**out, "task": task, "split": split}
 
 
