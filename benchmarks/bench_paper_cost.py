@@ -21,9 +21,14 @@ Time here: a training step and an evaluation batch of ``--batch`` examples are t
 (median of ``--trials``) with ``--threads`` threads, giving this machine's FLOP rate for each,
 and the run's FLOPs are divided by it. The GPU column divides by ``--gpu-tflops`` sustained
 TFLOP/s: an assumption to replace by your own measurement (``config.json`` of every trained
-checkpoint records ``tok_per_s`` / ``img_per_s`` / ``seq_per_s``).
+checkpoint records ``tok_per_s`` / ``img_per_s`` / ``seq_per_s``). ``--no-time`` counts FLOPs only (no CPU
+columns; about 4 minutes for the 24 configs at one thread, where timing them takes about 20).
+
+``--out FILE`` writes a result file (JSON, atomically, with its provenance) whose ``cost`` table is
+docs/paper-setting.md's "Cost per run" (``symalign docs`` renders it)::
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_paper_cost.py --threads 2 --json
+    python benchmarks/bench_paper_cost.py --threads 1 --batch 1 --no-time --out benchmarks/results/paper_cost.json
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -91,7 +97,7 @@ def timed(fn, trials: int) -> float:
     return statistics.median(times)
 
 
-def measure(path: Path, batch: int, trials: int, gpu_tflops: float) -> dict:
+def measure(path: Path, batch: int, trials: int, gpu_tflops: float, timing: bool = True) -> dict:
     from symalign.data import train_batch
     from symalign.experiments.config import load_experiment_config
     from symalign.models import build_model
@@ -117,11 +123,13 @@ def measure(path: Path, batch: int, trials: int, gpu_tflops: float) -> dict:
         with torch.no_grad():
             model(x)
 
-    model.train()
-    t_step = timed(step, trials)
-    model.eval()
-    t_eval = timed(evaluate, trials)
-    rate_train, rate_eval = per_train * batch / t_step, per_eval * batch / t_eval
+    rate_train = rate_eval = None
+    if timing:
+        model.train()
+        t_step = timed(step, trials)
+        model.eval()
+        t_eval = timed(evaluate, trials)
+        rate_train, rate_eval = per_train * batch / t_step, per_eval * batch / t_eval
 
     p = cfg.protocol
     n_test = TEST_SIZE.get(cfg.data)
@@ -134,12 +142,43 @@ def measure(path: Path, batch: int, trials: int, gpu_tflops: float) -> dict:
         train_f = trainings * (tc.steps * tc.batch_size * per_train + val_passes * val_items * per_eval)
         curve_f = n_curves * p.points * curve_items * per_eval
         rows[scope] = {"train_flops": train_f, "curve_flops": curve_f,
-                       "cpu_hours_here": (train_f / rate_train + curve_f / rate_eval) / 3600,
+                       "cpu_hours_here": (train_f / rate_train + curve_f / rate_eval) / 3600 if timing else None,
                        "gpu_hours_at_assumed_rate": (train_f + curve_f) / (gpu_tflops * 1e12) / 3600}
     return {"config": path.stem, "params": n_params, "train_flops_per_example": per_train,
             "eval_flops_per_example": per_eval, "steps": tc.steps, "batch_size": tc.batch_size,
-            "curve_items": curve_items, "curves": n_curves, "cpu_gflops_train": rate_train / 1e9,
-            "cpu_gflops_eval": rate_eval / 1e9, "runs": rows}
+            "curve_items": curve_items, "curves": n_curves,
+            "cpu_gflops_train": rate_train / 1e9 if timing else None,
+            "cpu_gflops_eval": rate_eval / 1e9 if timing else None, "runs": rows}
+
+
+def tables(configs: list[dict], gpu_tflops: float) -> dict:
+    """The ``cost`` table of docs/paper-setting.md: per config its parameters, FLOPs per training example, and
+    per run (the attention/block scopes: 3 trainings) its training and curve PFLOPs and GPU hours at the
+    assumed rate; the ``full`` run's GPU hours; a config's 4 runs (3 scopes of 3 trainings + ``full``)."""
+    from symalign.experiments.docs_tables import make_table
+
+    rows = []
+    for r in configs:
+        a, f = r["runs"]["attention/block scopes"], r["runs"]["full"]
+        rows.append({"config": f"`{r['config']}`", "params": f"{r['params'] / 1e6:.1f} M",
+                     "train_gflop": r["train_flops_per_example"] / 1e9, "train_pflop": a["train_flops"] / 1e15,
+                     "curve_pflop": a["curve_flops"] / 1e15, "gpu_h": a["gpu_hours_at_assumed_rate"],
+                     "gpu_h_full": f["gpu_hours_at_assumed_rate"],
+                     "gpu_h_config": 3 * a["gpu_hours_at_assumed_rate"] + f["gpu_hours_at_assumed_rate"],
+                     "cpu_gflops": r["cpu_gflops_train"], "cpu_h": a["cpu_hours_here"]})
+    columns = [("config", "config"), ("params", "params"), ("train_gflop", "train GFLOP / example", ".2f"),
+               ("train_pflop", "training PFLOP / run", ".1f"), ("curve_pflop", "curves PFLOP / run", ".2f"),
+               ("gpu_h", f"GPU h / run at {gpu_tflops:g} TFLOP/s", ".2f"), ("gpu_h_full", "`full` run", ".2f"),
+               ("gpu_h_config", "config, 4 runs", ".1f")]
+    if any(r["cpu_h"] is not None for r in rows):  # timed: this machine's training rate and hours per run
+        columns += [("cpu_gflops", "CPU GFLOP/s here (training)", ".0f"), ("cpu_h", "CPU h / run here", ".0f")]
+    scoped = [(r["runs"]["attention/block scopes"], r["runs"]["full"]) for r in configs]
+    runs = [3 * (a["train_flops"] + a["curve_flops"]) + f["train_flops"] + f["curve_flops"] for a, f in scoped]
+    total = {"configs": len(configs), "runs": 4 * len(configs), "eflop": sum(runs) / 1e18,
+             "gpu_h": sum(runs) / (gpu_tflops * 1e12) / 3600}
+    return {"cost": make_table(rows, columns), "total": make_table([total], [
+        ("configs", "configs"), ("runs", "runs (4 scopes each)"), ("eflop", "EFLOP", ".2f"),
+        ("gpu_h", f"GPU h at {gpu_tflops:g} TFLOP/s", ".0f")])}
 
 
 def main() -> None:
@@ -150,24 +189,36 @@ def main() -> None:
     ap.add_argument("--gpu-tflops", type=float, default=10.0, help="assumed sustained TFLOP/s of one GPU")
     ap.add_argument("--only", nargs="*", default=None, help="config stems to measure (default: all)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-time", action="store_true", help="count FLOPs only (no CPU timing)")
+    ap.add_argument("--out", default=None, help="write a result file (with the docs' cost table) here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    from symalign.provenance import provenance
+
+    prov = provenance(["python", "benchmarks/bench_paper_cost.py", *sys.argv[1:]], threads=args.threads)  # at start
     paths = sorted((ROOT / "configs" / "paper").glob("*.toml"))
     if args.only:
         paths = [p for p in paths if p.stem in args.only]
     out = []
     for path in paths:
-        r = measure(path, args.batch, args.trials, args.gpu_tflops)
+        r = measure(path, args.batch, args.trials, args.gpu_tflops, timing=not args.no_time)
         out.append(r)
         a, f = r["runs"]["attention/block scopes"], r["runs"]["full"]
+        here = "" if args.no_time else (f"  here {a['cpu_hours_here']:7.1f} h  cpu {r['cpu_gflops_train']:.0f}/"
+                                        f"{r['cpu_gflops_eval']:.0f} GFLOP/s")
         print(f"{r['config']:20s} {r['params'] / 1e6:5.2f}M params  train {r['train_flops_per_example'] / 1e9:7.2f}"
               f" GFLOP/ex  run {(a['train_flops'] + a['curve_flops']) / 1e15:7.2f} PFLOP (curves "
-              f"{a['curve_flops'] / 1e15:5.2f})  here {a['cpu_hours_here']:7.1f} h  GPU@{args.gpu_tflops:g}TF "
-              f"{a['gpu_hours_at_assumed_rate']:5.2f} h  (full: {f['gpu_hours_at_assumed_rate']:5.2f} h)  "
-              f"cpu {r['cpu_gflops_train']:.0f}/{r['cpu_gflops_eval']:.0f} GFLOP/s", flush=True)
+              f"{a['curve_flops'] / 1e15:5.2f})  GPU@{args.gpu_tflops:g}TF "
+              f"{a['gpu_hours_at_assumed_rate']:5.2f} h  (full: {f['gpu_hours_at_assumed_rate']:5.2f} h){here}",
+              flush=True)
     meta = {"threads": args.threads, "batch": args.batch, "gpu_tflops_assumed": args.gpu_tflops,
-            "load_average": os.getloadavg(), "torch": torch.__version__}
+            "load_average": os.getloadavg(), "torch": torch.__version__, "timed": not args.no_time}
+    if args.out:
+        from symalign.atomic import write_json
+
+        write_json(args.out, {"provenance": prov, "meta": meta, "configs": out,
+                              "tables": tables(out, args.gpu_tflops)})
     if args.json:
         print(json.dumps({"meta": meta, "configs": out}, indent=1))
 

@@ -11,7 +11,11 @@ minus the RSS once both models exist). Single-threaded by default (shared
 machine); set ``SYMALIGN_BENCH_THREADS``. GPT-2 runs ``max_sweeps`` sweeps with the
 orthogonal attention stage 2 unless ``--full`` is passed.
 
-Run: ``.venv/bin/python benchmarks/bench_whole_model.py [--full]``.
+Run: ``.venv/bin/python benchmarks/bench_whole_model.py [--full]``. ``--out FILE`` writes a result file (JSON,
+atomically, with its provenance) whose ``timing`` table is docs/whole-model.md's "Benchmarks" (``symalign docs``
+renders it); ``--threads N`` sets ``SYMALIGN_BENCH_THREADS`` for the subprocesses::
+
+    python benchmarks/bench_whole_model.py --threads 1 --out benchmarks/results/whole_model.json
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
+LABELS = {"small": "6 layers, D=256, 8 heads, d_ff=1024",
+          "gpt2": "GPT-2 small shapes (12 x 768, d_ff 3072, V=50257, untied head)"}
 SHAPES = {
     "small": dict(d_model=256, n_layers=6, n_heads=8, d_ff=1024, vocab_size=256, max_len=256, max_sweeps=20,
                   stage2="full"),
@@ -75,25 +81,62 @@ def one(name: str, full: bool) -> dict:
             "peak_extra_mb": peak - base, "rss_models_mb": base, "threads": int(_THREADS)}
 
 
+def tables(rows: list[dict]) -> dict:
+    """The ``timing`` table of docs/whole-model.md: one row per shape that ran."""
+    from symalign.experiments.docs_tables import make_table
+
+    shown = [{"shape": LABELS[r["shape"]], "params": f"{r['params'] / 1e6:.1f} M", "stage2": r["stage2"],
+              "sweeps": f"{r['sweeps']}" + ("" if r["converged"] else " (cap)"), "time": r["time_s"],
+              "per_sweep": r["time_per_sweep_s"],
+              "distance": f"{r['distance_before']:.0f} -> {r['distance_after']:.0f} "
+                          f"(relative {r['relative_distance_after']:.2f})",
+              "peak": f"{r['peak_extra_mb']:.0f} MB (models: {r['rss_models_mb']:.0f} MB)"}
+             for r in rows if "error" not in r]
+    return {"timing": make_table(shown, [
+        ("shape", "shape"), ("params", "params"), ("stage2", "stage 2"), ("sweeps", "sweeps"),
+        ("time", "time s", ".1f"), ("per_sweep", "per sweep s", ".1f"), ("distance", "distance before -> after"),
+        ("peak", "peak extra memory (process RSS with both models)")])}
+
+
 def main() -> None:
     import argparse
 
     ap = argparse.ArgumentParser(description="Whole-model weight matching on random GPTs (small and GPT-2-small "
                                              "shapes), each in a fresh subprocess.")
     ap.add_argument("--full", action="store_true", help="GPT-2: the full stage 2 instead of the orthogonal one.")
+    ap.add_argument("--threads", type=int, default=None, help="threads of each run (default: "
+                    "SYMALIGN_BENCH_THREADS, else 1)")
+    ap.add_argument("--out", default=None, help="write a result file (with the docs' timing table) here")
     ap.add_argument("--one", choices=list(SHAPES), help=argparse.SUPPRESS)  # internal: one shape per subprocess
     args = ap.parse_args()
     full = args.full
     if args.one:
         print(json.dumps(one(args.one, full)))
         return
+    threads = args.threads if args.threads is not None else int(_THREADS)
+    prov = None
+    if args.out:
+        from symalign.provenance import provenance
+
+        prov = provenance(["python", "benchmarks/bench_whole_model.py", *sys.argv[1:]], threads=threads)
+    env = {**os.environ, "SYMALIGN_BENCH_THREADS": str(threads)}
+    rows = []
     for name in SHAPES:
         cmd = [sys.executable, __file__, "--one", name] + (["--full"] if full else [])
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode:
-            print(json.dumps({"shape": name, "error": r.stderr[-2000:]}))
+            rows.append({"shape": name, "error": r.stderr[-2000:]})
+            print(json.dumps(rows[-1]))
             continue
-        print(r.stdout.strip().splitlines()[-1], flush=True)
+        rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    if args.out:
+        from symalign.atomic import write_json
+
+        if any("error" in r for r in rows):
+            raise SystemExit(f"a shape failed; {args.out} not written")
+        write_json(args.out, {"provenance": prov, "load_average_end": [round(x, 2) for x in os.getloadavg()],
+                              "shapes": rows, "tables": tables(rows)})
 
 
 if __name__ == "__main__":

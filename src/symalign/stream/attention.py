@@ -42,7 +42,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
@@ -52,9 +52,15 @@ from symalign.stream.layercheck import LayerChecker, layer_prefix
 from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
 from symalign.tolerance import dtype_name, function_tolerance
-from symalign.checkpoint.lazy import LazyCheckpoint, check_same_architecture, open_checkpoint
+from symalign.checkpoint.lazy import LazyCheckpoint, ResidentCheckpoint, check_same_architecture, open_checkpoint
 from symalign.io.prefetch import Gate, read_ahead
 from symalign.io.shards import ShardWriter
+from symalign.stream.sink import TensorSink
+
+if TYPE_CHECKING:
+    from symalign.match.api import AttentionMatch
+
+Source = LazyCheckpoint | ResidentCheckpoint  # what the engine reads: a lazy (streamed) or resident checkpoint
 
 FLOAT64_MAX_LAYER_PARAMS = 150_000_000
 
@@ -168,9 +174,26 @@ class AttentionRun:
         return {"stage1": self.stage1, "stage2": self.stage2, "totals": dict(self.totals),
                 "worst_condition": max(conds) if conds else 1.0, "layers": self.layers}
 
+    def record_unit(self, before: float, after: float, norm: float) -> None:
+        """Add one unit's ``||A - B||^2``, ``||A - B'||^2`` and ``||A||^2`` (over its attention tensors) to the
+        sums, and its relative distances ``sqrt(before / norm)``, ``sqrt(after / norm)`` to the per-unit lists."""
+        self.num["before"] += before
+        self.num["after"] += after
+        self.num["norm"] += norm
+        self.per_before.append((before / norm) ** 0.5 if norm else before ** 0.5)
+        self.per_after.append((after / norm) ** 0.5 if norm else after ** 0.5)
 
-def align_attention(a, b, sink, *, stage2: str = "full", stage1: bool = True, progress: bool = True,
-                    return_transform: bool = False, clock: PhaseClock | None = None,
+    def record_match(self, res: AttentionMatch, keep_transform: bool) -> None:
+        """Add one unit's matcher diagnostics (its layers, summed totals) and, if ``keep_transform``, its element."""
+        self.layers.extend(res.to_dict()["layers"])
+        if keep_transform:
+            self.transform.update(res.transform)
+        for k, v in res.totals.items():
+            self.totals[k] = self.totals.get(k, 0.0) + v
+
+
+def align_attention(a: Source, b: Source, sink: TensorSink, *, stage2: str = "full", stage1: bool = True,
+                    progress: bool = True, return_transform: bool = False, clock: PhaseClock | None = None,
                     device: torch.device | None = None, check_layers: bool = True, block_params: int = 0,
                     out_name: str = "OUT", label: str = "align (attention, streamed)") -> AttentionRun:
     """B's attention aligned to A's, unit by unit (:func:`attention_units`), into ``sink`` (module docstring).
@@ -186,135 +209,243 @@ def align_attention(a, b, sink, *, stage2: str = "full", stage1: bool = True, pr
     (:func:`symalign.match.match_attention`'s ``device``; ``None`` or the CPU: the overlapped CPU path above).
     Reading, the function checks and writing stay on the CPU. The caller owns the sink (stages, commits or
     aborts it)."""
-    from symalign.arch.fused import split_segments
-    from symalign.match import match_attention
-    from symalign.match.api import prepare_attention, solve_attention
-    from symalign.match.qknorm import has_qknorm
-    from symalign.spec import apply
-
     clock = clock or PhaseClock()
     on_device = device is not None and torch.device(device).type != "cpu"
     t_prep = time.perf_counter()
-    spec = b.adapter.spec(b.config, b.keys)
-    L = n_layers(spec)
-    sizes = {n: t.numel for n, t in b.tensors.items()}
-    units = attention_units(spec, sizes, block_params)
-    names_of = [list(spec.restrict(spaces).tensors) for _, spaces in units]
-    own = [list(spec.restrict(layer_of(spec, i)).tensors) for i in range(L)]  # layer i's attention tensors
-    per_layer = [sum(sizes[n] for n in names) for names in own]
-    if check_layers and units and not units[0][0]:
-        raise ConfigError(getattr(b.adapter, "no_stream", None) or f"{b.adapter.family}'s attention layers share "
-                          "a space: they cannot be checked one at a time; align without --stream")
-    att_params = max(per_layer, default=0)
-    dt = work_dtype(att_params)  # by the largest layer, whatever the grouping: every residency computes alike
-    run = AttentionRun(spec, dt, stage1, stage2)
-    checker = None
-    if check_layers and L:
-        layer0 = layer_prefix(own[0][0], 0)
-        checker = LayerChecker(b.config, b.adapter, layer0, shrink_ff=True, layer_params=att_params * 2)
-        tol = stored_tolerance(b.dtype, checker.dtype, b.adapter.precision_floor)
-        exact_tol = exact_tolerance(dt, checker.dtype, b.adapter.precision_floor)
+    plan = _Plan.of(b, block_params, check_layers)
+    run = AttentionRun(plan.spec, plan.dtype, stage1, stage2)
+    checks = _LayerChecks.of(b, plan) if check_layers and plan.n_layers else None
     clock.since("prepare", t_prep)
-    shapes = {n: t.shape for n, t in b.tensors.items()}
-    total_bytes = sum(a.tensors[n].nbytes for names in names_of for n in names) + b.nbytes
-    done: set[str] = set()
-    s1dtype = torch.float32 if b.dtype != torch.float64 else None
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="symalign-stage2")
-    io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="symalign-write")  # the only thread using `sink`
-    waiting: deque[_Pending] = deque()
-    writes: deque[Future] = deque()
-
-    def read_pair(names: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """A's and B's tensors ``names`` as stored: every read of the matching goes through here."""
-        return a.read(names), b.read(names)
-
-    def finish(p: _Pending) -> None:
-        """Stage 2's result of unit ``p``, then its transform, distances, function checks and writing."""
-        names = p.names
-        with clock("match"):
-            res = p.solved.result()
-        with clock("read"):
-            la, lb = {n: p.raw_a[n].to(dt) for n in names}, {n: p.raw_b[n].to(dt) for n in names}
-        with clock("match"):
-            out = apply(p.sub, res.transform, lb)
-        nb, na_, nf = (sum(sq_dist(la[n], lb[n]) for n in names), sum(sq_dist(la[n], out[n]) for n in names),
-                       sum(sq_dist(la[n]) for n in names))
-        run.num["before"] += nb
-        run.num["after"] += na_
-        run.num["norm"] += nf
-        run.per_before.append((nb / nf) ** 0.5 if nf else nb ** 0.5)
-        run.per_after.append((na_ / nf) ** 0.5 if nf else na_ ** 0.5)
-        del la
-        stored = {n: out[n].to(b.tensors[n].dtype) for n in names}
-        for i in p.layers if checker is not None else ():
-            extra = [n for n in checker.wanted(_layer_keys(b, own[i][0], i), shapes, i) if n not in names]
-            with clock("read"):
-                ref = {**p.raw_b, **b.read(extra)}  # B's layer as stored, with the other tensors the check loads
-            with clock("verify"):
-                exact = checker.check(ref, {**ref, **out}, i, exact_tol, stored=False)
-                kept = checker.check(ref, {**ref, **stored}, i, tol)
-                run.checks.extend([exact, kept])
-                for c in (exact, kept):
-                    c.require(f"refusing to write {out_name}: aligned layer {i} changes B's layer output",
-                              f"the {b.adapter.family} adapter or the matcher")
-        with clock("write"):  # on the writer thread: the unit, then B's other tensors of its layers, copied
-            for n in names:
-                writes.append(io.submit(sink.put, n, stored[n]))
-                done.add(n)
-            for i in p.layers:
-                for n in _layer_keys(b, own[i][0], i):
-                    if n not in done:
-                        writes.append(io.submit(sink.copy, n))
-                        done.add(n)
-            while writes and writes[0].done():
-                writes.popleft().result()  # a failed write (or a NaN in a copied tensor) stops the run here
-        run.layers.extend(res.to_dict()["layers"])
-        if return_transform:
-            run.transform.update(res.transform)
-        for k, v in res.totals.items():
-            run.totals[k] = run.totals.get(k, 0.0) + v
-        release()
-
+    engine = _Engine(a, b, sink, plan, run, checks, clock, device=device, on_device=on_device,
+                     return_transform=return_transform, out_name=out_name)
     try:
+        engine.run_units(progress, label)
+    finally:
+        engine.close()
+    return run
+
+
+@dataclass
+class _Plan:
+    """What :func:`align_attention` does with B, fixed before the first read: B's spec, its number of attention
+    layers, the units ``(layers, spaces)`` (:func:`attention_units`), each unit's attention tensors
+    (``names_of[u]``, in its sub-spec's order) and each layer's (``own[i]``), the largest layer's attention
+    parameters (``layer_params``) and the working dtype they imply (:func:`work_dtype`: by the largest layer,
+    whatever the grouping, so every residency computes alike)."""
+
+    spec: Any
+    n_layers: int
+    units: list[tuple[list[int], list[str]]]
+    names_of: list[list[str]]
+    own: list[list[str]]
+    layer_params: int
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, b: Source, block_params: int, check_layers: bool) -> _Plan:
+        """B's plan in units of up to ``block_params`` attention parameters (``0``: one layer). Refuses
+        (:class:`~symalign.errors.ConfigError`) a per-layer check of a family whose attention layers share a
+        space (one unit listing no layer)."""
+        spec = b.adapter.spec(b.config, b.keys)
+        L = n_layers(spec)
+        sizes = {n: t.numel for n, t in b.tensors.items()}
+        units = attention_units(spec, sizes, block_params)
+        names_of = [list(spec.restrict(spaces).tensors) for _, spaces in units]
+        own = [list(spec.restrict(layer_of(spec, i)).tensors) for i in range(L)]  # layer i's attention tensors
+        if check_layers and units and not units[0][0]:
+            raise ConfigError(getattr(b.adapter, "no_stream", None) or f"{b.adapter.family}'s attention layers "
+                              "share a space: they cannot be checked one at a time; align without --stream")
+        layer_params = max((sum(sizes[n] for n in names) for names in own), default=0)
+        return cls(spec, L, units, names_of, own, layer_params, work_dtype(layer_params))
+
+
+@dataclass
+class _LayerChecks:
+    """The streamed per-layer check (module docstring, step 3): a one-layer model of B's family
+    (:class:`~symalign.stream.layercheck.LayerChecker`, FF shrunk) and the two tolerances -- of the layer as
+    stored (B's dtype, ``tol``) and of the exact aligned layer (the working dtype, ``exact_tol``)."""
+
+    checker: LayerChecker
+    tol: float
+    exact_tol: float
+
+    @classmethod
+    def of(cls, b: Source, plan: _Plan) -> _LayerChecks:
+        """The checker of B's layers (sized for its largest attention layer) and its tolerances."""
+        layer0 = layer_prefix(plan.own[0][0], 0)
+        checker = LayerChecker(b.config, b.adapter, layer0, shrink_ff=True, layer_params=plan.layer_params * 2)
+        return cls(checker, stored_tolerance(b.dtype, checker.dtype, b.adapter.precision_floor),
+                   exact_tolerance(plan.dtype, checker.dtype, b.adapter.precision_floor))
+
+
+def unit_distances(names: list[str], la: Mapping[str, torch.Tensor], lb: Mapping[str, torch.Tensor],
+                   out: Mapping[str, torch.Tensor]) -> tuple[float, float, float]:
+    """``(||A - B||^2, ||A - B'||^2, ||A||^2)`` over the tensors ``names`` of a unit (``la``, ``lb``: A's and B's
+    working-dtype copies, ``out``: B aligned), each summed tensor by tensor in float64 (:func:`sq_dist`)."""
+    return (sum(sq_dist(la[n], lb[n]) for n in names), sum(sq_dist(la[n], out[n]) for n in names),
+            sum(sq_dist(la[n]) for n in names))
+
+
+class _Engine:
+    """One run of :func:`align_attention` (module docstring): the pair, the sink, the :class:`_Plan`, what is
+    found so far (``run``), the layer checks (``None``: none), the stage-2 worker thread (``pool``), the writer
+    thread (``io``, the only thread using ``sink``) with its pending writes, and B's tensors already given to the
+    writer (``done``)."""
+
+    def __init__(self, a: Source, b: Source, sink: TensorSink, plan: _Plan, run: AttentionRun,
+                 checks: _LayerChecks | None, clock: PhaseClock, *, device: torch.device | None, on_device: bool,
+                 return_transform: bool, out_name: str):
+        self.a, self.b, self.sink, self.plan, self.run, self.checks, self.clock = a, b, sink, plan, run, checks, clock
+        self.device, self.on_device = device, on_device
+        self.return_transform, self.out_name = return_transform, out_name
+        self.shapes = {n: t.shape for n, t in b.tensors.items()}
+        self.done: set[str] = set()
+        self.s1dtype = torch.float32 if b.dtype != torch.float64 else None  # stage 1's products
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="symalign-stage2")
+        self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="symalign-write")
+        self.writes: deque[Future] = deque()
+
+    def close(self) -> None:
+        """Stop both threads (work not started is cancelled, running work waited for)."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.io.shutdown(wait=True, cancel_futures=True)
+
+    def read_pair(self, names: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """A's and B's tensors ``names`` as stored: every read of the matching goes through here."""
+        return self.a.read(names), self.b.read(names)
+
+    def run_units(self, progress: bool, label: str) -> None:
+        """Every unit in order, overlapped (module docstring): unit ``i + 1`` is read (once unit ``i``'s stage-1
+        peak is past: the gate) and begun while unit ``i``'s stage 2 runs on the worker, then unit ``i`` is
+        finished; at the end B's remaining tensors are copied. Each unit is kept only as stored in between."""
+        a, b, plan = self.a, self.b, self.plan
+        total_bytes = sum(a.tensors[n].nbytes for names in plan.names_of for n in names) + b.nbytes
+        waiting: deque[_Pending] = deque()
         with progress_bar(total_bytes, label, progress) as bar:
             ahead = Gate()  # unit i + 1 is read while unit i - 1 is finished (after unit i's stage-1 peak)
-            pairs = read_ahead(read_pair, names_of, device, lambda: clock("read"), gate=ahead)
-            for (layers, spaces), names, (raw_a, raw_b) in zip(units, names_of, pairs):
-                bar.update(a.bytes_read + b.bytes_read, f"layer {layers[-1] + 1 if layers else L}/{L}")
-                sub = spec.restrict(spaces)
-                with clock("read"):  # as stored: kept (small) until the unit is finished
-                    la, lb = {n: raw_a[n].to(dt) for n in names}, {n: raw_b[n].to(dt) for n in names}
-                with clock("match"):
-                    view_spec, (va, vb) = split_segments(sub, la, lb)
-                    if has_qknorm(view_spec) or on_device:  # solved in one piece here (QK-norm: no prepared form)
-                        solved: Future = Future()
-                        solved.set_result(match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2,
-                                                          stage1_dtype=s1dtype, device=device if on_device
-                                                          else None))
-                    else:  # stage 1 and the Grams here; stage 2 on the worker thread, overlapping the next unit
-                        prep = prepare_attention(view_spec, va, vb, stage1=stage1, stage2=stage2,
-                                                 stage1_dtype=s1dtype)
-                        solved = pool.submit(solve_attention, prep)
-                    del va, vb, la, lb
-                waiting.append(_Pending(layers, names, sub, raw_a, raw_b, solved))
+            pairs = read_ahead(self.read_pair, plan.names_of, self.device, lambda: self.clock("read"), gate=ahead)
+            for (layers, spaces), names, (raw_a, raw_b) in zip(plan.units, plan.names_of, pairs):
+                bar.update(a.bytes_read + b.bytes_read,
+                           f"layer {layers[-1] + 1 if layers else plan.n_layers}/{plan.n_layers}")
+                sub = plan.spec.restrict(spaces)
+                waiting.append(_Pending(layers, names, sub, raw_a, raw_b, self.begin(sub, names, raw_a, raw_b)))
                 del raw_a, raw_b
                 if len(waiting) > 1:
                     ahead.open()
-                    finish(waiting.popleft())
+                    self.finish(waiting.popleft())
             while waiting:
-                finish(waiting.popleft())
-            bar.update(a.bytes_read + b.bytes_read, "copying the other tensors")
-            with clock("write"):
-                for n in b.keys:
-                    if n not in done:
-                        writes.append(io.submit(sink.copy, n))
-                while writes:
-                    writes.popleft().result()
-            bar.update(a.bytes_read + b.bytes_read, "done")
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        io.shutdown(wait=True, cancel_futures=True)
-    return run
+                self.finish(waiting.popleft())
+            self.copy_rest(bar)
+
+    def begin(self, sub: Any, names: list[str], raw_a: Mapping[str, torch.Tensor],
+              raw_b: Mapping[str, torch.Tensor]) -> Future:
+        """A unit's match begun (steps 1-2): A's and B's tensors ``names`` (as stored) converted to the working
+        dtype, fused Q|K|V cut into segments, then :meth:`solve`. The working copies are dropped here: the unit
+        is kept only as stored until :meth:`finish`."""
+        from symalign.arch.fused import split_segments
+
+        dt = self.plan.dtype
+        with self.clock("read"):  # as stored: kept (small) until the unit is finished
+            la, lb = {n: raw_a[n].to(dt) for n in names}, {n: raw_b[n].to(dt) for n in names}
+        with self.clock("match"):
+            view_spec, (va, vb) = split_segments(sub, la, lb)
+            solved = self.solve(view_spec, va, vb)
+            del va, vb, la, lb
+        return solved
+
+    def solve(self, view_spec: Any, va: Mapping[str, torch.Tensor], vb: Mapping[str, torch.Tensor]) -> Future:
+        """The unit's :class:`~symalign.match.api.AttentionMatch` to come. Solved here in one piece when the
+        spec has QK-norm (no prepared form) or a device matches it; else stage 1 and the Grams here and stage 2
+        on the worker thread, overlapping the next unit."""
+        from symalign.match import match_attention
+        from symalign.match.api import prepare_attention, solve_attention
+        from symalign.match.qknorm import has_qknorm
+
+        stage1, stage2 = self.run.stage1, self.run.stage2
+        if has_qknorm(view_spec) or self.on_device:
+            solved: Future = Future()
+            solved.set_result(match_attention(view_spec, va, vb, stage1=stage1, stage2=stage2,
+                                              stage1_dtype=self.s1dtype,
+                                              device=self.device if self.on_device else None))
+            return solved
+        prep = prepare_attention(view_spec, va, vb, stage1=stage1, stage2=stage2, stage1_dtype=self.s1dtype)
+        return self.pool.submit(solve_attention, prep)
+
+    def finish(self, p: _Pending) -> None:
+        """Unit ``p`` finished (steps 2-4): stage 2's result, the transform applied, the layer checks, the
+        writing and the diagnostics; then the heap's free memory is returned to the system."""
+        with self.clock("match"):
+            res = p.solved.result()
+        out, stored = self.transform(p, res.transform)
+        self.check(p, out, stored)
+        self.write(p, stored)
+        self.run.record_match(res, self.return_transform)
+        release()
+
+    def transform(self, p: _Pending, element: Mapping[str, torch.Tensor]
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """``(out, stored)``: B's unit ``p`` with ``element`` applied exactly (``out``, working dtype, on the
+        working-dtype copies made again from the stored tensors: the very values matched) and rounded to B's
+        dtypes (``stored``); the unit's distances go to ``run``."""
+        from symalign.spec import apply
+
+        names, dt = p.names, self.plan.dtype
+        with self.clock("read"):
+            la, lb = {n: p.raw_a[n].to(dt) for n in names}, {n: p.raw_b[n].to(dt) for n in names}
+        with self.clock("match"):
+            out = apply(p.sub, element, lb)
+        self.run.record_unit(*unit_distances(names, la, lb, out))
+        del la
+        stored = {n: out[n].to(self.b.tensors[n].dtype) for n in names}
+        return out, stored
+
+    def check(self, p: _Pending, out: Mapping[str, torch.Tensor], stored: Mapping[str, torch.Tensor]) -> None:
+        """Each layer of unit ``p`` run through the family's code with B's other tensors of the layer (nothing
+        without layer checks): the exact aligned layer (``out``) and the layer as stored (``stored``) must give B's
+        layer output within their tolerances, else :class:`~symalign.errors.SymalignError` names the layer."""
+        if self.checks is None:
+            return
+        b, checker = self.b, self.checks.checker
+        for i in p.layers:
+            extra = [n for n in checker.wanted(_layer_keys(b, self.plan.own[i][0], i), self.shapes, i)
+                     if n not in p.names]
+            with self.clock("read"):
+                ref = {**p.raw_b, **b.read(extra)}  # B's layer as stored, with the other tensors the check loads
+            with self.clock("verify"):
+                exact = checker.check(ref, {**ref, **out}, i, self.checks.exact_tol, stored=False)
+                kept = checker.check(ref, {**ref, **stored}, i, self.checks.tol)
+                self.run.checks.extend([exact, kept])
+                for c in (exact, kept):
+                    c.require(f"refusing to write {self.out_name}: aligned layer {i} changes B's layer output",
+                              f"the {b.adapter.family} adapter or the matcher")
+
+    def write(self, p: _Pending, stored: Mapping[str, torch.Tensor]) -> None:
+        """Unit ``p`` handed to the writer thread: its aligned tensors as stored, then B's other tensors of its
+        layers (copied). The writes already done are collected: a failed write (or a NaN in a copied tensor)
+        stops the run here."""
+        with self.clock("write"):
+            for n in p.names:
+                self.writes.append(self.io.submit(self.sink.put, n, stored[n]))
+                self.done.add(n)
+            for i in p.layers:
+                for n in _layer_keys(self.b, self.plan.own[i][0], i):
+                    if n not in self.done:
+                        self.writes.append(self.io.submit(self.sink.copy, n))
+                        self.done.add(n)
+            while self.writes and self.writes[0].done():
+                self.writes.popleft().result()
+
+    def copy_rest(self, bar: Any) -> None:
+        """B's tensors no unit gave to the writer, copied as they are; then every write waited for."""
+        a, b = self.a, self.b
+        bar.update(a.bytes_read + b.bytes_read, "copying the other tensors")
+        with self.clock("write"):
+            for n in b.keys:
+                if n not in self.done:
+                    self.writes.append(self.io.submit(self.sink.copy, n))
+            while self.writes:
+                self.writes.popleft().result()
+        bar.update(a.bytes_read + b.bytes_read, "done")
 
 
 def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
