@@ -3,8 +3,8 @@
 Pairs (random init, built from configs, saved with ``save_pretrained`` to a temp dir):
 
 * GPT-2 small (124M parameters, float32);
-* a Llama-shaped model (``--llama-size``: ``1b`` = 16 layers, D 2048, 32/8 heads,
-  ~1.1B parameters; ``small`` = 8 layers, D 1024, 16/4 heads, ~0.2B).
+* a Llama-shaped model (``--llama-size``: ``1b`` = 16 layers, D 2048, 32/8 heads, tied embeddings,
+  0.79B parameters; ``small`` = 8 layers, D 1024, 16/4 heads, 0.16B; ``small+1b`` both).
 
 Each ``symalign align`` runs as a subprocess of a wrapper process; peak memory is its ``ru_maxrss``
 (the wrapper's children: that command alone). Goals: GPT-2 small under 60 s and under 3x the size of the two
@@ -95,7 +95,7 @@ def run(kind: str, threads: int | None = None) -> dict:
 
 
 LABELS = {"gpt2": "GPT-2 small", "llama-small": "Llama, 8 layers, D 1024, GQA 16/4",
-          "llama-1b": "Llama 1B: 16 layers, D 2048, GQA 32/8, tied embeddings",
+          "llama-1b": "Llama, 16 layers, D 2048, GQA 32/8, tied embeddings",
           "tiny-gpt2": "tiny GPT-2 (tests)", "tiny-llama": "tiny Llama, GQA (tests)"}
 
 
@@ -133,7 +133,7 @@ def tables(full: list[dict], tiny: list[dict]) -> dict:
     from symalign.experiments.docs_tables import make_table
 
     shown = [{"pair": LABELS[r["pair"]], "params": _params(r["params"]), "wall": r["wall_s"],
-              "match": r["timings"].get("match"), "rss": r["peak_rss_gb"], "ckpt": r["checkpoints_gb"],
+              "match": r["timings"].get("match_s"), "rss": r["peak_rss_gb"], "ckpt": r["checkpoints_gb"],
               "ratio": r["peak_over_checkpoints"], "change": f"{r['check']['rel']:.1e} ({r['check']['dtype']} check)"}
              for r in full]
     fullsize = make_table(shown, [

@@ -6,6 +6,11 @@ Trials alternate between the two implementations (robust to a shared, noisy
 machine); the median trial is reported. Ratio = ours / HF (>= 1: ours as fast).
 
     .venv/bin/python benchmarks/bench_train.py --threads 2 --steps 20 --trials 3
+
+``--out FILE`` writes a result file (JSON, atomically, with its provenance and the load average before and
+after) whose ``throughput`` table docs/training.md shows (``symalign docs`` renders it)::
+
+    python benchmarks/bench_train.py --threads 1 --steps 10 --trials 3 --out benchmarks/results/train_throughput.json
 """
 
 from __future__ import annotations
@@ -110,6 +115,23 @@ def bench(kind: str, args, device) -> dict:
             "ratio": res["symalign"]["throughput"] / res["hf"]["throughput"]}
 
 
+HF_CLASS = {"gpt": "GPT2LMHeadModel", "vit": "ViTForImageClassification"}
+
+
+def tables(results: list[dict], args) -> dict:
+    """The ``throughput`` table: per model, ours and HF's median throughput and their ratio."""
+    from symalign.experiments.docs_tables import make_table
+
+    shape = {"gpt": f"GPT (d {args.d_model}, {args.gpt_layers} layers)",
+             "vit": f"ViT (d {args.d_model}, {args.vit_layers} layers)"}
+    rows = [{"model": shape[r["model"]], "data": r["data"],
+             "ours": f"{r['symalign']['throughput']:,.0f} {r['unit']}",
+             "hf": f"{r['hf']['throughput']:,.0f} {r['unit']} ({HF_CLASS[r['model']]})", "ratio": r["ratio"]}
+            for r in results]
+    return {"throughput": make_table(rows, [("model", "model"), ("data", "data"), ("ours", "symalign"),
+                                            ("hf", "HF"), ("ratio", "ratio (ours / HF)", ".2f")])}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=None)
@@ -125,11 +147,27 @@ def main() -> None:
     ap.add_argument("--vit-batch", type=int, default=128)
     ap.add_argument("--only", choices=("gpt", "vit"), default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", default=None, help="write a result file (with docs/training.md's table) here")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.out:
+        import os
+        import sys
+
+        from symalign.provenance import provenance
+
+        prov = provenance(["python", "benchmarks/bench_train.py", *sys.argv[1:]], threads=torch.get_num_threads(),
+                          device=device)
+        load_start = [round(x, 2) for x in os.getloadavg()]
     results = [bench(k, args, device) for k in ("gpt", "vit") if args.only in (None, k)]
+    if args.out:
+        from symalign.atomic import write_json
+
+        write_json(args.out, {"provenance": prov, "load_average": {"start": load_start, "end": [
+            round(x, 2) for x in os.getloadavg()]}, "steps": args.steps, "trials": args.trials,
+            "results": results, "tables": tables(results, args)})
     if args.json:
         print(json.dumps(results, indent=2))
         return

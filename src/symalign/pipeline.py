@@ -8,9 +8,11 @@ resident sources (in memory) or lazily opened ones (streamed, one layer in memor
   in memory :class:`ResidentAttention` (resident sources, units of :data:`IN_MEMORY_BLOCK_PARAMS`, into a state
   dict, then the whole model checked), streamed :func:`symalign.stream.attention.run_stream_attention` (lazy
   sources, one layer per unit, each layer checked, into OUT's shards);
-* ``--scope model``: in memory :class:`InMemoryModel` (:func:`symalign.match.whole.match_whole`), streamed
-  :func:`symalign.stream.model.run_stream_model` (:class:`~symalign.stream.model.StreamedWhole`, which takes
-  resident sources too, and :func:`~symalign.stream.model.write_aligned` into any sink).
+* ``--scope model``: the one whole-model loop, :class:`~symalign.stream.model.StreamedWhole` then
+  :func:`~symalign.stream.model.write_aligned` -- in memory :class:`InMemoryModel` (resident sources, into a
+  state dict, then the whole model checked), streamed :func:`symalign.stream.model.run_stream_model` (lazy
+  sources, each layer checked, into OUT's shards); in memory, what it refuses (encoders, T5, models without a
+  residual space) is matched by :func:`symalign.match.whole.match_whole` instead.
 
 Each engine goes through the same phases, timed by one :class:`~symalign.align_result.PhaseClock`:
 
@@ -19,7 +21,8 @@ Each engine goes through the same phases, timed by one :class:`~symalign.align_r
 2. **prepare**: the symmetry spec from the family adapter; for ``--scope model`` both checkpoints
    rewritten exactly in folded form (:func:`symalign.families.prepare`);
 3. **match**: the group element ``g`` bringing B closest to A (attention: :func:`symalign.match.match_attention`;
-   model: :func:`symalign.match.whole.match_whole`), and ``B' = g . B``;
+   model: the passes of :class:`~symalign.stream.model.StreamedWhole`, or :func:`symalign.match.whole.match_whole`),
+   and ``B' = g . B``;
 4. **verify**: B' must compute B's function within the tolerance table (:mod:`symalign.tolerance`) --
    whole model through ``from_pretrained`` (in memory) or layer by layer through the family's code
    (streamed);
@@ -283,11 +286,21 @@ class ResidentAttention(InMemoryEngine):
 
 
 class InMemoryModel(InMemoryEngine):
-    """``--scope model``: residual stream, FF units and attention (:func:`symalign.match.whole.match_whole`) of
-    both checkpoints rewritten exactly in folded form (norm gains folded where the residual group needs
-    it; the group per family -- ``O(D)``, ``O_1(D)`` or ``S_D`` -- is tabled in
-    :mod:`symalign.families`). OUT is written in folded form (GPT-2: ``tie_word_embeddings =
-    false``); ``--write-reference`` also writes A's folded form."""
+    """``--scope model`` in memory: residual stream, FF units and attention of both checkpoints rewritten exactly
+    in folded form (norm gains folded where the residual group needs it; the group per family -- ``O(D)``,
+    ``O_1(D)`` or ``S_D`` -- is tabled in :mod:`symalign.families`) and matched. OUT is written in folded form
+    (GPT-2: ``tie_word_embeddings = false``) and checked whole through ``from_pretrained``;
+    ``--write-reference`` also writes A's folded form.
+
+    Two matchers, by what the pair is (:func:`whole_refusal`):
+
+    * every family the streamed model scope takes (decoders with one residual stream): the one whole-model loop,
+      :class:`~symalign.stream.model.StreamedWhole` over both checkpoints as resident sources
+      (:class:`~symalign.checkpoint.lazy.ResidentCheckpoint`; one layer of each in float64 at a time), then
+      :func:`~symalign.stream.model.write_aligned` into a :class:`~symalign.stream.sink.StateSink` -- the passes
+      and the bits of ``--stream``, only the source differs (no float64 copy of either model);
+    * what it refuses (encoders, T5, models without a residual space): :func:`symalign.match.whole.match_whole`
+      on float64 copies of both folded models (:meth:`prepare_copies`)."""
 
     talks = True
 
@@ -301,46 +314,93 @@ class InMemoryModel(InMemoryEngine):
         return super().run()
 
     def prepare(self) -> None:
+        from symalign.checkpoint.lazy import ResidentCheckpoint
+        from symalign.stream.model import StreamedWhole
+
+        self.whole = None
+        ra, rb = ResidentCheckpoint.of(self.a), ResidentCheckpoint.of(self.b)
+        if whole_refusal(ra, rb) is None:
+            self.whole = StreamedWhole(ra, rb, self.job.experts or "exact")
+            self.spec, self.notes, self.untied = self.whole.spec, self.whole.prep_b.notes, self.whole.prep_b.untied
+        else:
+            self.prepare_copies()
+        if self.job.experts is not None and not expert_units(self.spec):
+            refuse_experts(f"this {self.a.config.model_type!r} checkpoint")
+
+    def prepare_copies(self) -> None:
+        """Both checkpoints folded as float64 copies (:func:`symalign.families.prepare`), for ``match_whole``."""
         from symalign.families import prepare
 
         a, b = self.a, self.b
-        # Folded and matched in float64 whatever the stored dtype, as the streamed passes do; OUT is rounded to
-        # B's dtypes only when it is written (self.stored), so both paths match the same numbers.
+        # Folded and matched in float64 whatever the stored dtype, as the resident passes do; OUT is rounded to
+        # B's dtypes only when it is written (self.stored).
         self.stored = {k: v.dtype for k, v in b.state.items()}
         self.pa = prepare(a.config, _float64(a.state), a.adapter.spec(a.config, a.state.keys()))
         self.pb = prepare(b.config, _float64(b.state), b.adapter.spec(b.config, b.state.keys()))
-        self.spec = self.pb.spec
-        if self.job.experts is not None and not expert_units(self.spec):
-            refuse_experts(f"this {a.config.model_type!r} checkpoint")
+        self.spec, self.notes, self.untied = self.pb.spec, self.pb.notes, self.pb.untied
+
+    def tell_sweep(self, k: int, d: float, d0: float) -> None:
+        """The progress line after sweep (pass) ``k``: its distance ``d`` relative to the unaligned ``d0``."""
+        self.job.tell(f"sweep {k}/{self.job.max_sweeps}: squared distance {d / max(d0, 1e-300):.4f} of unaligned")
 
     def match(self) -> None:
+        n = self.job.max_sweeps
+        self.job.tell(f"matching the whole model ({self.spec.dim} group dimensions; up to {n} sweeps)")
+        if self.whole is not None:
+            self.match_resident()
+        else:
+            self.match_copies()
+        self.job.tell(f"matched in {self.iterations} sweeps" + ("" if self.converged else " (not converged)"))
+
+    def match_resident(self) -> None:
+        """:class:`~symalign.stream.model.StreamedWhole`'s passes, then :func:`~symalign.stream.model.write_aligned`
+        into a state dict in B's dtypes (the whole model is checked when OUT is staged, not layer by layer)."""
+        from symalign.match.whole import CHECKPOINT_SETTINGS
+        from symalign.stream.fold import added_tensors
+        from symalign.stream.memory import bound_heap
+        from symalign.stream.model import write_aligned
+        from symalign.stream.sink import StateSink
+
+        w = self.whole
+        bound_heap()  # freed layers go back to the system (symalign.stream.memory), as streamed
+        self.converged = w.match(self.job.stage1, self.job.stage2, self.job.max_sweeps, CHECKPOINT_SETTINGS["rtol"],
+                                 False, report=lambda k, d: self.tell_sweep(k, d, w.distances[0]))
+        sink = StateSink(w.b, extra=added_tensors(w.b, w.prep_b))
+        write_aligned(w, sink, PhaseClock(), progress=False, check_layers=False, measure=True)
+        self.out_state = sink.state
+        self.iterations = len(w.distances) - 1
+        # the distance after, formed from what was written (not the passes' cancelling formula), as match_whole's
+        self.before, self.after = w.relative(w.distances[0]), w.relative(w.written_distance)
+        self.summary = w.summary(self.converged)
+        self.transform = w.transform() if self.job.return_transform else None
+
+    def match_copies(self) -> None:
+        """:func:`symalign.match.whole.match_whole` on the float64 copies, applied, rounded to B's dtypes."""
         from symalign.match.distance import distance, relative_distance
         from symalign.match.whole import CHECKPOINT_SETTINGS, match_whole
 
-        pa, pb, n = self.pa, self.pb, self.job.max_sweeps
+        pa, pb = self.pa, self.pb
         self.before = relative_distance(pa.state, pb.state, self.spec.tensors)
-        self.job.tell(f"matching the whole model ({self.spec.dim} group dimensions; up to {n} sweeps)")
+        d0 = distance(pa.spec, pa.state, pb.state)
         # A's spec first: a mismatch is reported as "<A's group> in A, <B's group> in B"
-        d0 = max(distance(pa.spec, pa.state, pb.state), 1e-300)
-        self.result = match_whole(pa.spec, pa.state, pb.state, spec_b=pb.spec, stage1=self.job.stage1,
-                                  stage2=self.job.stage2, max_sweeps=n, experts=self.job.experts or "exact",
-                                  device=self.job.device,
-                                  **CHECKPOINT_SETTINGS,  # as the streamed engine: --stream gives the same
-                                  progress=lambda k, d: self.job.tell(f"sweep {k}/{n}: squared distance "
-                                                                      f"{d / d0:.4f} of unaligned"))
-        self.job.tell(f"matched in {self.result.iterations} sweeps" + ("" if self.result.converged
-                                                                          else " (not converged)"))
-        out = apply(self.spec, self.result.transform, pb.state)
+        res = match_whole(pa.spec, pa.state, pb.state, spec_b=pb.spec, stage1=self.job.stage1,
+                          stage2=self.job.stage2, max_sweeps=self.job.max_sweeps, experts=self.job.experts or "exact",
+                          device=self.job.device,
+                          **CHECKPOINT_SETTINGS,  # as the resident passes
+                          progress=lambda k, d: self.tell_sweep(k, d, d0))
+        self.iterations, self.converged, self.summary = res.iterations, res.converged, res.to_dict()
+        self.transform = dict(res.transform) if self.job.return_transform else None
+        out = apply(self.spec, res.transform, pb.state)
         self.after = relative_distance(pa.state, out, self.spec.tensors)
         self.out_state = {k: v.to(self.stored.get(k, self.b.dtype)) if v.is_floating_point() else v
                           for k, v in out.items()}  # B's stored dtypes (a tensor B lacks: B's dtype)
         del out
 
     def edits(self) -> dict[str, Any] | None:
-        return {"tie_word_embeddings": False} if self.pb.untied else None
+        return {"tie_word_embeddings": False} if self.untied else None
 
     def write(self) -> AlignResult:
-        marker = {**self.marker(), "folded": True, "untied_head": self.pb.untied,
+        marker = {**self.marker(), "folded": True, "untied_head": self.untied,
                   "reference": str(self.ref_path) if self.ref_path is not None else None}
         check = self.stage_and_commit(self.out_state, self.edits(), marker, "whole-model alignment")
         del self.out_state
@@ -354,18 +414,30 @@ class InMemoryModel(InMemoryEngine):
         return self.result_with(check, reference)
 
     def result_with(self, check: FunctionCheck, reference: dict | None = None) -> AlignResult:
-        pb, res = self.pb, self.result
-        notes = list(pb.notes)
-        if not res.converged:
+        notes = list(self.notes)
+        if not self.converged:
             notes.append(f"matching did not converge in {self.job.max_sweeps} sweeps (the distance was still "
                          "falling); raise --max-sweeps for a closer alignment -- OUT is exact either way")
-        notes.append("OUT is in folded form (norm gains folded" + (", head untied" if pb.untied else "")
+        notes.append("OUT is in folded form (norm gains folded" + (", head untied" if self.untied else "")
                      + "): interpolate it with A's folded form (--write-reference DIR, or let `symalign "
                      "interpolate` fold A, which it does when OUT is marked folded)")
         return new_result(self.b, self.spec, "in-memory", {"total": self.before}, {"total": self.after},
-                          res.iterations, res.converged, CheckReport.whole(check), notes=notes, folded=True,
-                          untied_head=pb.untied, reference=reference, match=res.to_dict(),
-                          transform=dict(res.transform) if self.job.return_transform else None)
+                          self.iterations, self.converged, CheckReport.whole(check), notes=notes, folded=True,
+                          untied_head=self.untied, reference=reference, match=self.summary,
+                          transform=self.transform)
+
+
+def whole_refusal(a: Any, b: Any) -> str | None:
+    """Why :class:`~symalign.stream.model.StreamedWhole` does not take the pair ``a``, ``b`` (tensor sources with
+    config and family), or ``None``: the family declines streaming (``no_stream``), or
+    :func:`symalign.stream.fold.refusal` (an encoder, no residual space, a residual group the passes do not solve)."""
+    from symalign.stream.fold import refusal
+
+    for ck in (a, b):
+        why = getattr(ck.adapter, "no_stream", None) or refusal(ck)
+        if why is not None:
+            return why
+    return None
 
 
 def _float64(state: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -124,6 +124,12 @@ class StreamedWhole:
         self.layer_t: list[dict[str, Tensor]] = [{} for _ in range(self.L)]
         self.attention: list[Any] = [None] * self.L
         self.distances: list[float] = []
+        self.changes: list[int] = []  # per pass: the unit spaces that took a new element (match_whole's ``changes``)
+        self.att_totals: list[dict[str, float]] = [{} for _ in range(self.L)]  # the attention matcher's, per layer
+        self.n_free = 0  # tensors (or row chunks) in M_free: none leaves O at its start, as match_whole notes
+        self.time_s = 0.0  # seconds in :meth:`match`
+        self.written_distance: float | None = None  # the distance of what write_aligned(measure=True) wrote
+        self.stage1, self.stage2 = True, "full"
         self.norm_a = 0.0  # sum_t ||A_t||^2 over the labelled tensors (prepared A)
         self.bytes_read = 0  # over all matching passes (pass 0 included)
         self.t_grams = 0.0  # seconds in the exact Gram products (FF costs, residual cross-Gram, attention stage 1
@@ -264,6 +270,7 @@ class StreamedWhole:
             if a is None:
                 continue
             xa, xb = _rows(ca, a.axis), _rows(cb, a.axis)
+            self.n_free += 1
             m += xa @ xb.T
             norms += blocks.sq(xa) + blocks.sq(xb)
             d0 += blocks.sq_diff(xa, xb)
@@ -301,6 +308,7 @@ class StreamedWhole:
         D = self.group.n
         m = torch.zeros(D, D, dtype=torch.float64)
         acc = d0 = 0.0
+        moved = 0
         for i, (raw_a, raw_b) in zip(range(self.L), read_ahead(self.raw_pair, range(self.L))):  # i + 1 meanwhile
             release()
             if bar is not None:
@@ -330,15 +338,20 @@ class StreamedWhole:
                     c = blocks.cost_into(c, blocks.as_rows(ta, x.axis), xb)
                     del xb, ta, tb
                 self.t_grams += time.perf_counter() - tg
-                t_i[s] = blocks.assign_max_inplace(c)
+                old = None if first else self.layer_t[i].get(s)
+                before = None if old is None else float(c.gather(1, old.view(-1, 1)).sum())
+                t_i[s] = blocks.assign_max_inplace(c)  # c is -C now
+                # moved: the block distance const - 2 <P, C> fell by more than tol (match_whole's unit_step)
+                moved += 1 if before is None else int(2.0 * (-float(c.gather(1, t_i[s].view(-1, 1)).sum()) - before)
+                                                       > self.tol)
                 del c
                 release()
             if other:
                 tr = {self.res: self.O, **{k: v for k, v in self.layer_t[i].items() if k not in att_spaces}}
                 if first:
-                    anchored_step(sub, other, tr, la, lb, set(tr), self.experts)
+                    moved += anchored_step(sub, other, tr, la, lb, set(tr), self.experts)[0]
                 else:
-                    unit_step(sub, other, tr, la, lb, other, self.tol, self.experts)
+                    moved += unit_step(sub, other, tr, la, lb, other, self.tol, self.experts)
                 t_i.update({k: v for k, v in tr.items() if k != self.res and k not in t_i})
                 release()
             att_sub = sub.restrict(att_spaces)
@@ -350,6 +363,7 @@ class StreamedWhole:
             t_i.update(att.transform)
             self.t_grams += att.totals.get("time_stage1_s", 0.0) + att.totals.get("time_grams_s", 0.0)
             self.attention[i] = att.to_dict()["layers"]
+            self.att_totals[i] = dict(att.totals)
             self.layer_t[i] = t_i
             lsub = self.layer_spec(i, with_res=False)
             for t in bound:  # B'_t = (P, g) . B_t, one tensor at a time
@@ -364,9 +378,14 @@ class StreamedWhole:
                     acc += blocks.sq(xa) + blocks.sq(xb)
                 del xa, xb
             del la, lb
+        self.changes.append(moved)
         return m, acc, d0
 
-    def match(self, stage1: bool, stage2: str, max_sweeps: int, rtol: float, progress: bool) -> bool:
+    def match(self, stage1: bool, stage2: str, max_sweeps: int, rtol: float, progress: bool,
+              report: Callable[[int, float], None] | None = None) -> bool:
+        """The passes (module docstring) until the stopping rule or ``max_sweeps``; whether it converged.
+        ``progress``: a progress bar per pass; ``report``: called after each pass with ``(pass, distance)``."""
+        t0 = time.perf_counter()
         self.stage1, self.stage2 = stage1, stage2
         m_free, free_norms, d_glob = self.pass0()
         self.bytes_read += self.a.bytes_read + self.b.bytes_read
@@ -391,10 +410,44 @@ class StreamedWhole:
             if not math.isfinite(d):
                 raise MatchError("whole-model matching produced a non-finite distance; check the inputs")
             self.distances.append(d)
+            if report is not None:
+                report(k + 1, d)
             if self.distances[-2] - d <= rtol * d_first or d <= 1e-20 * d_first:
                 converged = True
                 break
+        self.time_s = time.perf_counter() - t0
         return converged
+
+    def relative(self, d: float) -> float:
+        """``sqrt(d / sum_t ||A_t||^2)`` (absolute where A is 0): a distance of :attr:`distances` relative to A."""
+        return math.sqrt(d / self.norm_a) if self.norm_a else math.sqrt(d)
+
+    def transform(self) -> dict[str, Tensor]:
+        """The group element found: the residual element and every layer's FF and attention elements."""
+        return {self.res: self.O, **{k: v for t in self.layer_t for k, v in t.items()}}
+
+    def summary(self, converged: bool) -> dict[str, Any]:
+        """The matcher's JSON summary, with the keys of :meth:`symalign.match.whole.WholeMatch.to_dict` (the
+        attention part as :meth:`symalign.match.api.AttentionMatch.to_dict`, over the last pass's layers)."""
+        from symalign.match.whole import expert_units, partition
+
+        d = self.distances
+        layers = [x for att in self.attention if att is not None for x in att]
+        totals: dict[str, float] = {}
+        for t in self.att_totals:
+            for k, v in t.items():
+                totals[k] = totals.get(k, 0.0) + v
+        conds = [c for lay in layers for c in lay.get("qk_cond", []) + lay.get("vo_cond", [])]
+        notes = [n for n in (self.spec.spaces[s].note(s) for s in partition(self.spec).orthogonal) if n]
+        if not self.n_free:
+            notes.append(f"{self.res}: no tensor free of other spaces; initialised at the identity")
+        return {"method": "weight", "iterations": len(d) - 1, "sweeps": len(d) - 1, "converged": converged,
+                "distances": list(d), "changes": list(self.changes),
+                "relative_distance_after": math.sqrt(d[-1] / d[0]) if d[0] else 0.0,
+                "spaces": self.spec.describe(), "time_s": self.time_s, "notes": notes,
+                "experts": self.experts if expert_units(self.spec) else None,
+                "attention": {"stage1": self.stage1, "stage2": self.stage2, "totals": totals,
+                              "worst_condition": max(conds) if conds else 1.0, "layers": layers}}
 
 
 def stream_inputs(checker: LayerChecker, w: StreamedWhole) -> dict[str, Tensor]:
@@ -418,11 +471,18 @@ def stream_inputs(checker: LayerChecker, w: StreamedWhole) -> dict[str, Tensor]:
 
 
 def write_aligned(w: StreamedWhole, sink: Any, clock: PhaseClock, progress: bool = True,
-                  out_name: str = "OUT") -> list:
+                  out_name: str = "OUT", check_layers: bool = True, measure: bool = False) -> list:
     """The final pass of a matched :class:`StreamedWhole` over B: each layer transformed, checked through the
     family's code (exact and as stored; ``layer'(O x) = O layer(x)``) and put into ``sink`` (a
     :class:`~symalign.stream.sink.TensorSink`: OUT's shards, or a state dict), then the embedding and head in
-    row chunks. Returns the layer checks; raises (nothing committed) when one fails. The caller owns the sink."""
+    row chunks. Returns the layer checks; raises (nothing committed) when one fails. The caller owns the sink.
+    ``check_layers``: the per-layer checks (the streamed check; an in-memory caller checks the whole model
+    instead, as :func:`symalign.stream.attention.align_attention`'s in-memory caller does); the tensors put into
+    the sink are the same either way. ``measure``: also read A's prepared layers and embedding alongside and set
+    ``w.written_distance`` to ``sum_t ||A_t - B'_t||^2`` over the labelled tensors, formed directly from the
+    working-dtype tensors before they are rounded to B's dtypes (as :func:`symalign.match.distance.distance` on the
+    whole states): the passes' distance ``sum (||A||^2 + ||B'||^2) - 2 <O, M>`` cancels to about
+    ``sqrt(eps)`` relative near zero, this one does not (a planted pair: about ``1e-15``)."""
     from symalign.checkpoint.config import saved_names
 
     b = w.b
@@ -439,12 +499,15 @@ def write_aligned(w: StreamedWhole, sink: Any, clock: PhaseClock, progress: bool
                 checkers[kind] = (c, stream_inputs(c, w))
         return checkers[kind]
 
-    checker, _ = checker_for(0)
-    floor = b.adapter.precision_floor  # HF RMSNorm computes in float32: a rotated stream changes its rounding
-    exact_tol = exact_tolerance(w.dtype, checker.dtype, floor)
-    tol = stored_tolerance(b.dtype, checker.dtype, floor)
-    rot = blocks.matrix(w.O)
+    if check_layers:
+        checker, _ = checker_for(0)
+        floor = b.adapter.precision_floor  # HF RMSNorm computes in float32: a rotated stream changes its rounding
+        exact_tol = exact_tolerance(w.dtype, checker.dtype, floor)
+        tol = stored_tolerance(b.dtype, checker.dtype, floor)
+        rot = blocks.matrix(w.O)
     checks = []
+    labelled = w.spec.tensors
+    w.written_distance = 0.0 if measure else None
     b.bytes_read = 0
     with progress_bar(b.nbytes, "align (model, streamed) writing", progress) as bar:
         for i, raw in zip(range(w.L), read_ahead(lambda j: b.read(w.layer_names[j]), range(w.L), None,
@@ -453,19 +516,25 @@ def write_aligned(w: StreamedWhole, sink: Any, clock: PhaseClock, progress: bool
             bar.update(b.bytes_read, f"layer {i + 1}/{w.L}")
             with clock("match"):
                 out = w.aligned_layer(b, w.prep_b, i, raw)
-                if w.prep_b.fused:  # the check runs the model's own (fused) layout
+                if measure:
+                    la = w.layer(w.a, w.prep_a, i)
+                    w.written_distance += sum(blocks.sq_diff(la[t], out[t]) for t in out if t in labelled)
+                    del la
+                if w.prep_b.fused and check_layers:  # the check runs the model's own (fused) layout
                     raw = b.adapter.fused(raw)
-            checker, rotated_emb = checker_for(i)
-            why = f"refusing to write {out_name}: aligned layer {i} differs from O times B's layer"
-            with clock("verify"):
-                exact = checker.check(raw, out, i, exact_tol, rotated_emb, rotate=rot, stored=False)
-                exact.require(why, "whole-model alignment")
+            if check_layers:
+                checker, rotated_emb = checker_for(i)
+                why = f"refusing to write {out_name}: aligned layer {i} differs from O times B's layer"
+                with clock("verify"):
+                    exact = checker.check(raw, out, i, exact_tol, rotated_emb, rotate=rot, stored=False)
+                    exact.require(why, "whole-model alignment")
             with clock("match"):  # rounded to B's dtype a tensor at a time, the exact one then dropped
                 stored = {n: out.pop(n).to(b.tensors[n].dtype if n in b.tensors else b.dtype) for n in list(out)}
-            with clock("verify"):
-                kept = checker.check(raw, stored, i, tol, rotated_emb, rotate=rot)
-                kept.require(why, "whole-model alignment")
-                checks += [exact, kept]
+            if check_layers:
+                with clock("verify"):
+                    kept = checker.check(raw, stored, i, tol, rotated_emb, rotate=rot)
+                    kept.require(why, "whole-model alignment")
+                    checks += [exact, kept]
             with clock("write"):
                 if w.prep_b.fused:  # back to the names save_pretrained writes (one tensor per expert)
                     stored = saved_names(b.config, stored)
@@ -474,10 +543,15 @@ def write_aligned(w: StreamedWhole, sink: Any, clock: PhaseClock, progress: bool
             del out, stored, raw
         bar.update(b.bytes_read, "embedding and head")
         with clock("write"):
+            of_a = w.global_chunks(w.a, w.prep_a) if measure else None  # the same names and rows, in order
             for n, start, chunk in w.global_chunks(b, w.prep_b):
                 act = _res_action(w.spec, n, w.res)
                 if act is not None:
                     chunk = blocks.rotate(chunk, act.axis, w.O)
+                if of_a is not None:
+                    ca = next(of_a)[2]
+                    if n in labelled:
+                        w.written_distance += blocks.sq_diff(ca, chunk)
                 if chunk.dim():
                     sink.put_rows(n, start, chunk)
                 else:
@@ -520,14 +594,12 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
         writer.abort()
         raise
     d = w.distances
-    norm_a = w.norm_a
-    rel = lambda x: math.sqrt(x / norm_a) if norm_a else math.sqrt(x)  # noqa: E731
-    res = new_result(b, w.spec, "streamed", {"total": rel(d[0])}, {"total": rel(d[-1])}, passes, converged,
-                     CheckReport.per_layer(checks), notes=list(w.prep_b.notes), folded=True,
-                     untied_head=bool(w.prep_b.untied),
-                     match={"method": "weight", "iterations": passes, "converged": converged, "distances": d,
-                            "relative_distance_after": math.sqrt(d[-1] / d[0]) if d[0] else 0.0,
-                            "attention": {"layers": [x for att in w.attention if att is not None for x in att]}},
+    summary = w.summary(converged)
+    match = {k: summary[k] for k in ("method", "iterations", "converged", "distances", "relative_distance_after")}
+    match["attention"] = {"layers": summary["attention"]["layers"]}  # the streamed JSON as before
+    res = new_result(b, w.spec, "streamed", {"total": w.relative(d[0])}, {"total": w.relative(d[-1])}, passes,
+                     converged, CheckReport.per_layer(checks), notes=list(w.prep_b.notes), folded=True,
+                     untied_head=bool(w.prep_b.untied), match=match,
                      stream={"passes": passes, "reads": {"A": passes, "B": passes + 1},
                              "work_dtype": dtype_name(w.dtype),
                              "bytes_read": bytes_matching + b.bytes_read, "bytes_written": writer.bytes_written,
