@@ -158,6 +158,9 @@ def main() -> None:
     for exp in args.experiments:
         mine = []
         for runs in args.runs:
+            if not (runs / exp / "full" / "results.json").exists():
+                print(f"skipping {runs}/{exp}: its full scope has not run", file=sys.stderr)
+                continue
             key = (exp, seeds_label(pair_seeds(runs, exp)))
             r = old.get(key) or {"experiment": exp, **measure(runs, exp, args.steps, args.batch_size,
                                                                 args.stream_seed, methods)}
@@ -173,6 +176,7 @@ def main() -> None:
     write_json(args.out, {"provenance": provenance(command, args.threads, min(s["pairs"] for s in summary)),
                           "pairs": min(s["pairs"] for s in summary), "paper": PAPER, **recipe,
                           "coordinates": "rewritten (every barrier, vanilla included)",
+                          "reused_from": [json.loads(f.read_text())["provenance"] for f in args.reuse],
                           "summary": summary, "rows": rows,
                           "tables": {"pairs": make_table(rows, pair_cols), "means": make_table(summary, mean_cols)}})
 
