@@ -50,8 +50,10 @@ def test_resident_and_lazy_sources_read_the_same(tmp_path):
     assert not torch.equal(res.state[big], copy)
 
 
-# plain; fused Q|K|V (Conv1D); per-head QK-norm (the first registered family declaring it)
-QK_NORM = next(f.model_types[0] for f in FAMILIES if getattr(f.decl, "qk_norm_over", None) == "head")
+# plain; fused Q|K|V (Conv1D); per-head QK-norm (the first registered family declaring it: a q_norm, over the
+# head; qk_norm_over alone is "head" by default, which picked GPT-2 and left the one-piece QK-norm path out)
+QK_NORM = next(f.model_types[0] for f in FAMILIES
+               if getattr(f.decl, "q_norm", None) and getattr(f.decl, "qk_norm_over", None) == "head")
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2", QK_NORM])
