@@ -31,8 +31,9 @@ def distance(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b: Mapping
 
 
 def relative_distance(a: Mapping[str, Tensor], b: Mapping[str, Tensor], names: Iterable[str]) -> float:
-    """``sqrt(sum_t ||A_t - B_t||^2 / sum_t ||A_t||^2)`` over the tensors ``names`` (absolute if A is 0)."""
-    names = list(names)
+    """``sqrt(sum_t ||A_t - B_t||^2 / sum_t ||A_t||^2)`` over the tensors ``names`` (absolute if A is 0), summed in
+    sorted name order so that a set of names gives the same float whatever Python's hash seed."""
+    names = sorted(names)
     num, den = _sq(a, b, names), _sq(a, None, names)
     return math.sqrt(num / den) if den else math.sqrt(num)
 
