@@ -170,7 +170,8 @@ def main() -> None:
     if args.out:
         from symalign.provenance import provenance
 
-        prov = provenance(["python", "benchmarks/bench_align_hf.py", *sys.argv[1:]], threads=args.threads)
+        prov = provenance(["python", "benchmarks/bench_align_hf.py", *sys.argv[1:]], threads=args.threads,
+                          seed_pairs=1)  # one independent pair (seeds 0, 1) per row
         load_start = [round(x, 2) for x in os.getloadavg()]
     kinds = ["gpt2"] + {"small": ["llama-small"], "1b": ["llama-1b"], "small+1b": ["llama-small", "llama-1b"]}.get(
         args.llama_size, [])

@@ -107,7 +107,8 @@ def main() -> int:
     from symalign.provenance import provenance
 
     torch.set_num_threads(args.threads)
-    prov = provenance(["python", "benchmarks/whole_hf_tiny.py", *sys.argv[1:]], threads=args.threads)
+    prov = provenance(["python", "benchmarks/whole_hf_tiny.py", *sys.argv[1:]], threads=args.threads,
+                      seed_pairs=1)  # one independent pair (seeds 0, 1) per model
     rows = []
     for family, cls in CASES:
         with tempfile.TemporaryDirectory(prefix="symalign-whole-tiny-") as d:

@@ -185,7 +185,9 @@ def test_interpolate_output_has_no_loading_bars(tmp_path, monkeypatch, capsys):
     assert "Loading weights" not in out + err
 
 
-@pytest.mark.parametrize("script", ["bench_match.py", "bench_whole_model.py", "symmetry_table.py"])
+@pytest.mark.parametrize("script", ["bench_match.py", "bench_whole_model.py", "symmetry_table.py", "rope_near_null.py",
+                                    "whole_hf_tiny.py", "dataset_splits.py", "gemm_floor.py", "sinusoidal_residual.py",
+                                    "bench_paper_cost.py", "bench_align_hf.py", "bench_train.py"])
 @pytest.mark.slow
 def test_benchmark_help_starts_no_work(script):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
