@@ -91,8 +91,12 @@ def test_match_attention_on_a_device_equals_the_default(device):
         assert w.device.type == "cpu"
         if device == "cpu":
             assert torch.equal(v, w), k  # the same code on the same device: bit for bit
+        elif v.is_floating_point():
+            # the V-O GL element is L-BFGS's, stopped on a tolerance: at a planted pair (objective ~1e-14 on both
+            # devices) its entries are resolved to about sqrt(eps) -- 3e-9 apart on an H200 -- not to 1e-10
+            assert float((v - w).abs().max()) <= 1e-8 * float(v.abs().max()), k
         else:
-            assert torch.allclose(v, w, rtol=1e-8, atol=1e-10), k
+            assert torch.equal(v, w), k
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_cuda])])
@@ -202,3 +206,112 @@ def test_merge_interpolate_and_probe_take_device_cpu(tmp_path, monkeypatch, caps
     drop = ("seconds", "time_s")
     strip = lambda d: {k: v for k, v in d.items() if k not in drop}  # noqa: E731
     assert strip(json.loads(out)) == strip(json.loads(ref))  # the same measurement on the same device
+
+
+def _decoder_pair(tmp: Path, family: str, **kw) -> tuple[Path, Path]:
+    """A float64 pair of ``family`` (a tiny Llama, or a tiny mixture of experts: unit steps other than plain FF
+    permutations), sharded."""
+    pytest.importorskip("transformers")
+    from hf_families import make as make_family
+    from test_family_moe import make as make_moe
+
+    for seed, name in ((0, "A"), (1, "B")):
+        m = make_moe(family, seed=seed, **kw) if family == "mixtral" else make_family(family, dtype=torch.float64,
+                                                                                        seed=seed, **kw)
+        m.save_pretrained(tmp / name, max_shard_size="20KB")
+    return tmp / "A", tmp / "B"
+
+
+def _whole(a_dir: Path, b_dir: Path, device, stage2: str = "full") -> tuple[object, dict]:
+    """:class:`StreamedWhole` over the resident pair on ``device`` (3 passes), and B aligned into a state dict."""
+    from symalign.align_result import PhaseClock
+    from symalign.checkpoint.hf import load_checkpoint
+    from symalign.checkpoint.lazy import ResidentCheckpoint
+    from symalign.match.whole import CHECKPOINT_SETTINGS
+    from symalign.stream.fold import added_tensors
+    from symalign.stream.model import StreamedWhole, write_aligned
+    from symalign.stream.sink import StateSink
+
+    a, b = ResidentCheckpoint.of(load_checkpoint(a_dir)), ResidentCheckpoint.of(load_checkpoint(b_dir))
+    w = StreamedWhole(a, b, device=device)
+    w.match(True, stage2, 3, CHECKPOINT_SETTINGS["rtol"], False)
+    sink = StateSink(b, extra=added_tensors(b, w.prep_b))
+    write_aligned(w, sink, PhaseClock(), progress=False)
+    return w, sink.state
+
+
+def _worst(got: dict, want: dict) -> float:
+    """``max |got - want|`` over the tensors, relative to the largest entry of ``want``."""
+    scale = max(float(v.double().abs().max()) for v in want.values() if v.numel())
+    return max(float((got[k].double() - v.double()).abs().max()) for k, v in want.items() if v.numel()) / scale
+
+
+@pytest.mark.parametrize("family,kw", [("llama", {}), ("mixtral", {"tie_word_embeddings": False})])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_cuda])])
+@pytest.mark.parametrize("stage2", ["orthogonal", "full"])
+@pytest.mark.slow
+def test_streamed_whole_on_a_device_equals_the_default(family, kw, device, stage2, tmp_path):
+    """The whole-model passes (:class:`StreamedWhole`) with ``device``: on the CPU the same steps with no-op moves,
+    bit for bit the default; on CUDA (float64, TF32 off) the same distances to 1e-10 of the unaligned one, every
+    transform back on the CPU, and B aligned to 1e-10 of its largest weight (on one H200: 3e-15 with the
+    closed-form stage 2, 6e-12 with the iterative GL solve of stage 2 full)."""
+    a_dir, b_dir = _decoder_pair(tmp_path, family, **kw)
+    ref, want = _whole(a_dir, b_dir, None, stage2)
+    w, got = _whole(a_dir, b_dir, device, stage2)
+    assert w.device.type == device and ref.device is None
+    assert all(v.device.type == "cpu" for v in w.transform().values())
+    assert set(got) == set(want) and w.changes == ref.changes
+    if device == "cpu":
+        assert w.distances == ref.distances
+        for k, v in ref.transform().items():
+            assert torch.equal(v, w.transform()[k]), k
+        for k, v in want.items():
+            assert torch.equal(v, got[k]), k
+        return
+    d0 = ref.distances[0]
+    gap = max(abs(x - y) for x, y in zip(w.distances, ref.distances)) / d0
+    worst = _worst(got, want)
+    print(f"{family} stage2={stage2}: distances {gap:.3g} of the unaligned, tensors {worst:.3g} of the largest")
+    assert len(w.distances) == len(ref.distances) and gap <= 1e-10, (w.distances, ref.distances)
+    assert worst <= 1e-10
+
+
+@pytest.mark.parametrize("command,stream", [("align", True), ("align", False), ("merge", False), ("merge", True)])
+@pytest.mark.slow
+def test_model_scope_device_cpu_is_bit_identical_to_the_default_on_a_decoder(command, stream, tmp_path,
+                                                                               monkeypatch):
+    """``device`` reaches the whole-model passes of ``align``/``merge --scope model``, streamed and in memory (a
+    Llama: :class:`StreamedWhole` both ways), and with the CPU OUT is byte for byte that of no device (the CLI's
+    ``--device`` default, ``auto``, resolves to the CPU here)."""
+    from safetensors.torch import load_file
+
+    import symalign.stream.model as sm
+    from symalign.commands.align import run_align
+    from symalign.commands.merge import run_merge
+
+    a, b = _decoder_pair(tmp_path, "llama")
+    seen: list = []
+    real = sm.StreamedWhole.__init__
+
+    def spy(self, *args, **kw):
+        real(self, *args, **kw)
+        seen.append(self.device)
+
+    monkeypatch.setattr(sm.StreamedWhole, "__init__", spy)
+    for out, device in (("D", None), ("C", torch.device("cpu"))):
+        if command == "align":
+            run_align(a, b, tmp_path / out, scope="model", max_sweeps=2, stream=stream, progress=False,
+                      device=device)
+        else:
+            run_merge([a, b], tmp_path / out, scope="model", max_sweeps=2, stream=stream, progress=False,
+                      device=device)
+    assert seen == [None, torch.device("cpu")]
+
+    def state(d: Path) -> dict:
+        st: dict = {}
+        for f in sorted(d.glob("*.safetensors")):
+            st.update(load_file(str(f)))
+        return st
+
+    want, got = state(tmp_path / "D"), state(tmp_path / "C")
+    assert set(want) == set(got) and all(torch.equal(want[k], got[k]) for k in want)

@@ -101,7 +101,8 @@ class AlignJob:
     mixture-of-experts layers are matched (``--scope model``; ``None``: ``"exact"``, see :data:`EXPERTS`
     and :func:`symalign.match.experts.match_experts`), refused elsewhere (:func:`check_experts`); ``device``:
     where the matching computes (:mod:`symalign.device`; ``None``: the CPU) -- reading, checking and writing stay
-    on the CPU, and a streamed ``--scope model`` run computes its passes on the CPU (noted in the result).
+    on the CPU (``--scope model``: the passes of :class:`~symalign.stream.model.StreamedWhole` on the device, or
+    ``match_whole`` there for the families it refuses).
     """
 
     a_dir: Path
@@ -160,16 +161,11 @@ def align(job: AlignJob) -> AlignResult:
 
         res = run_stream_model(job.a_dir, job.b_dir, out_path, stage2=job.stage2, stage1=job.stage1,
                                force=job.force, progress=job.progress, max_sweeps=job.max_sweeps, clock=clock,
-                               experts=job.experts or "exact")
+                               experts=job.experts or "exact", device=job.device)
     else:
         engine = ResidentAttention if job.scope == "attention" else InMemoryModel
         res = engine(job, out_path, clock).run()
     return finish(res, job, out_path, clock)
-
-
-def streamed_model_on_cpu(res: AlignResult, job: AlignJob) -> bool:
-    """Whether a device was asked for but a streamed ``--scope model`` run computed on the CPU."""
-    return job.device is not None and job.device.type != "cpu" and job.scope == "model" and res.path == "streamed"
 
 
 def finish(res: AlignResult, job: AlignJob, out_path: Path, clock: PhaseClock) -> AlignResult:
@@ -180,9 +176,6 @@ def finish(res: AlignResult, job: AlignJob, out_path: Path, clock: PhaseClock) -
         res.max_sweeps = job.max_sweeps
     res.threads = torch.get_num_threads()
     res.provenance = provenance(threads=res.threads, device=job.device)
-    if streamed_model_on_cpu(res, job):
-        res.notes.append(f"--device {job.device}: the streamed whole-model passes computed on the CPU (only the "
-                         "attention scope and in-memory alignments match on a device in this version)")
     res.provenance.update(marker_fields({"inputs": [str(job.a_dir), str(job.b_dir)]}))  # Hub ids: their snapshots
     res.timings = clock.timings()
     from symalign.device import peak_memory
@@ -320,7 +313,7 @@ class InMemoryModel(InMemoryEngine):
         self.whole = None
         ra, rb = ResidentCheckpoint.of(self.a), ResidentCheckpoint.of(self.b)
         if whole_refusal(ra, rb) is None:
-            self.whole = StreamedWhole(ra, rb, self.job.experts or "exact")
+            self.whole = StreamedWhole(ra, rb, self.job.experts or "exact", self.job.device)
             self.spec, self.notes, self.untied = self.whole.spec, self.whole.prep_b.notes, self.whole.prep_b.untied
         else:
             self.prepare_copies()

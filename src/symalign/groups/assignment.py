@@ -10,9 +10,10 @@ from torch import Tensor
 
 
 def assign_max(c: Tensor) -> Tensor:
-    """``perm`` maximising ``sum_i c[i, perm[i]]`` (int64; ``scipy.optimize.linear_sum_assignment``)."""
+    """``perm`` maximising ``sum_i c[i, perm[i]]`` (int64, on ``c``'s device; ``scipy.optimize.linear_sum_assignment``
+    on the CPU)."""
     _, col = linear_sum_assignment(c.detach().cpu().numpy().astype(np.float64), maximize=True)
-    return torch.as_tensor(col, dtype=torch.int64)
+    return torch.as_tensor(col, dtype=torch.int64, device=c.device)
 
 
 def assign_grouped(cost: Tensor, kv: int, g: int) -> tuple[Tensor, Tensor | None]:
@@ -24,8 +25,9 @@ def assign_grouped(cost: Tensor, kv: int, g: int) -> tuple[Tensor, Tensor | None
     ``taus[k, sigma[k]]`` (``(kv, g)``). Exact: given the group assignment, the groups separate.
     """
     c = cost.detach().cpu().numpy().astype(np.float64)
+    dev = cost.device  # the result where the cost is
     if g == 1:
-        return torch.as_tensor(linear_sum_assignment(c)[1], dtype=torch.int64), None
+        return torch.as_tensor(linear_sum_assignment(c)[1], dtype=torch.int64, device=dev), None
     c4 = c.reshape(kv, g, kv, g)
     cg = np.empty((kv, kv))
     taus = np.empty((kv, kv, g), dtype=np.int64)
@@ -35,15 +37,15 @@ def assign_grouped(cost: Tensor, kv: int, g: int) -> tuple[Tensor, Tensor | None
             cg[k, l_] = c4[k, r, l_, col].sum()
             taus[k, l_] = col
     sigma = linear_sum_assignment(cg)[1]
-    tau = torch.as_tensor(np.stack([taus[k, sigma[k]] for k in range(kv)]))
-    return torch.as_tensor(sigma, dtype=torch.int64), tau
+    tau = torch.as_tensor(np.stack([taus[k, sigma[k]] for k in range(kv)]), device=dev)
+    return torch.as_tensor(sigma, dtype=torch.int64, device=dev), tau
 
 
 def one_hot(perm: Tensor, dtype=torch.float64) -> Tensor:
-    """The permutation matrix ``P[i, perm[i]] = 1`` (``(P x)_i = x_{perm[i]}``)."""
+    """The permutation matrix ``P[i, perm[i]] = 1`` (``(P x)_i = x_{perm[i]}``), on ``perm``'s device."""
     n = perm.numel()
-    m = torch.zeros(n, n, dtype=dtype)
-    m[torch.arange(n), perm] = 1.0
+    m = torch.zeros(n, n, dtype=dtype, device=perm.device)
+    m[torch.arange(n, device=perm.device), perm] = 1.0
     return m
 
 

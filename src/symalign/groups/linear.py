@@ -134,7 +134,7 @@ class Orthogonal(MatrixGroup):
 
     def contains(self, a: Tensor, atol: float = 1e-9) -> bool:
         a = a.to(torch.float64)
-        eye = torch.eye(self.n, dtype=torch.float64)
+        eye = torch.eye(self.n, dtype=torch.float64, device=a.device)
         return a.shape[-2:] == (self.n, self.n) and bool(
             (a.transpose(-2, -1) @ a - eye).abs().max() <= atol)
 
@@ -206,5 +206,5 @@ class SignedPermutations(MatrixGroup):
         """``argmax_T <T, M>``: ``perm = assign(|M|)``, ``T[i, perm[i]] = sign(M[i, perm[i]])`` (``+1`` on ties)."""
         m = scores.to(torch.float64)
         perm = assign_max(m.abs())
-        s = torch.where(m[torch.arange(self.n), perm] >= 0, 1.0, -1.0).to(torch.float64)
+        s = torch.where(m[torch.arange(self.n, device=m.device), perm] >= 0, 1.0, -1.0).to(torch.float64)
         return s[:, None] * one_hot(perm)

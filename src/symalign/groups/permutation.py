@@ -43,7 +43,7 @@ class Permutation(Group):
 
     def contains(self, a: Tensor, atol: float = 0.0) -> bool:
         return a.shape == (self.n,) and not a.is_floating_point() and bool(
-            torch.equal(torch.sort(a).values, torch.arange(self.n)))
+            torch.equal(torch.sort(a).values, torch.arange(self.n, device=a.device)))
 
     def matrix(self, a: Tensor, rep: str | None = None, size: int | None = None) -> Tensor:
         m = torch.zeros(self.n, self.n, dtype=torch.float64)
@@ -155,7 +155,7 @@ class HeadPermutation(Group):
     def contains(self, a: Tensor, atol: float = 0.0) -> bool:
         if a.shape != (self.n_heads,) or a.is_floating_point():
             return False
-        if not torch.equal(torch.sort(a).values, torch.arange(self.n_heads)):
+        if not torch.equal(torch.sort(a).values, torch.arange(self.n_heads, device=a.device)):
             return False
         grp = (a // self.group_size).view(self.kv, self.group_size)
         return bool((grp == grp[:, :1]).all())
@@ -176,7 +176,7 @@ class HeadPermutation(Group):
     def index(self, a: Tensor, rep: str | None) -> Tensor:
         blocks = self.block_permutation(a, rep)
         d = 1 if rep == "head" else self.head_dim
-        return (blocks.view(-1, 1) * d + torch.arange(d)).reshape(-1)
+        return (blocks.view(-1, 1) * d + torch.arange(d, device=blocks.device)).reshape(-1)
 
     def matrix(self, a: Tensor, rep: str | None = None, size: int | None = None) -> Tensor:
         idx = self.index(a, rep)

@@ -21,7 +21,7 @@ def polar_st(z: Tensor, iters: int = 30) -> Tensor:
     exactly the weight-matching initialisation), its gradient is finite.
     """
     x = z / torch.linalg.matrix_norm(z.detach(), 2).clamp_min(1e-300)
-    eye = torch.eye(z.shape[-1], dtype=z.dtype)
+    eye = torch.eye(z.shape[-1], dtype=z.dtype, device=z.device)
     for _ in range(iters):
         x = 0.5 * x @ (3 * eye - x.T @ x)
     return x

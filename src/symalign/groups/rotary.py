@@ -36,7 +36,7 @@ def rotary_block_matrix(a: Tensor, b: Tensor, n: int, pairing: str, rest: Tensor
     """
     r = 2 * a.shape[-1]
     batch = a.shape[:-1]
-    out = torch.zeros(*batch, n, n, dtype=a.dtype)
+    out = torch.zeros(*batch, n, n, dtype=a.dtype, device=a.device)
     j0, j1 = rotary_pairs(r, pairing)
     out[..., j0, j0] = a
     out[..., j1, j1] = a

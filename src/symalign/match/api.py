@@ -142,7 +142,7 @@ def _grams(s: SpaceSides, state_a, state_b) -> Grams:
 
 
 def _identity_distance(g: Grams) -> Tensor:
-    eye = torch.eye(g.d, dtype=torch.float64).expand(g.n, g.d, g.d)
+    eye = torch.eye(g.d, dtype=torch.float64, device=g.co_bb.device).expand(g.n, g.d, g.d)
     return g.objective(eye, eye)
 
 
@@ -175,8 +175,8 @@ def _batch_key(lay: AttentionLayer, kind: str) -> tuple[str, Any]:
     return (kind, lay.head_dim)
 
 
-def _plan_batches(layers: list[AttentionLayer]) -> dict[tuple[str, Any], _Batch]:
-    """Stage-2 batches in solve order (Q-K over GL, Q-K under RoPE, V-O), Grams preallocated."""
+def _plan_batches(layers: list[AttentionLayer], device: torch.device | None = None) -> dict[tuple[str, Any], _Batch]:
+    """Stage-2 batches in solve order (Q-K over GL, Q-K under RoPE, V-O), Grams preallocated on ``device``."""
     members: dict[tuple[str, Any], dict[int, slice]] = {}
     for kind in ("qk-gl", "qk-rope", "vo"):
         for li, lay in enumerate(layers):
@@ -185,7 +185,7 @@ def _plan_batches(layers: list[AttentionLayer]) -> dict[tuple[str, Any], _Batch]
             m = members.setdefault(_batch_key(lay, kind[:2]), {})
             lo = max((s.stop for s in m.values()), default=0)
             m[li] = slice(lo, lo + lay.n_kv)
-    return {key: _Batch(Grams.empty(max(s.stop for s in m.values()), layers[next(iter(m))].head_dim), m)
+    return {key: _Batch(Grams.empty(max(s.stop for s in m.values()), layers[next(iter(m))].head_dim, device), m)
             for key, m in members.items()}
 
 
@@ -292,7 +292,7 @@ def prepare_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b
     t0 = time.perf_counter()
     transform: Transform = {}
     diags: list[LayerMatch] = []
-    batches = _plan_batches(layers)
+    batches = _plan_batches(layers, next(iter(state_b.values())).device)  # where the tensors are
     t_stage1 = t_grams = 0.0
     costs: dict[int, Tensor] = {}
     pis: dict[str, Tensor] = {}
@@ -319,7 +319,7 @@ def prepare_attention(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b
         diag.qk_before = direct_distance(lay.qk, state_a, state_b).tolist()
         diag.vo_before = direct_distance(lay.vo, state_a, state_b).tolist()
         sb = _permuted(lay, spec, state_b, pi) if pi is not None and not torch.equal(
-            pi, torch.arange(pi.numel())) else state_b
+            pi, torch.arange(pi.numel(), device=pi.device)) else state_b
         for kind, side in (("qk", lay.qk), ("vo", lay.vo)):
             g = _grams(side, state_a, sb)
             batches[_batch_key(lay, kind)].put(li, g)
@@ -390,18 +390,22 @@ def _assign_head_spaces(spec: SymmetrySpec, layers: list[AttentionLayer], state_
     for name, lis in members.items():
         total = sum((costs[li] for li in lis[1:]), costs[lis[0]].clone())
         own = {t for li in lis for t in layers[li].tensors}
-        total += table_cost(spec, name, [(t, a) for t, a in spec.tensors_of(name) if t not in own], state_a, state_b)
+        total += table_cost(spec, name, [(t, a) for t, a in spec.tensors_of(name) if t not in own], state_a, state_b,
+                            total.device)
         pis[name] = assign_heads(total, layers[lis[0]].heads_group)
     return costs, pis
 
 
-def table_cost(spec: SymmetrySpec, space: str, parts, state_a, state_b) -> Tensor:
+def table_cost(spec: SymmetrySpec, space: str, parts, state_a, state_b, device: torch.device | None = None) -> Tensor:
     """``C[i, j] = ||X_A[head i] - X_B[head j]||^2`` summed over ``parts`` (tensor, action) that head
     space ``space`` permutes but no per-head group transforms (e.g. a per-head bias table), ``(h, h)``
-    float64. A K/V-head axis under GQA is counted once per K/V head (``/ g`` per query head)."""
+    float64, on ``device`` (default: that of the tensors). A K/V-head axis under GQA is counted once per K/V head
+    (``/ g`` per query head)."""
     hg = spec.spaces[space]
     h = hg.n_heads
-    cost = torch.zeros(h, h, dtype=torch.float64)
+    if device is None and parts:
+        device = state_a[parts[0][0]].device
+    cost = torch.zeros(h, h, dtype=torch.float64, device=device)
     for t, a in parts:
         xs = []
         for st in (state_a, state_b):
@@ -411,7 +415,7 @@ def table_cost(spec: SymmetrySpec, space: str, parts, state_a, state_b) -> Tenso
         xa, xb = (x.reshape(units, -1) for x in xs)
         c = (xa * xa).sum(1)[:, None] + (xb * xb).sum(1)[None, :] - 2 * xa @ xb.T
         if units != h:
-            idx = torch.arange(h) // hg.group_size
+            idx = torch.arange(h, device=c.device) // hg.group_size
             c = c[idx][:, idx] / hg.group_size
         cost += c
     return cost.clamp_min(0.0)

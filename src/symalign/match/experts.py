@@ -131,7 +131,7 @@ class _Features:
         if self._last is None or self._last[0] != e:
             self._last = None
             _, F, K = self.shape
-            out = torch.empty(F, K, dtype=torch.float64)
+            out = torch.empty(F, K, dtype=torch.float64, device=self.parts[0].device)
             k = 0
             for y in self.parts:  # converted and laid out in one copy per part
                 w = y[0, 0].numel()
@@ -168,7 +168,7 @@ def dual_bound(c: Tensor, rounds: int = DUAL_ROUNDS, chunk_rows: int = 1024) -> 
     n = c.shape[-2]
     chunks = [slice(i, min(n, i + chunk_rows)) for i in range(0, n, chunk_rows)]
     u = torch.cat([c[..., s, :].amax(-1) for s in chunks], dim=-1)
-    w = torch.zeros(c.shape[:-2] + c.shape[-1:], dtype=c.dtype)
+    w = torch.zeros(c.shape[:-2] + c.shape[-1:], dtype=c.dtype, device=c.device)
     for _ in range(rounds):
         w = torch.stack([(c[..., s, :] - u[..., s, None]).amax(-2) for s in chunks]).amax(0)
         u = torch.cat([(c[..., s, :] - w[..., None, :]).amax(-1) for s in chunks], dim=-1)
@@ -189,7 +189,7 @@ def _block(spec: SymmetrySpec, experts: str, units: tuple[str, ...], state_a, st
         for t, _ in spec.tensors_of(u):
             if not any(b.space == experts for b in spec.tensors[t]):
                 raise MatchError(f"unit space {u!r} acts on {t!r}, which its expert space {experts!r} does not permute")
-    score = torch.zeros(E, E, dtype=torch.float64)
+    score = torch.zeros(E, E, dtype=torch.float64, device=state_a[spec.tensors_of(experts)[0][0]].device)
     for t in router:
         ra, rb = (st[t].to(torch.float64).reshape(E, -1) for st in (state_a, state_b))
         score += ra @ rb.T
@@ -266,7 +266,7 @@ def _gram_bounds(fa: _Features, fb: _Features) -> Tensor:
     """
     E, F, K = fa.shape
     chunk = max(1, CHUNK_BYTES // (2 * E * K * 8))
-    sq = torch.zeros(E, E, dtype=torch.float64)
+    sq = torch.zeros(E, E, dtype=torch.float64, device=fa.parts[0].device)
     for r0 in range(0, K, chunk):
         r = slice(r0, min(K, r0 + chunk))
         ga, gb = (_gram_rows(x, r) for x in (fa, fb))  # rows r of each Gram, (E, |r| K)
@@ -281,7 +281,7 @@ def _gram_bounds(fa: _Features, fb: _Features) -> Tensor:
 def _gram_rows(x: _Features, r: slice) -> Tensor:
     """``(E, |r| K)``: rows ``r`` of each expert's Gram ``F[e]^T F[e]``, flattened."""
     E, _, K = x.shape
-    out = torch.empty(E, (r.stop - r.start) * K, dtype=torch.float64)
+    out = torch.empty(E, (r.stop - r.start) * K, dtype=torch.float64, device=x.parts[0].device)
     for e in range(E):
         xe = x.expert(e)
         out[e] = (xe[:, r].T @ xe).reshape(-1)

@@ -72,20 +72,20 @@ def _side_heads(state: Mapping[str, Tensor], parts: tuple[Part, ...], n_heads: i
     return out
 
 
-def _expand(units: int, n_heads: int) -> Tensor:
-    """Head -> unit index (identity, or ``i // g`` for a K/V axis under GQA)."""
-    return torch.arange(n_heads) // (n_heads // units)
+def _expand(units: int, n_heads: int, device: torch.device | None = None) -> Tensor:
+    """Head -> unit index (identity, or ``i // g`` for a K/V axis under GQA), on ``device``."""
+    return torch.arange(n_heads, device=device) // (n_heads // units)
 
 
 def _cross(a_side, b_side, n_heads: int, d: int) -> Tensor:
     """``G[i, a, j, b] = (X_i^A)^T X_j^B`` summed over parts, ``(h, d, h, d)``."""
-    total = torch.zeros(n_heads, d, n_heads, d, dtype=a_side[0][0].dtype)
+    total = torch.zeros(n_heads, d, n_heads, d, dtype=a_side[0][0].dtype, device=a_side[0][0].device)
     for (xa, units), (xb, _) in zip(a_side, b_side):
         r = xa.shape[1]
         g = xa.permute(0, 2, 1).reshape(units * d, r) @ xb.permute(1, 0, 2).reshape(r, units * d)
         g = g.view(units, d, units, d)
         if units != n_heads:
-            idx = _expand(units, n_heads)
+            idx = _expand(units, n_heads, g.device)
             g = g[idx][:, :, idx]
         total += g
     return total
@@ -93,10 +93,10 @@ def _cross(a_side, b_side, n_heads: int, d: int) -> Tensor:
 
 def _self(side, n_heads: int, d: int) -> Tensor:
     """``X_i^T X_i`` summed over parts, ``(h, d, d)``."""
-    total = torch.zeros(n_heads, d, d, dtype=side[0][0].dtype)
+    total = torch.zeros(n_heads, d, d, dtype=side[0][0].dtype, device=side[0][0].device)
     for x, units in side:
         g = torch.einsum("ira,irb->iab", x, x)
-        total += g[_expand(units, n_heads)] if units != n_heads else g
+        total += g[_expand(units, n_heads, g.device)] if units != n_heads else g
     return total
 
 
@@ -129,8 +129,9 @@ def head_cost(layer: AttentionLayer, state_a: Mapping[str, Tensor], state_b: Map
     bound, :func:`cost_error_bound`).
     """
     h, d = layer.n_heads, layer.head_dim
-    cost = torch.zeros(h, h, dtype=torch.float64)
-    for (xa, ya), (xb, yb) in zip(_layer_sides(layer, state_a, dtype), _layer_sides(layer, state_b, dtype)):
+    sides_a, sides_b = _layer_sides(layer, state_a, dtype), _layer_sides(layer, state_b, dtype)
+    cost = torch.zeros(h, h, dtype=torch.float64, device=sides_a[0][0][0][0].device)  # where the tensors are
+    for (xa, ya), (xb, yb) in zip(sides_a, sides_b):
         cost += _pair_cost(xa, xb, ya, yb, h, d)
     return cost.clamp_min(0.0)
 
@@ -158,8 +159,9 @@ def head_scales(layer: AttentionLayer, state: Mapping[str, Tensor]) -> Tensor:
     cost ``C~`` computed with rounded products (module docstring).
     """
     h = layer.n_heads
-    a = torch.zeros(h, dtype=torch.float64)
-    for x_side, y_side in _layer_sides(layer, state, torch.float64):
+    sides = _layer_sides(layer, state, torch.float64)
+    a = torch.zeros(h, dtype=torch.float64, device=sides[0][0][0][0].device)
+    for x_side, y_side in sides:
         nx = sum(_per_head(x.pow(2).sum((1, 2)), units, h) for x, units in x_side)
         ny = sum(_per_head(y.pow(2).sum((1, 2)), units, h) for y, units in y_side)
         a += (nx * ny).sqrt()
@@ -198,7 +200,7 @@ def assign_heads(cost: Tensor, group: HeadPermutation) -> Tensor:
 
 def objective(cost: Tensor, pi: Tensor) -> float:
     """Stage-1 objective ``sum_i cost[i, pi[i]]``."""
-    return float(cost[torch.arange(cost.shape[0]), pi].sum())
+    return float(cost[torch.arange(cost.shape[0], device=cost.device), pi.to(cost.device)].sum())
 
 
 def permutation_rank(cost: Tensor, pi: Tensor, group: HeadPermutation | None = None,

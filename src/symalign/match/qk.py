@@ -96,13 +96,13 @@ class Grams:
         return Grams(*(t[idx] for t in self.fields()))
 
     @staticmethod
-    def empty(n: int, d: int) -> "Grams":
-        """Uninitialised storage for ``n`` blocks of width ``d`` (float64)."""
+    def empty(n: int, d: int, device: torch.device | None = None) -> "Grams":
+        """Uninitialised storage for ``n`` blocks of width ``d`` (float64), on ``device``."""
         def sq():
-            return torch.empty(n, d, d, dtype=torch.float64)
+            return torch.empty(n, d, d, dtype=torch.float64, device=device)
 
         def vec():
-            return torch.empty(n, d, dtype=torch.float64)
+            return torch.empty(n, d, dtype=torch.float64, device=device)
         return Grams(sq(), sq(), vec(), sq(), sq(), vec())
 
     def columns(self, cols: Tensor) -> "Grams":
@@ -235,11 +235,11 @@ class _History:
     ``R_ii = 1`` and contributes nothing).
     """
 
-    def __init__(self, n: int, dim: int, memory: int):
+    def __init__(self, n: int, dim: int, memory: int, device: torch.device | None = None):
         self.m = memory
-        self.z = torch.zeros(n, 2 * memory, dim, dtype=torch.float64)
-        self.gram = torch.zeros(n, 2 * memory, 2 * memory, dtype=torch.float64)
-        self.gamma = torch.ones(n, dtype=torch.float64)
+        self.z = torch.zeros(n, 2 * memory, dim, dtype=torch.float64, device=device)
+        self.gram = torch.zeros(n, 2 * memory, 2 * memory, dtype=torch.float64, device=device)
+        self.gamma = torch.ones(n, dtype=torch.float64, device=device)
         self.slot = 0  # next slot to write
 
     def select(self, keep: Tensor) -> None:
@@ -261,7 +261,7 @@ class _History:
         sy, yy = v[:, m + k, 0], v[:, m + k, 1]
         self.gamma = torch.where(valid, sy / torch.where(valid, yy, torch.ones_like(yy)), self.gamma)
         self.slot = (k + 1) % m
-        order = torch.tensor([(self.slot + j) % m for j in range(m)])  # oldest first
+        order = torch.tensor([(self.slot + j) % m for j in range(m)], device=self.z.device)  # oldest first
         r = v[..., 2]
         a, b = r[:, order], r[:, m + order]
         sy = self.gram[:, order][:, :, m + order]
@@ -272,7 +272,7 @@ class _History:
         c = torch.linalg.solve_triangular(rr, a[..., None], upper=True)
         t = dg[..., None] * c + gam * (yy @ c) - gam * b[..., None]
         w = torch.linalg.solve_triangular(rr.mT, t, upper=False)
-        coef = torch.empty(g.shape[0], 2 * m, dtype=torch.float64)
+        coef = torch.empty(g.shape[0], 2 * m, dtype=torch.float64, device=g.device)
         coef[:, order], coef[:, m + order] = w[..., 0], -gam[..., 0] * c[..., 0]
         return gam[..., 0] * g + torch.bmm(coef[:, None, :], self.z)[:, 0]
 
@@ -296,10 +296,11 @@ def lbfgs(prob: Balanced, x0: Tensor, scale: Tensor, *, memory: int = 5, max_ite
     """
     n, d = x0.shape[0], x0.shape[-1]
     eps = torch.finfo(torch.float64).eps
-    out = LBFGSResult(x0.clone(), torch.empty(n, dtype=torch.float64), torch.ones(n, dtype=torch.int64),
-                      torch.zeros(n, dtype=torch.bool))
+    dev = x0.device
+    out = LBFGSResult(x0.clone(), torch.empty(n, dtype=torch.float64, device=dev),
+                      torch.ones(n, dtype=torch.int64, device=dev), torch.zeros(n, dtype=torch.bool, device=dev))
     w = _start(prob, x0, scale, window, eps)
-    hist = _History(n, d * d, memory)
+    hist = _History(n, d * d, memory, dev)
     for _ in range(max_iter - 1):
         if bool(w.stop.any()) and (bool(w.stop.all()) or int(w.stop.sum()) * 4 >= w.stop.numel()):
             prob = _retire(w, out, hist, prob)
@@ -359,11 +360,11 @@ def _start(prob: Balanced, x0: Tensor, scale: Tensor, window: int, eps: float) -
     p = -gr
     gp = -_dot(gr, gr)
     alpha = (1.0 / g0.clamp_min(1e-300)).clamp(max=1.0)
-    evals = torch.ones(n, dtype=torch.int64)
-    f_back = torch.full((n, window), math.inf, dtype=torch.float64)  # f before the last `window` steps
+    evals = torch.ones(n, dtype=torch.int64, device=x.device)
+    f_back = torch.full((n, window), math.inf, dtype=torch.float64, device=x.device)  # f before the last steps
     conv = g0 <= 0
     stop = conv | ~torch.isfinite(f)
-    return _Working(torch.arange(n), x, f, gr, p, gp, alpha, evals, conv, floor, g0, f_back, stop)
+    return _Working(torch.arange(n, device=x.device), x, f, gr, p, gp, alpha, evals, conv, floor, g0, f_back, stop)
 
 
 def _retire(w: _Working, out: LBFGSResult, hist: _History, prob: Balanced) -> Balanced:
@@ -376,7 +377,7 @@ def _retire(w: _Working, out: LBFGSResult, hist: _History, prob: Balanced) -> Ba
     w.select(keep)
     hist.select(keep)
     prob = prob.select(keep)
-    w.stop = torch.zeros(w.ids.numel(), dtype=torch.bool)
+    w.stop = torch.zeros(w.ids.numel(), dtype=torch.bool, device=w.ids.device)
     return prob
 
 
@@ -447,17 +448,18 @@ def solve_gl(g: Grams, mode: str = "full", *, max_iter: int = 500, xtol: float =
     evaluations; ``converged`` is False for blocks that used them all or stalled.
     """
     n, d = g.n, g.d
-    eye = torch.eye(d, dtype=torch.float64).expand(n, d, d)
-    zeros = torch.zeros(n, dtype=torch.int64)
+    dev = g.co_bb.device
+    eye = torch.eye(d, dtype=torch.float64, device=dev).expand(n, d, d)
+    zeros = torch.zeros(n, dtype=torch.int64, device=dev)
     if mode == "none" or n == 0:
         u = eye.clone()
-        return GLSolution(u, g.objective(u, u), zeros, torch.ones(n, dtype=torch.bool),
-                          torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.bool))
+        return GLSolution(u, g.objective(u, u), zeros, torch.ones(n, dtype=torch.bool, device=dev),
+                          torch.ones(n, dtype=torch.float64, device=dev), torch.zeros(n, dtype=torch.bool, device=dev))
     uo = orthogonal_solution(g) if u0 is None else u0
     fo = g.objective(uo, uo.mT if u0 is None else None)
     if mode == "orthogonal":
-        return GLSolution(uo, fo, zeros, torch.ones(n, dtype=torch.bool), condition(uo),
-                          torch.zeros(n, dtype=torch.bool))
+        return GLSolution(uo, fo, zeros, torch.ones(n, dtype=torch.bool, device=dev), condition(uo),
+                          torch.zeros(n, dtype=torch.bool, device=dev))
     if mode != "full":
         raise ValueError(f"unknown stage-2 mode {mode!r}; use 'none', 'orthogonal' or 'full'")
     u, evaluations, converged = _lbfgs_chunks(g, uo, memory=memory, max_iter=max_iter, ftol=ftol, gtol=gtol,
@@ -488,7 +490,7 @@ def _lbfgs_chunks(g: Grams, uo: Tensor, **options) -> tuple[Tensor, Tensor, Tens
     size = max(1, CHUNK_BYTES // (40 * 8 * d * d))
     parts = []
     for lo in range(0, n, size):
-        sub = g.select(torch.arange(lo, min(n, lo + size)))
+        sub = g.select(torch.arange(lo, min(n, lo + size), device=g.co_bb.device))
         prob = balance(sub)
         with one_thread():
             res = lbfgs(prob, uo[lo:lo + size] @ prob.m, sub.scale().clamp_min(1e-300), **options)

@@ -133,7 +133,7 @@ def solve_planes(pp: PlaneProblem, *, grid: int = 65, iters: int = 90, t_cap: fl
     Planes with ``p + q <= degenerate * scale`` (``scale`` the block's total) get ``t = 0``.
     """
     lo, hi = bracket(pp, t_cap)
-    s = torch.linspace(0, 1, grid, dtype=torch.float64)
+    s = torch.linspace(0, 1, grid, dtype=torch.float64, device=lo.device)
     ts = lo[..., None] + (hi - lo)[..., None] * s  # (n, m, grid)
     vals = pp.g(ts)
     k = vals.argmin(-1, keepdim=True)
@@ -225,12 +225,13 @@ def solve_rope(g: Grams, group: RotaryPlanes, mode: str = "full", *, max_cond: f
     else:
         raise ValueError(f"unknown stage-2 mode {mode!r}; use 'none', 'orthogonal' or 'full'")
     rest = None
-    iters = torch.zeros(n, dtype=torch.int64)
-    conv = torch.ones(n, dtype=torch.bool)
-    fallback = torch.zeros(n, dtype=torch.bool)
-    f_rest = torch.zeros(n, dtype=torch.float64)
+    dev = g.co_bb.device
+    iters = torch.zeros(n, dtype=torch.int64, device=dev)
+    conv = torch.ones(n, dtype=torch.bool, device=dev)
+    fallback = torch.zeros(n, dtype=torch.bool, device=dev)
+    f_rest = torch.zeros(n, dtype=torch.float64, device=dev)
     if r < d:
-        cols = torch.arange(r, d)
+        cols = torch.arange(r, d, device=dev)
         sol = solve_gl(g.columns(cols), mode, max_cond=max_cond, label=label + " unrotated",
                        **{k: v for k, v in kw.items() if k in ("max_iter", "xtol", "ftol")})
         rest, iters, conv, fallback, f_rest = sol.u, sol.iterations, sol.converged, sol.fallback, sol.objective

@@ -184,7 +184,7 @@ def direct_distance(s: SpaceSides, state_a, state_b) -> Tensor:
     float64 (relative error ``<= 3 u`` of that dtype; exact to float64 for float64 weights).
     """
     nb = s.group.n_blocks
-    out = torch.zeros(nb, dtype=torch.float64)
+    out = torch.zeros(nb, dtype=torch.float64, device=state_a[(s.co + s.contra)[0].tensor].device)
     for p in s.co + s.contra:
         xa, xb = p.read(state_a), p.read(state_b)
         dt = torch.promote_types(xa.dtype, xb.dtype)
@@ -243,7 +243,7 @@ def stacked_rows(parts: list[Tensor], dtype=torch.float64) -> Tensor:
     (one strided copy per part, no intermediate)."""
     nb, d = parts[0].shape[0], parts[0].shape[-1]
     total = sum(p.shape[1] * p.shape[2] for p in parts)
-    out = torch.empty(nb, d, total, dtype=dtype)
+    out = torch.empty(nb, d, total, dtype=dtype, device=parts[0].device)
     off = 0
     for p in parts:
         rep, rows = p.shape[1], p.shape[2]

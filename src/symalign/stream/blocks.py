@@ -20,8 +20,9 @@ besides their result:
 * :func:`assign_max_inplace`: the linear assignment maximising ``sum_i C[i, perm[i]]``,
   solved on ``-C`` formed in place (``scipy``'s ``maximize=True`` would copy ``C``).
 
-Each element of a result is the same sum of the same float64 products as the
-whole-tensor formula; only the order in which BLAS adds them may differ, so results
+Every function allocates on its inputs' device (a CUDA device for a streamed run with ``--device``; the
+assignment, :func:`assign_max_inplace`, runs on the CPU). Each element of a result is the same sum of the same
+float64 products as the whole-tensor formula; only the order in which BLAS adds them may differ, so results
 agree to float64 rounding (``~1e-16`` relative; after rounding to float32 storage,
 almost always bit for bit).
 """
@@ -131,7 +132,7 @@ class RotatedRows:
 
     def full(self) -> Tensor:
         """All rows, float64 (``n_rows x D``), formed a block at a time."""
-        out = torch.empty(self.shape, dtype=torch.float64)
+        out = torch.empty(self.shape, dtype=torch.float64, device=self._xv.device)
         s = _step(self.shape[1])
         for i in range(0, self.shape[0], s):
             out[i:i + s] = self.rows(i, i + s)
@@ -156,7 +157,7 @@ def cost_into(c: Tensor | None, xa: Tensor, xb: Tensor | RotatedRows) -> Tensor:
     n, m = xa.shape[0], xb.shape[0]
     fresh = c is None
     if c is None:
-        c = torch.empty(n, m, dtype=torch.float64)
+        c = torch.empty(n, m, dtype=torch.float64, device=xa.device)
     sa = _step(xa.shape[1])
     sb = 2 * _step(xb.shape[1])
     for j in range(0, m, sb):
@@ -202,7 +203,7 @@ def cross_gram_axis_into(m: Tensor, xa: Tensor, xb: Tensor, axis: int) -> None:
 def _columns(rows: list[Tensor], j: int, k: int) -> Tensor:
     """Columns ``j:j + k`` (float64, contiguous) of the matrices ``rows`` (each ``n x w``) side by side."""
     n, w = rows[0].shape
-    out = torch.empty(n, k, dtype=torch.float64)
+    out = torch.empty(n, k, dtype=torch.float64, device=rows[0].device)
     c = 0
     while c < k:
         e, c0 = divmod(j + c, w)

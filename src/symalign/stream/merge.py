@@ -218,7 +218,7 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
                 ta = time.perf_counter()
                 if folded:
                     info = run_stream_model(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2,
-                                            progress=progress, max_sweeps=max_sweeps, experts=experts)
+                                            progress=progress, max_sweeps=max_sweeps, experts=experts, device=device)
                 else:
                     info = run_stream_attention(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2,
                                                 progress=progress, device=device)

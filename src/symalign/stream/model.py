@@ -45,6 +45,7 @@ one-layer model of the check and B's layer as stored: no float64 copy of a whole
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -54,6 +55,7 @@ import torch
 from torch import Tensor
 
 from symalign.align_result import AlignResult, CheckReport, PhaseClock, new_result
+from symalign.device import exact_matmul, to_device
 from symalign.errors import ConfigError, MatchError
 from symalign.match.whole import CHECKPOINT_SETTINGS
 from symalign.spec import SymmetrySpec, apply, segment_view
@@ -86,10 +88,21 @@ def _rows(x: Tensor, axis: int) -> Tensor:
 class StreamedWhole:
     """State of the streamed whole-model match (see the module docstring), over any two tensor sources: lazily
     opened checkpoints (streamed) or resident ones (:class:`~symalign.checkpoint.lazy.ResidentCheckpoint`); the
-    residency is one layer of each either way. :func:`write_aligned` puts the result into any sink."""
+    residency is one layer of each either way. :func:`write_aligned` puts the result into any sink.
+
+    ``device`` (:mod:`symalign.device`): where the passes compute -- each prepared layer of A and B is moved there,
+    and the FF cost matrices, the rotations by ``O``, the attention matcher (its ``device``), the other unit steps
+    and the residual cross-Gram ``M`` (``M_free`` too) are formed there, in the same dtypes, with exact matmuls
+    (TF32 off, :func:`~symalign.device.exact_matmul`); the FF assignments and the residual element's own solve
+    (``O = nearest(M)``, one ``D x D`` problem per pass) run on the CPU, where every transform is kept, and the
+    final pass (:func:`write_aligned`: apply, check, write) is on the CPU. ``None``: where the tensors are read
+    (the CPU); ``"cpu"`` takes the same steps with no-op moves, bit for bit the same."""
 
     def __init__(self, a: LazyCheckpoint | ResidentCheckpoint, b: LazyCheckpoint | ResidentCheckpoint,
-                 experts: str = "exact"):
+                 experts: str = "exact", device: str | torch.device | None = None):
+        from symalign.device import resolve
+
+        self.device = None if device is None else resolve(device)  # where the passes compute (None: as read)
         for ck in (b, a):
             why = refusal(ck)
             if why is not None:
@@ -254,7 +267,7 @@ class StreamedWhole:
         """``M_free``, ``sum ||A_t||^2 + ||B_t||^2`` over the free tensors (globals, :meth:`free`), and their
         unaligned distance (:func:`symalign.match.whole.match_whole` computes this cross term once too)."""
         D = self.group.n
-        m = torch.zeros(D, D, dtype=torch.float64)
+        m = torch.zeros(D, D, dtype=torch.float64, device=self.device)
         norms = d0 = 0.0
 
         def pairs():
@@ -270,12 +283,14 @@ class StreamedWhole:
             if a is None:
                 continue
             xa, xb = _rows(ca, a.axis), _rows(cb, a.axis)
+            if self.device is not None:
+                xa, xb = xa.to(self.device), xb.to(self.device)
             self.n_free += 1
             m += xa @ xb.T
             norms += blocks.sq(xa) + blocks.sq(xb)
             d0 += blocks.sq_diff(xa, xb)
             self.norm_a += blocks.sq(xa)
-        return m, norms, d0
+        return m.cpu(), norms, d0
 
     def units(self, i: int):
         """``(fast, other, attention)`` spaces of layer ``i`` as :func:`symalign.match.whole.partition` splits
@@ -306,15 +321,18 @@ class StreamedWhole:
         from symalign.match.whole import anchored_step, unit_step
 
         D = self.group.n
-        m = torch.zeros(D, D, dtype=torch.float64)
+        dev = self.device
+        cpu = torch.device("cpu")
+        o = self.O if dev is None else self.O.to(dev)  # the residual element where the products are formed
+        m = torch.zeros(D, D, dtype=torch.float64, device=dev)
         acc = d0 = 0.0
         moved = 0
-        for i, (raw_a, raw_b) in zip(range(self.L), read_ahead(self.raw_pair, range(self.L))):  # i + 1 meanwhile
+        for i, (raw_a, raw_b) in zip(range(self.L), read_ahead(self.raw_pair, range(self.L), dev)):  # i + 1 meanwhile
             release()
             if bar is not None:
                 bar.update(self.a.bytes_read + self.b.bytes_read, f"layer {i + 1}/{self.L}")
-            la = self.layer(self.a, self.prep_a, i, raw_a)
-            lb = self.layer(self.b, self.prep_b, i, raw_b)
+            la = to_device(self.layer(self.a, self.prep_a, i, raw_a), dev)
+            lb = to_device(self.layer(self.b, self.prep_b, i, raw_b), dev)
             del raw_a, raw_b
             sub = self.layer_spec(i)
             free = set(self.free(i))  # in M_free and the norms since pass 0
@@ -333,11 +351,12 @@ class StreamedWhole:
                     ta, tb = la[t], lb[t]
                     if x.segment is not None:  # fused gate|up: each half's rows
                         ta, tb = segment_view(ta, x.axis, x.segment), segment_view(tb, x.axis, x.segment)
-                    xb = (blocks.rotated_rows(tb, r.axis, x.axis, self.O) if r is not None
+                    xb = (blocks.rotated_rows(tb, r.axis, x.axis, o) if r is not None
                           else _rows(tb, x.axis))
                     c = blocks.cost_into(c, blocks.as_rows(ta, x.axis), xb)
                     del xb, ta, tb
                 self.t_grams += time.perf_counter() - tg
+                c = c.cpu()  # the assignment (scipy) on the CPU
                 old = None if first else self.layer_t[i].get(s)
                 before = None if old is None else float(c.gather(1, old.view(-1, 1)).sum())
                 t_i[s] = blocks.assign_max_inplace(c)  # c is -C now
@@ -347,18 +366,20 @@ class StreamedWhole:
                 del c
                 release()
             if other:
-                tr = {self.res: self.O, **{k: v for k, v in self.layer_t[i].items() if k not in att_spaces}}
+                tr = {self.res: o, **to_device({k: v for k, v in self.layer_t[i].items() if k not in att_spaces}, dev)}
                 if first:
                     moved += anchored_step(sub, other, tr, la, lb, set(tr), self.experts)[0]
                 else:
                     moved += unit_step(sub, other, tr, la, lb, other, self.tol, self.experts)
-                t_i.update({k: v for k, v in tr.items() if k != self.res and k not in t_i})
+                found = {k: v for k, v in tr.items() if k != self.res and k not in t_i}
+                t_i.update(found if dev is None else to_device(found, cpu))
                 release()
             att_sub = sub.restrict(att_spaces)
-            cur = {t: self.rotate_one(sub, t, lb[t], self.O) for t in att_sub.tensors}
+            cur = {t: self.rotate_one(sub, t, lb[t], o) for t in att_sub.tensors}
             view_spec, (va, vb) = split_segments(att_sub, la, cur)
             att = match_attention(view_spec, va, vb, stage1=self.stage1, stage2=self.stage2,
-                                  stage1_dtype=torch.float32 if self.b.dtype != torch.float64 else None)
+                                  stage1_dtype=torch.float32 if self.b.dtype != torch.float64 else None,
+                                  device=dev)  # its transform comes back on the CPU
             del va, vb, cur
             t_i.update(att.transform)
             self.t_grams += att.totals.get("time_stage1_s", 0.0) + att.totals.get("time_grams_s", 0.0)
@@ -366,8 +387,9 @@ class StreamedWhole:
             self.att_totals[i] = dict(att.totals)
             self.layer_t[i] = t_i
             lsub = self.layer_spec(i, with_res=False)
+            t_on = to_device(t_i, dev)
             for t in bound:  # B'_t = (P, g) . B_t, one tensor at a time
-                xa, xb = la.pop(t), _apply_one(lsub, t_i, t, lb.pop(t))
+                xa, xb = la.pop(t), _apply_one(lsub, t_on, t, lb.pop(t))
                 a = _res_action(sub, t, self.res)
                 if a is None:
                     acc += blocks.sq_diff(xa, xb)
@@ -377,9 +399,9 @@ class StreamedWhole:
                     self.t_grams += time.perf_counter() - tg
                     acc += blocks.sq(xa) + blocks.sq(xb)
                 del xa, xb
-            del la, lb
+            del la, lb, t_on
         self.changes.append(moved)
-        return m, acc, d0
+        return m.cpu(), acc, d0
 
     def match(self, stage1: bool, stage2: str, max_sweeps: int, rtol: float, progress: bool,
               report: Callable[[int, float], None] | None = None) -> bool:
@@ -387,6 +409,11 @@ class StreamedWhole:
         ``progress``: a progress bar per pass; ``report``: called after each pass with ``(pass, distance)``."""
         t0 = time.perf_counter()
         self.stage1, self.stage2 = stage1, stage2
+        with exact_matmul() if self.device is not None else contextlib.nullcontext():
+            return self._match(max_sweeps, rtol, progress, report, t0)
+
+    def _match(self, max_sweeps: int, rtol: float, progress: bool, report: Callable[[int, float], None] | None,
+               t0: float) -> bool:
         m_free, free_norms, d_glob = self.pass0()
         self.bytes_read += self.a.bytes_read + self.b.bytes_read
         self.O = self.group.nearest(m_free)  # initialisation from the free tensors, as match_whole
@@ -562,12 +589,13 @@ def write_aligned(w: StreamedWhole, sink: Any, clock: PhaseClock, progress: bool
 def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
                      force: bool = False, progress: bool = True, max_sweeps: int = 20,
                      rtol: float = CHECKPOINT_SETTINGS["rtol"], clock: PhaseClock | None = None,
-                     experts: str = "exact") -> AlignResult:
+                     experts: str = "exact", device: str | torch.device | None = None) -> AlignResult:
     """Streamed whole-model alignment (see the module docstring): both checkpoints opened lazily, matched
     (:class:`StreamedWhole`), then :func:`write_aligned` into a :class:`~symalign.io.shards.ShardWriter`, OUT
     committed only when every layer passed. ``clock``: sums the time of each phase (the matching passes count as
     ``match``; :func:`symalign.pipeline.align`); ``experts``: how mixture-of-experts blocks are solved
-    (:func:`symalign.match.experts.match_experts`)."""
+    (:func:`symalign.match.experts.match_experts`); ``device``: where the passes compute (:class:`StreamedWhole`;
+    reading, the per-layer checks and writing stay on the CPU)."""
     from symalign.io.folder import check_output_dir, commit
 
     clock = clock or PhaseClock()
@@ -576,7 +604,7 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
     with clock("read"):
         a, b = open_pair(a_dir, b_dir)
     with clock("prepare"):
-        w = StreamedWhole(a, b, experts)
+        w = StreamedWhole(a, b, experts, device)
     with clock("match"):
         converged = w.match(stage1, stage2, max_sweeps, rtol, progress)
     passes = len(w.distances) - 1
