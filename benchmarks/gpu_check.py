@@ -119,6 +119,25 @@ def step(name: str, args: list[str], floor_s: float, threads: int, limit_s: floa
     return out
 
 
+STEP_COLUMNS = [("step", "step"), ("rc", "exit code"), ("timed_out", "killed at --limit-s"),
+                ("wall_s", "wall (s)", ".1f"), ("wall_over_floor", "wall / floor", ".1f"),
+                ("host_peak_gib", "host peak RSS (GiB)", ".2f"), ("device_peak_gib", "device peak (GiB)", "")]
+
+
+def steps_table(res: dict) -> dict:
+    """The ``tables`` entry of a result: one row per step (a step without a device figure shows ``-``)."""
+    from symalign.experiments.docs_tables import make_table
+
+    rows = []
+    for name, st in res["steps"].items():
+        dev = st.get("device_peak_bytes")
+        rows.append({"step": name, "rc": st["rc"], "timed_out": "yes" if st["timed_out"] else "no",
+                     "wall_s": st["wall_s"], "wall_over_floor": st["wall_over_floor"],
+                     "host_peak_gib": st["host_peak_rss_bytes"] / 2**30,
+                     "device_peak_gib": "-" if dev is None else f"{dev / 2**30:.2f}"})
+    return {"steps": make_table(rows, STEP_COLUMNS)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu-smoke", action="store_true", help="The tiny shape on the CPU (the script's own test).")
@@ -133,7 +152,13 @@ def main() -> int:
     ap.add_argument("--prefetch-check", action="store_true", help="Also align the attention with "
                     "SYMALIGN_PREFETCH=0 and require the same bytes (always with --cpu-smoke).")
     ap.add_argument("--json", default=None, help="Where to write the results.")
+    ap.add_argument("--retable", default=None, help="Only rewrite the docs table of this existing result file.")
     args = ap.parse_args()
+    if args.retable:
+        res = json.loads(Path(args.retable).read_text())
+        res["tables"] = steps_table(res)
+        Path(args.retable).write_text(json.dumps(res, indent=2) + "\n")
+        return 0
     shape = args.shape or ("tiny" if args.cpu_smoke else "7b")
     from symalign.device import describe, resolve
     from symalign.provenance import provenance
@@ -199,6 +224,7 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     res["passed"] = bool(ok)
+    res["tables"] = steps_table(res)
     if out_json:
         Path(out_json).parent.mkdir(parents=True, exist_ok=True)
         Path(out_json).write_text(json.dumps(res, indent=2) + "\n")
