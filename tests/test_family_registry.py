@@ -31,7 +31,8 @@ EXCEPTIONS: dict[str, dict[str, str]] = {
     "t5": {"tests/test_cli_probe.py": "T5's stacks in `probe --hf t5 --layer STACK.I` (a T5 special case)",
            "tests/test_stream_sources.py": "T5's two stacks as attention units in memory (a T5 special case)"},
     "mixtral": {"tests/test_cli_probe.py": "`probe --hf mixtral --block` (a mixture-of-experts special case)",
-                "tests/test_stream_families.py": "the mixture-of-experts streamed tests (special case: experts)"},
+                "tests/test_stream_families.py": "the mixture-of-experts streamed tests (special case: experts)",
+                "tests/test_device.py": "the streamed whole model on a device with experts (special case: experts)"},
     "qwen2_moe": {"tests/test_stream_families.py": "the mixture-of-experts streamed tests (special case: experts)"},
     "olmoe": {"tests/test_stream_families.py": "the mixture-of-experts streamed tests (special case: experts)"},
 }
