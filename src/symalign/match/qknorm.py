@@ -86,14 +86,21 @@ def _heads_applied(spec: SymmetrySpec, transform: Mapping[str, Tensor], t: str, 
     return x
 
 
+def _device_of(spec: SymmetrySpec, space: str, state: Mapping[str, Tensor]) -> torch.device:
+    """The device of the weights on ``space`` (the first tensor acted on): where its accumulators live."""
+    t, _ = next(iter(spec.tensors_of(space)))
+    return state[t].device
+
+
 def _unit_products(spec: SymmetrySpec, space: str, transform: Mapping[str, Tensor], state_a, state_b,
                    variance: str) -> tuple[Tensor, Tensor]:
     """Per (block, unit): ``sum <a, b'>`` and ``sum ||b'||^2`` over the tensors on one side."""
     g: Any = spec.spaces[space]  # a per-head space
     inner = g.inner
     nb, d = g.n_blocks, inner.n
-    ab = torch.zeros(nb, d, dtype=torch.float64)
-    bb = torch.zeros(nb, d, dtype=torch.float64)
+    dev = _device_of(spec, space, state_a)
+    ab = torch.zeros(nb, d, dtype=torch.float64, device=dev)
+    bb = torch.zeros(nb, d, dtype=torch.float64, device=dev)
     for t, a in spec.tensors_of(space):
         if a.variance != variance:
             continue
@@ -110,8 +117,8 @@ def _unit_products(spec: SymmetrySpec, space: str, transform: Mapping[str, Tenso
         vb = vb.reshape(nb, -1, d, *vb.shape[1:]).movedim(2, -1).reshape(nb, -1, d)
         ab += (va * vb).sum(1)
         bb += (vb * vb).sum(1)
-    idx = inner.plane_index()
-    units = torch.zeros(nb, inner.units, dtype=torch.float64)
+    idx = inner.plane_index().to(dev)
+    units = torch.zeros(nb, inner.units, dtype=torch.float64, device=dev)
     return units.index_add(1, idx, ab), torch.zeros_like(units).index_add(1, idx, bb)
 
 
@@ -129,7 +136,7 @@ def solve_signed_permutations(spec: SymmetrySpec, space: str, transform, state_a
     ``M_k`` the sum over the space's tensors of ``a_k b'_k^T`` (rows of block ``k``; ``b'`` head-permuted B)."""
     g: Any = spec.spaces[space]  # a per-head space
     nb, d = g.n_blocks, g.inner.n
-    m = torch.zeros(nb, d, d, dtype=torch.float64)
+    m = torch.zeros(nb, d, d, dtype=torch.float64, device=_device_of(spec, space, state_a))
     for t, a in spec.tensors_of(space):
         xa = state_a[t] if a.segment is None else segment_view(state_a[t], a.axis, a.segment)
         xb = _heads_applied(spec, transform, t, state_b[t])
@@ -153,8 +160,9 @@ def solve_scales(spec: SymmetrySpec, space: str, transform, state_a, state_b, ne
     def f(c):
         return c * c * b1 - 2 * c * a1 + b2 / (c * c) - 2 * a2 / c
 
-    cs = GRID.exp().view(-1, 1, 1)
-    c = torch.gather(GRID.exp().expand(*a1.shape, -1), -1, f(cs).argmin(0).unsqueeze(-1)).squeeze(-1)
+    grid = GRID.to(a1.device).exp()
+    cs = grid.view(-1, 1, 1)
+    c = torch.gather(grid.expand(*a1.shape, -1), -1, f(cs).argmin(0).unsqueeze(-1)).squeeze(-1)
     for _ in range(newton):
         d1 = 2 * c * b1 - 2 * a1 - 2 * b2 / c ** 3 + 2 * a2 / c ** 2
         d2 = 2 * b1 + 6 * b2 / c ** 4 - 4 * a2 / c ** 3

@@ -55,7 +55,7 @@ def slow_columns(group: RotaryPlanes, planes: Sequence[int]) -> Tensor:
     if bad:
         raise MatchError(f"plane indices {bad} are outside the {half} planes of {group.describe()}")
     j0, j1 = rotary_pairs(group.r, group.pairing)
-    idx = torch.tensor(sorted({int(j) for j in planes}), dtype=torch.long)
+    idx = torch.tensor(sorted({int(j) for j in planes}), dtype=torch.long, device=j0.device)
     return torch.cat([j0[idx], j1[idx]]).sort().values
 
 
@@ -105,18 +105,19 @@ def align_slow_planes(spec: SymmetrySpec, state_a: Mapping[str, Tensor], state_b
         raise MatchError(f"the RoPE layers have different groups {sorted(g.describe() for g in groups)}; "
                          "align them one group at a time")
     group = groups.pop()
-    cols = slow_columns(group, planes) if len(planes) else torch.zeros(0, dtype=torch.long)
+    dev = state_a[layers[0].qk.co[0].tensor].device
+    cols = (slow_columns(group, planes) if len(planes) else torch.zeros(0, dtype=torch.long, device="cpu")).to(dev)
     d = group.n
     transform: dict[str, Tensor] = {}
     before = after = 0.0
     cond = 1.0
     for lay in layers:
         n = lay.n_kv
-        u = torch.eye(d, dtype=torch.float64).expand(n, d, d).clone()
+        u = torch.eye(d, dtype=torch.float64, device=dev).expand(n, d, d).clone()
         if cols.numel():
             g = _grams(lay.qk, state_a, state_b).columns(cols)
             k = cols.numel()
-            eye = torch.eye(k, dtype=torch.float64).expand(n, k, k).clone()
+            eye = torch.eye(k, dtype=torch.float64, device=dev).expand(n, k, k).clone()
             label = f"slow planes, layer {lay.tag}"
             from_b = solve_gl(g, "full", u0=eye, max_iter=max_iter, label=label)  # never above B'
             from_procrustes = solve_gl(g, "full", max_iter=max_iter, label=label)
