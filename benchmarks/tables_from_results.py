@@ -1,0 +1,216 @@
+"""Write the ``tables`` of docs/scaling.md's streamed-run tables into the committed result files they come from.
+
+``bench_align_stream.py`` writes raw measurements, and no ``tables``, to ``benchmarks/results/*.json``.
+Each entry of :data:`SPECS` names one such file (a 7B run), a table name, the function that derives the
+table's rows from the file's raw keys, and the columns (``(key, header[, format])``, as
+:func:`symalign.experiments.docs_tables.make_table` takes them). For each entry this script sets
+``tables[NAME]`` of the file and leaves every other key, ``provenance`` included, as it is; the file is
+rewritten (atomically, :func:`symalign.atomic.write_json`) only when that table changed. ``symalign docs``
+then renders the ``<!-- results: FILE table=NAME -->`` blocks of docs/scaling.md from them.
+Deterministic and idempotent: the rows are a pure function of the raw keys, and a second run changes
+nothing. No measurement is made or altered here; the only text the script adds is row labels (which
+command a step ran). Only files with a complete ``provenance`` record are listed, since the docs test
+requires one of every file a docs table names: the older ``stream_small``, ``stream_tiny`` and
+``stream_*_partial`` files and the profiles ``stream_model_memory_7b`` and ``moe_stream_memory`` have none,
+so their tables in docs/scaling.md stay hand-written.
+
+    .venv/bin/python benchmarks/tables_from_results.py            # write the tables
+    .venv/bin/python benchmarks/tables_from_results.py --check    # exit 1 if a table is missing or stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from symalign.atomic import write_json  # noqa: E402
+from symalign.experiments.docs_tables import make_table  # noqa: E402
+
+GB_PER_GIB = 2**30 / 1e9
+GOALS_GB = {"attention": 3.0, "model": 4.0}  # the issue's peak-RSS goals (decimal GB), as in stream_table.py
+RATIO_GOAL = 2.0  # the issue's goal: wall time within 2x of the floor measured in the same run
+
+Row = dict[str, Any]
+ColumnSpec = tuple[str, str] | tuple[str, str, str]
+
+ALIGN_ATTENTION = "`align --stream --scope attention`"
+MERGE_NO_ALIGN = "`merge A B' --no-align --stream`"
+ALIGN_MODEL_1 = "`align --stream --scope model --max-sweeps 1`"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One generated table: the result file (relative to the repository), its name and how it is derived."""
+
+    file: str
+    table: str
+    rows: Callable[[Mapping[str, Any]], list[Row]]
+    columns: Sequence[ColumnSpec]
+
+
+def _scaled(x: float | None, factor: float) -> float | None:
+    """``x * factor`` (``None`` stays ``None``); unrounded, so a cell is rounded once, by its format."""
+    return None if x is None else float(x) * factor
+
+
+def _clean(row: Row) -> Row:
+    """``row`` without its ``None`` cells (rendered as ``-`` either way)."""
+    return {k: v for k, v in row.items() if v is not None}
+
+
+def _peak_gib(step: Mapping[str, Any]) -> float | None:
+    """A step's peak RSS in GiB; older files name it ``peak_rss_gb`` although it holds GiB (stream_table.py)."""
+    for key in ("peak_rss_gib", "peak_rss_gb", "peak_rss_gb_so_far"):
+        if step.get(key) is not None:
+            return float(step[key])
+    return None
+
+
+def _peak_goal(scope: str, gib: float | None) -> str | None:
+    """``"< 3 GB: met"`` and the like for a scope with a peak-RSS goal, else ``None``."""
+    goal = GOALS_GB.get(scope)
+    if goal is None or gib is None:
+        return None
+    return f"< {goal:g} GB: {'met' if gib * GB_PER_GIB < goal else 'not met'}"
+
+
+def _ratio_goal(ratio: float | None) -> str | None:
+    """``"met"`` / ``"not met"`` for the wall-time goal of an alignment (within 2x of the floor)."""
+    return None if ratio is None else ("met" if ratio <= RATIO_GOAL else "not met")
+
+
+def _stopped_at(step: Mapping[str, Any]) -> str | None:
+    """``"pass 1: layer 19/32"`` from the last progress line of a step stopped before its end."""
+    lines = step.get("progress_lines") or []
+    if not lines:
+        return None
+    m = re.search(r"(pass \d+|writing): layer \d+/\d+", lines[-1][1])
+    return m.group(0) if m else None
+
+
+def stream_step(d: Mapping[str, Any], scope: str, label: str) -> Row:
+    """One step (``attention``, ``model`` or ``merge``) of a ``bench_align_stream.py`` result file."""
+    s, floor = d[scope], d.get("floor") or {}
+    gib, ratio = _peak_gib(s), s.get("wall_over_floor")
+    totals = s.get("matcher_totals") or {}
+    wall = s.get("wall_s")
+    stopped = _stopped_at(s) if "error" in s else None
+    return _clean({
+        "step": label + (f" (stopped at the deadline in {stopped})" if stopped else ""),
+        "wall_s": wall, "wall_min": _scaled(wall, 1 / 60),
+        "cpu_s": s.get("cpu_s"), "peak_gib": gib, "peak_gb": _scaled(gib, GB_PER_GIB),
+        "peak_goal": _peak_goal(scope, gib), "floor_s": s.get("floor_s"),
+        "read_s": floor.get("read_both_s") if "floor_s" in s else None,
+        "write_s": floor.get("write_one_s") if "floor_s" in s else None,
+        "grams_s": s.get("grams_s"), "stage1_s": totals.get("time_stage1_s"),
+        "grams2_s": totals.get("time_grams_s"), "stage2_s": totals.get("time_stage2_s"),
+        "ratio": ratio, "ratio_goal": _ratio_goal(ratio) if scope in GOALS_GB else None,
+        "read_gib": s.get("bytes_read_gb"),
+    })
+
+
+def stream_steps(steps: Sequence[tuple[str, str]]) -> Callable[[Mapping[str, Any]], list[Row]]:
+    """Rows of the given ``(scope, label)`` steps of a file."""
+
+    def rows(d: Mapping[str, Any]) -> list[Row]:
+        return [stream_step(d, scope, label) for scope, label in steps]
+
+    return rows
+
+
+def stage_times(label: str) -> Callable[[Mapping[str, Any]], list[Row]]:
+    """The attention step's time per stage (summed over the layers) and its peak, as one row named
+    ``label (commit)``; a figure the file does not hold stays ``None`` (``-``), so two runs' rows line up."""
+
+    def rows(d: Mapping[str, Any]) -> list[Row]:
+        a = d["attention"]
+        totals, t = a.get("matcher_totals") or {}, a.get("timings") or {}
+        match = t["prepare_s"] + t["match_s"] if "prepare_s" in t and "match_s" in t else None
+        return [{
+            "run": f"{label} ({d['provenance']['commit'][:7]})", "wall_s": a.get("wall_s"), "cpu_s": a.get("cpu_s"),
+            "stage1_s": totals.get("time_stage1_s"), "grams2_s": totals.get("time_grams_s"),
+            "stage2_s": totals.get("time_stage2_s"), "read_s": t.get("read_s"), "match_s": match,
+            "check_s": t.get("verify_s"), "write_s": t.get("write_s"), "peak_gib": _peak_gib(a),
+        }]
+
+    return rows
+
+
+STEP_COLUMNS: tuple[ColumnSpec, ...] = (
+    ("step", "step"), ("wall_s", "wall s", ".0f"), ("wall_min", "wall min", ".1f"),
+    ("peak_gib", "peak RSS GiB", ".2f"), ("peak_gb", "peak RSS GB", ".2f"), ("peak_goal", "peak goal"),
+    ("floor_s", "floor s (same run)", ".0f"), ("read_s", "of which: read both s", ".1f"),
+    ("write_s", "write one s", ".1f"), ("grams_s", "Gram products s", ".0f"))
+STAGE_COLUMNS: tuple[ColumnSpec, ...] = (
+    ("stage1_s", "stage 1 s", ".0f"), ("grams2_s", "stage-2 Grams s", ".0f"), ("stage2_s", "stage 2 s", ".0f"))
+RATIO_COLUMNS: tuple[ColumnSpec, ...] = (
+    ("ratio", "wall / floor", ".2f"), ("ratio_goal", "2x goal"), ("cpu_s", "CPU s", ".0f"),
+    ("read_gib", "read GiB", ".2f"))
+STAGE_TIME_COLUMNS: tuple[ColumnSpec, ...] = (
+    ("run", "run"), ("wall_s", "wall s", ".0f"), ("cpu_s", "CPU (user + system) s", ".0f"),
+    ("stage1_s", "stage 1 (head-pair products + assignment) s", ".0f"), ("grams2_s", "stage-2 Grams s", ".0f"),
+    ("stage2_s", "stage 2 (L-BFGS over `GL(d)`, V-O; RoPE planes for Q-K) s", ".0f"),
+    ("read_s", "main thread: read s", ".0f"), ("match_s", "prepare + match (waits for stage 2 included) s", ".0f"),
+    ("check_s", "check s", ".0f"), ("write_s", "write s", ".0f"), ("peak_gib", "peak RSS GiB", ".2f"))
+
+
+def without(columns: Sequence[ColumnSpec], *keys: str) -> tuple[ColumnSpec, ...]:
+    """``columns`` less those whose key is in ``keys`` (a file that never recorded them)."""
+    return tuple(c for c in columns if c[0] not in keys)
+
+
+RES = "benchmarks/results/"
+SPECS: tuple[Spec, ...] = (
+    Spec(RES + "stream_7b_model_blocked.json", "steps",
+         stream_steps([("model", ALIGN_MODEL_1 + " (32 layers)")]), STEP_COLUMNS + RATIO_COLUMNS),
+    Spec(RES + "stream_7b.json", "steps",
+         stream_steps([("attention", ALIGN_ATTENTION), ("merge", MERGE_NO_ALIGN)]),
+         STEP_COLUMNS + STAGE_COLUMNS + RATIO_COLUMNS),
+    Spec(RES + "stream_7b.json", "stages", stage_times("after"), STAGE_TIME_COLUMNS),
+    Spec(RES + "stream_7b_before.json", "stages", stage_times("before"), STAGE_TIME_COLUMNS),
+    Spec(RES + "stream_7b_before.json", "steps",
+         stream_steps([("attention", ALIGN_ATTENTION), ("merge", MERGE_NO_ALIGN + " (B' = the aligned output)"),
+                       ("model", "`align --stream --scope model --max-sweeps 2`")]),
+         STEP_COLUMNS + STAGE_COLUMNS + without(RATIO_COLUMNS, "cpu_s")),
+)
+
+
+def table_of(spec: Spec, data: Mapping[str, Any]) -> dict:
+    """The ``tables`` entry ``spec`` derives from a result file's contents."""
+    return make_table(spec.rows(data), spec.columns)
+
+
+def update(spec: Spec, root: Path = ROOT, write: bool = True) -> bool:
+    """Set ``spec``'s table in its file (only when it differs); ``True`` when it was missing or stale."""
+    path = root / spec.file
+    data = json.loads(path.read_text())
+    table = table_of(spec, data)
+    if (data.get("tables") or {}).get(spec.table) == table:
+        return False
+    if write:
+        data.setdefault("tables", {})[spec.table] = table
+        write_json(path, data)
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Write (or with ``--check`` only list) the missing or stale tables; the exit status for ``--check``."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a table is missing or stale")
+    args = ap.parse_args(argv)
+    stale = [f"{s.file} table={s.table}" for s in SPECS if update(s, write=not args.check)]
+    for name in stale:
+        print(("stale: " if args.check else "wrote: ") + name)
+    return 1 if (args.check and stale) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
