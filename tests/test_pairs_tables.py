@@ -35,6 +35,16 @@ def test_pair_rows_mean_std_and_paper() -> None:
     assert one["pairs"] == 1 and one["full_std"] is None and one["full_pm"] == "5.0"
 
 
+def test_pair_rows_carry_the_learned_variant_without_a_paper_number() -> None:
+    """``learned`` (the project's data-driven stage 2) is aggregated like the others; the paper has no such row."""
+    rt = _load("results_table")
+    rows = [{"experiment": "e", "scope": "s", "seeds": f"{i}-{i + 1}", "naive": 1.0, "full": 9.0, "learned": x}
+            for i, x in zip((1, 3, 5), (1.0, 2.0, 6.0))]
+    (agg,) = rt.pair_rows(rows)
+    assert agg["learned_per_pair"] == "1.0, 2.0, 6.0" and agg["learned_pm"] == "3.0 ± 2.6"
+    assert agg["learned_paper"] == "-" and agg["full_paper"] == "7-12 %"
+
+
 def test_seed002_summary_cells() -> None:
     st = _load("seed002_table")
     rows = [{"seeds": "1-2", "vanilla": 2.0, "weight": 0.5, "weight_pct": 25.0},
