@@ -185,13 +185,29 @@ def test_encoder_merge_streamed_equals_in_memory(family, cls, tmp_path, capsys, 
     _same(_state(tmp_path / "STR"), _state(tmp_path / "MEM"))
 
 
-def test_bare_encoder_refused_streamed_in_one_line(tmp_path, capsys, monkeypatch):
-    """A bare ``BertModel`` outputs the stream: no residual space, so ``--stream --scope model`` is refused in one
-    line naming why (in memory it aligns FF units and attention only)."""
-    for seed, name in ((0, "A"), (1, "B")):
-        _model("bert", "BertModel", seed, torch.float32).save_pretrained(tmp_path / name)
-    code, out, err = run_symalign(monkeypatch, capsys, "align", tmp_path / "A", tmp_path / "B", "-o",
-                                  tmp_path / "OUT", "--stream", "--scope", "model")
-    lines = [x for x in err.strip().splitlines() if x.strip()]
-    assert code == 2 and len(lines) == 1 and "outputs the stream itself" in lines[0] and "--no-stream" in lines[0]
-    assert not (tmp_path / "OUT").exists()
+BARE = [("bert", "BertModel", {}), ("vit", "ViTModel", {}), ("gpt2", "GPT2Model", {}),
+        ("bert", "BertLMHeadModel", {"add_cross_attention": True, "is_decoder": True})]
+
+
+@pytest.mark.parametrize("family,cls,kw", BARE, ids=[f"{f}-{c}" for f, c, _ in BARE])
+def test_models_without_a_residual_space_in_memory_equal_streamed_and_match_whole(family, cls, kw, tmp_path):
+    """A bare model outputs the stream (and a cross-attention one reads another stream through it): no residual
+    space, each layer's FF units and attention alone. The one loop takes them too: in memory and ``--stream`` give
+    the same bits, the distances of :func:`~symalign.match.whole.match_whole` on the copies, B's function."""
+    from symalign.commands.align import run_align
+    from symalign.checkpoint.hf import load_checkpoint
+    from symalign.families import prepare
+    from symalign.match.whole import CHECKPOINT_SETTINGS, match_whole
+
+    da, db = _pair(tmp_path, family, cls, **kw)
+    s = run_align(da, db, tmp_path / "S", scope="model", stream=True, max_sweeps=3)
+    m = run_align(da, db, tmp_path / "M", scope="model", stream=False, max_sweeps=3)
+    assert "residual" not in m.group["spaces"] and any("residual stream not aligned" in n for n in m.notes)
+    assert s.match["distances"] == m.match["distances"] and s.check.to_dict()["passed"] and m.check.to_dict()["passed"]
+    _same(_state(tmp_path / "S"), _state(tmp_path / "M"))
+    pa, pb = (prepare(c.config, c.state, c.adapter.spec(c.config, c.state.keys()))
+              for c in (load_checkpoint(da), load_checkpoint(db)))
+    ref = match_whole(pa.spec, pa.state, pb.state, spec_b=pb.spec, max_sweeps=3, **CHECKPOINT_SETTINGS).to_dict()
+    dm, dr = m.match["distances"], ref["distances"]
+    assert len(dm) == len(dr) and all(abs(x - y) <= 1e-10 * dr[0] for x, y in zip(dm, dr)), (dm, dr)
+    assert dm[-1] < dm[0]

@@ -1,5 +1,5 @@
-r"""``symalign align --scope model`` (every family with one residual stream, decoders and encoders): alternating
-passes over the layers.
+r"""``symalign align --scope model`` (decoders and encoders, with one residual stream or none): alternating passes
+over the layers.
 
 The whole-model problem (docs/whole-model.md) is: find the residual element ``O``
 (one element for the whole stream, of the group the family's rewrite declares: ``O(D)``,
@@ -7,7 +7,8 @@ The whole-model problem (docs/whole-model.md) is: find the residual element ``O`
 ``P_i`` and the attention element ``g_i``, minimising
 ``sum_t ||A_t - (O, P, g) . B_t||^2`` over every labelled tensor of the exactly
 rewritten checkpoints (norm gains folded, :func:`symalign.families.prepare`).
-The residual couples the layers; given ``O`` the layers are independent. So each
+The residual couples the layers; given ``O`` the layers are independent (a model without a residual space --
+a bare model, whose output is the stream -- has no ``O``: each layer's FF units and attention alone). So each
 **pass** reads the layers of A and B in order, one layer of each in memory, and
 
 1. applies the current ``O`` to B's layer and solves the layer's FF permutations
@@ -157,8 +158,10 @@ class StreamedWhole:
                               "--scope model cannot solve it; use --no-stream")
         self.layer_params = max(sum(b.tensors[n].numel for n in names) for names in self.layer_names)
         self.dtype = work_dtype(self.layer_params)
-        self.group = spec.spaces[self.res]
-        self.O = self.group.identity()  # the residual element: a D x D matrix, or a permutation's indices
+        # the residual element: a D x D matrix, or a permutation's indices; None without a residual space (a bare
+        # model outputs the stream: its layers are independent, FF units and attention only)
+        self.group = spec.spaces[self.res] if self.res is not None else None
+        self.O = self.group.identity() if self.group is not None else None
         self.layer_t: list[dict[str, Tensor]] = [{} for _ in range(self.L)]
         self.attention: list[Any] = [None] * self.L
         self.distances: list[float] = []
@@ -240,7 +243,7 @@ class StreamedWhole:
     def layer_spec(self, i: int, with_res: bool = True) -> SymmetrySpec:
         names = [n for n in self.pnames[i] if n in self.spec.tensors]
         sub = SymmetrySpec(self.spec.spaces, {t: self.spec.tensors[t] for t in names}, self.spec.couplings)
-        keep = [s for s in self.layer_spaces(i)] + ([self.res] if with_res else [])
+        keep = [s for s in self.layer_spaces(i)] + ([self.res] if with_res and self.res is not None else [])
         return sub.restrict(keep)
 
     def layer_spaces(self, i: int) -> list[str]:
@@ -288,7 +291,7 @@ class StreamedWhole:
         out.update(done)
         return {t: out[t] for t in free}
 
-    def pass0(self) -> tuple[Tensor, Tensor | None, float, float]:
+    def pass0(self) -> tuple[Tensor | None, Tensor | None, float, float]:
         """``M_free``, ``M_twice``, ``sum ||A_t||^2 + ||B_t||^2`` over the free tensors (globals, :meth:`free`) the
         residual acts on once, and the unaligned distance of all free tensors
         (:func:`symalign.match.whole.match_whole` computes this cross term once too).
@@ -297,6 +300,8 @@ class StreamedWhole:
         ``sum_axes X_A X_B^T`` with ``B_t`` untransformed on the other axis -- the constant term ``match_whole``'s
         residual step gives such a tensor (its free pairs, one per action); it enters the solve for ``O`` but not
         the distance formula (``||A_t - O B_t O^T||^2`` is not linear in ``O``: :meth:`twice_distance`)."""
+        if self.group is None:  # no residual space: nothing is free of the layers' spaces
+            return None, None, 0.0, 0.0
         D = self.group.n
         m = torch.zeros(D, D, dtype=torch.float64, device=self.device)
         m2 = torch.zeros(D, D, dtype=torch.float64, device=self.device) if self.twice else None
@@ -350,7 +355,7 @@ class StreamedWhole:
                 and all(x.space in (u, self.res) for t, _ in sub.tensors_of(u) for x in sub.tensors[t])]
         return fast, [u for u in units if u not in fast], part.attention
 
-    def sweep(self, first: bool, bar=None) -> tuple[Tensor, float, float]:
+    def sweep(self, first: bool, bar=None) -> tuple[Tensor | None, float, float]:
         """One pass: FF and attention per layer given ``O``; returns ``M`` (layers), norms+direct, ``d0``.
 
         Each space is solved as :func:`~symalign.match.whole.match_whole`'s sweep solves it (all other
@@ -364,11 +369,10 @@ class StreamedWhole:
         from symalign.match import match_attention
         from symalign.match.whole import anchored_step, unit_step
 
-        D = self.group.n
         dev = self.device
         cpu = torch.device("cpu")
-        o = self.O if dev is None else self.O.to(dev)  # the residual element where the products are formed
-        m = torch.zeros(D, D, dtype=torch.float64, device=dev)
+        o = self.O if dev is None or self.O is None else self.O.to(dev)  # O where the products are formed
+        m = None if self.group is None else torch.zeros(self.group.n, self.group.n, dtype=torch.float64, device=dev)
         acc = d0 = 0.0
         moved = 0
         for i, (raw_a, raw_b) in zip(range(self.L), read_ahead(self.raw_pair, range(self.L), dev)):  # i + 1 meanwhile
@@ -410,7 +414,8 @@ class StreamedWhole:
                 del c
                 release()
             if other:
-                tr = {self.res: o, **to_device({k: v for k, v in self.layer_t[i].items() if k not in att_spaces}, dev)}
+                tr = {**({self.res: o} if self.res is not None else {}),
+                      **to_device({k: v for k, v in self.layer_t[i].items() if k not in att_spaces}, dev)}
                 if first:
                     moved += anchored_step(sub, other, tr, la, lb, set(tr), self.experts)[0]
                 else:
@@ -445,7 +450,7 @@ class StreamedWhole:
                 del xa, xb
             del la, lb, t_on
         self.changes.append(moved)
-        return m.cpu(), acc, d0
+        return (None if m is None else m.cpu()), acc, d0
 
     def match(self, stage1: bool, stage2: str, max_sweeps: int, rtol: float, progress: bool,
               report: Callable[[int, float], None] | None = None) -> bool:
@@ -460,8 +465,8 @@ class StreamedWhole:
                t0: float) -> bool:
         m_free, m_twice, free_norms, d_glob = self.pass0()
         self.bytes_read += self.a.bytes_read + self.b.bytes_read
-        # initialisation from the free tensors, as match_whole
-        self.O = self.group.nearest(m_free if m_twice is None else m_free + m_twice)
+        if m_free is not None:  # initialisation from the free tensors, as match_whole
+            self.O = self.group.nearest(m_free if m_twice is None else m_free + m_twice)
         converged = False
         d_first = None
         self.tol = 0.0
@@ -475,10 +480,7 @@ class StreamedWhole:
                 d_first = d_glob + d0
                 self.distances.append(d_first)
                 self.tol = 1e-12 * d_first  # match_whole's threshold for counting a unit space as moved
-            m = m + m_free
-            # Procrustes (O(D), O_1(D)) or an assignment (S_D): the group's own
-            self.O = self.group.nearest(m if m_twice is None else m + m_twice)
-            d = acc + free_norms - 2.0 * blocks.inner(self.O, m) + self.twice_distance()
+            d = acc if m is None else self.solve_residual(m + m_free, m_twice, acc + free_norms)
             d = max(d, 0.0)
             if not math.isfinite(d):
                 raise MatchError("whole-model matching produced a non-finite distance; check the inputs")
@@ -491,13 +493,21 @@ class StreamedWhole:
         self.time_s = time.perf_counter() - t0
         return converged
 
+    def solve_residual(self, m: Tensor, m_twice: Tensor | None, norms: float) -> float:
+        """``O = nearest(M + M_free (+ M_twice))`` -- Procrustes (``O(D)``, ``O_1(D)``) or an assignment (``S_D``): the
+        group's own -- and the distance after the pass, ``norms - 2 <O, M + M_free>`` plus the twice-acted globals'
+        (``m``: ``M + M_free``; ``norms``: the squared norms and the directly summed distances)."""
+        self.O = self.group.nearest(m if m_twice is None else m + m_twice)
+        return norms - 2.0 * blocks.inner(self.O, m) + self.twice_distance()
+
     def relative(self, d: float) -> float:
         """``sqrt(d / sum_t ||A_t||^2)`` (absolute where A is 0): a distance of :attr:`distances` relative to A."""
         return math.sqrt(d / self.norm_a) if self.norm_a else math.sqrt(d)
 
     def transform(self) -> dict[str, Tensor]:
         """The group element found: the residual element and every layer's FF and attention elements."""
-        return {self.res: self.O, **{k: v for t in self.layer_t for k, v in t.items()}}
+        res = {self.res: self.O} if self.res is not None else {}
+        return {**res, **{k: v for t in self.layer_t for k, v in t.items()}}
 
     def summary(self, converged: bool) -> dict[str, Any]:
         """The matcher's JSON summary, with the keys of :meth:`symalign.match.whole.WholeMatch.to_dict` (the
@@ -512,7 +522,7 @@ class StreamedWhole:
                 totals[k] = totals.get(k, 0.0) + v
         conds = [c for lay in layers for c in lay.get("qk_cond", []) + lay.get("vo_cond", [])]
         notes = [n for n in (self.spec.spaces[s].note(s) for s in partition(self.spec).orthogonal) if n]
-        if not self.n_free:
+        if not self.n_free and self.res is not None:
             notes.append(f"{self.res}: no tensor free of other spaces; initialised at the identity")
         return {"method": "weight", "iterations": len(d) - 1, "sweeps": len(d) - 1, "converged": converged,
                 "distances": list(d), "changes": list(self.changes),
@@ -576,7 +586,7 @@ def write_aligned(w: StreamedWhole, sink: Any, clock: PhaseClock, progress: bool
         floor = b.adapter.precision_floor  # HF RMSNorm computes in float32: a rotated stream changes its rounding
         exact_tol = exact_tolerance(w.dtype, checker.dtype, floor)
         tol = stored_tolerance(b.dtype, checker.dtype, floor)
-        rot = blocks.matrix(w.O)
+        rot = blocks.matrix(w.O) if w.O is not None else None
     checks = []
     labelled = w.spec.tensors
     w.written_distance = 0.0 if measure else None
