@@ -224,10 +224,16 @@ def test_merge_aligns_the_whole_model_by_default_and_says_so(family, scope, why,
 
 
 def test_default_scope_is_attention_where_the_family_has_no_streamed_model_scope(tmp_path):
+    """A family declaring no streamed model scope (T5); a bare encoder (``BertModel``, no residual space) streams
+    its layers' FF units and attention."""
     from symalign.commands.merge import default_scope
+    from symalign.families import FAMILIES
 
-    a = make_model("bert", dtype=torch.float32, seed=0)
-    a.save_pretrained(tmp_path / "A")
+    family = next(f.model_types[0] for f in FAMILIES if f.tiny is not None and "model" not in f.scopes.stream)
+    make_model(family, dtype=torch.float32, seed=0).save_pretrained(tmp_path / "A")
     assert default_scope(tmp_path / "A", streamed=False)[0] == "model"
     scope, why = default_scope(tmp_path / "A", streamed=True)
     assert scope == "attention" and "in memory" in why
+    make_model("bert", dtype=torch.float32, seed=0).save_pretrained(tmp_path / "E")
+    assert default_scope(tmp_path / "E", streamed=False)[0] == "model"
+    assert default_scope(tmp_path / "E", streamed=True)[0] == "model"

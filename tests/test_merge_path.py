@@ -51,9 +51,17 @@ def test_auto_rule_size_scope_and_explicit_flags(tmp_path, monkeypatch):
     for seed, d in ((0, ea), (1, eb)):
         make_model("bert", dtype=torch.float32, seed=seed).save_pretrained(d)
     _limit(monkeypatch, 1)
-    streamed, why = choose_path([ea, eb], None, False, None, True)  # the whole model is aligned in memory only
-    assert not streamed and "encoder" in why
+    # a bare encoder (no residual space): its layers' FF units and attention, streamed as in memory
+    streamed, why = choose_path([ea, eb], None, False, None, True)
+    assert streamed and "--scope model" in why
     assert choose_path([ea, eb], None, False, "attention", True)[0] is True
+    from symalign.families import FAMILIES
+
+    family = next(f.model_types[0] for f in FAMILIES if f.tiny is not None and "model" not in f.scopes.stream)
+    for seed, d in ((0, ea), (1, eb)):  # a family declaring no streamed model scope (T5): in memory
+        make_model(family, dtype=torch.float32, seed=seed).save_pretrained(d)
+    streamed, why = choose_path([ea, eb], None, False, None, True)
+    assert not streamed and "without --stream" in why
 
 
 @pytest.mark.slow

@@ -212,15 +212,17 @@ def test_bad_input_one_line_exit_2_nothing_written(kind, tmp_path, capsys, monke
 
 
 def test_stream_refuses_unsupported_model_scope(tmp_path, capsys, monkeypatch):
-    """A bare GPT-2 (no head reads the stream) has no residual space: refused in one line, nothing written."""
-    from hf_tiny import config
+    """A family declaring no streamed model scope (T5: its layers share a head space) is refused in one line,
+    nothing written. (A bare model, without a residual space, streams: tests/test_stream_encoders.py.)"""
+    from hf_tiny import make_model
+    from symalign.families import FAMILIES
 
+    family = next(f.model_types[0] for f in FAMILIES if f.tiny is not None and "model" not in f.scopes.stream)
     for seed, name in ((0, "A"), (1, "B")):
-        torch.manual_seed(seed)
-        T.GPT2Model(config("gpt2")).save_pretrained(tmp_path / name)
+        make_model(family, dtype=torch.float32, seed=seed).save_pretrained(tmp_path / name)
     code, _, err = _align(monkeypatch, capsys, tmp_path / "A", tmp_path / "B", "-o", tmp_path / "OUT", "--stream",
                           "--scope", "model")
-    assert code == 2 and "--no-stream" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "without --stream" in err and len(err.strip().splitlines()) == 1, err
     assert _nothing_written(tmp_path)
 
 

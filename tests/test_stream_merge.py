@@ -152,15 +152,16 @@ def test_streamed_model_scope_merge_missing_shard_writes_nothing(tmp_path, capsy
 
 
 def test_streamed_model_scope_merge_refuses_other_families(tmp_path, capsys, monkeypatch):
-    """A bare GPT-2 (no head reads the stream, no residual space): --stream --scope model is refused with one line
-    before anything is written."""
-    from hf_tiny import T, config
+    """A family declaring no streamed model scope (T5: its layers share a head space): --stream --scope model is
+    refused with one line before anything is written."""
+    from hf_tiny import make_model
+    from symalign.families import FAMILIES
 
+    family = next(f.model_types[0] for f in FAMILIES if f.tiny is not None and "model" not in f.scopes.stream)
     da, db = tmp_path / "A", tmp_path / "B"
     for seed, d in ((0, da), (1, db)):
-        torch.manual_seed(seed)
-        T.GPT2Model(config("gpt2")).save_pretrained(d)
+        make_model(family, dtype=torch.float32, seed=seed).save_pretrained(d)
     code, out, err = _merge(monkeypatch, capsys, da, db, "--stream", "--scope", "model", "-o", tmp_path / "OUT")
     lines = [x for x in err.strip().splitlines() if x.strip()]
-    assert code == 2 and len(lines) == 1 and "--no-stream" in lines[0], err
+    assert code == 2 and len(lines) == 1 and "without --stream" in lines[0], err
     assert _nothing_written(tmp_path)

@@ -11,8 +11,9 @@ resident sources (in memory) or lazily opened ones (streamed, one layer in memor
 * ``--scope model``: the one whole-model loop, :class:`~symalign.stream.model.StreamedWhole` then
   :func:`~symalign.stream.model.write_aligned` -- in memory :class:`InMemoryModel` (resident sources, into a
   state dict, then the whole model checked), streamed :func:`symalign.stream.model.run_stream_model` (lazy
-  sources, each layer checked, into OUT's shards); in memory, what it refuses (encoders, T5, models without a
-  residual space) is matched by :func:`symalign.match.whole.match_whole` instead.
+  sources, each layer checked, into OUT's shards), decoders and encoders alike, with a residual space or without
+  (a bare model: each layer's FF units and attention); in memory, what it refuses (T5, whose layers share a head
+  space per stack) is matched by :func:`symalign.match.whole.match_whole` instead.
 
 Each engine goes through the same phases, timed by one :class:`~symalign.align_result.PhaseClock`:
 
@@ -287,13 +288,14 @@ class InMemoryModel(InMemoryEngine):
 
     Two matchers, by what the pair is (:func:`whole_refusal`):
 
-    * every family the streamed model scope takes (decoders with one residual stream): the one whole-model loop,
+    * every family the streamed model scope takes (decoders and encoders, with one residual stream or none): the
+      one whole-model loop,
       :class:`~symalign.stream.model.StreamedWhole` over both checkpoints as resident sources
       (:class:`~symalign.checkpoint.lazy.ResidentCheckpoint`; one layer of each in float64 at a time), then
       :func:`~symalign.stream.model.write_aligned` into a :class:`~symalign.stream.sink.StateSink` -- the passes
       and the bits of ``--stream``, only the source differs (no float64 copy of either model);
-    * what it refuses (encoders, T5, models without a residual space): :func:`symalign.match.whole.match_whole`
-      on float64 copies of both folded models (:meth:`prepare_copies`)."""
+    * what it refuses (T5, whose layers share a head space per stack): :func:`symalign.match.whole.match_whole` on
+      float64 copies of both folded models (:meth:`prepare_copies`)."""
 
     talks = True
 
@@ -422,8 +424,8 @@ class InMemoryModel(InMemoryEngine):
 
 def whole_refusal(a: Any, b: Any) -> str | None:
     """Why :class:`~symalign.stream.model.StreamedWhole` does not take the pair ``a``, ``b`` (tensor sources with
-    config and family), or ``None``: the family declines streaming (``no_stream``), or
-    :func:`symalign.stream.fold.refusal` (an encoder, no residual space, a residual group the passes do not solve)."""
+    config and family), or ``None``: the family declines streaming (``no_stream``: T5), or
+    :func:`symalign.stream.fold.refusal` (a residual group the passes do not solve)."""
     from symalign.stream.fold import refusal
 
     for ck in (a, b):

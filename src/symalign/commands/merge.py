@@ -504,9 +504,9 @@ def register(app: typer.Typer) -> None:
                                                           "(atomically); other folders are never replaced."),
         stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Align and average tensor by "
                                               "tensor, never a whole model in memory (--scope attention; --scope "
-                                              "model: decoder families). Default: streamed when the checkpoints "
-                                              "exceed 8 MiB and the family streams the scope, or a quarter of "
-                                              "the memory; the output says which path."),
+                                              "model: decoder and encoder families). Default: streamed when the "
+                                              "checkpoints exceed 8 MiB and the family streams the scope, or a "
+                                              "quarter of the memory; the output says which path."),
         experts: Optional[str] = typer.Option(None, "--experts", metavar="exact|paired", help="--scope model on a "
                                               "mixture-of-experts family: how experts and their units are matched "
                                               "(as `symalign align --experts`; default exact, paired: approximate "

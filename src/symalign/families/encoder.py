@@ -54,7 +54,6 @@ from torch import Tensor
 from symalign.arch.base import Adapter
 from symalign.errors import ConfigError
 from symalign.families.base import CROSS_NOTE, Decoder, Family
-from symalign.families.declared import Scopes
 from symalign.families.common import (RESIDUAL, Prepared, act_if, back, copy_spec, ff_group, fold_layernorm,
                                       headless_note, to_f64)
 from symalign.groups import CenteredOrthogonal, Permutation
@@ -108,7 +107,6 @@ class EncoderFamily(Family):
     decl: ClassVar[Encoder] = Encoder()  # type: ignore[assignment]
     pairing: ClassVar[str | None] = None
     auto_classes: ClassVar[tuple[str, ...]] = ("AutoModel",)
-    scopes: ClassVar[Scopes] = Scopes(stream=("attention",))  # streamed --scope model covers decoders
     # No activation sites yet: post-norm encoders (BERT, RoFormer, ModernBERT) show the stream after a
     # norm that carries the gains, and ViT's head reads a pooled token; the decoder sites would read the
     # wrong tensors, so activation matching is refused for them at config time (models.hf.activation_refusal).

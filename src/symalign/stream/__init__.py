@@ -5,7 +5,8 @@
 * :mod:`~symalign.stream.layercheck`: the per-layer function check (the family's own code);
 * :mod:`~symalign.stream.attention`: ``align --scope attention``, one pass;
 * :mod:`~symalign.stream.fold`: the exact rewrite of ``--scope model`` on one layer, row chunk or expert;
-* :mod:`~symalign.stream.model`: ``align --scope model`` (every decoder family), alternating passes.
+* :mod:`~symalign.stream.model`: ``align --scope model`` (decoders and encoders, with one residual stream or
+  none), alternating passes.
 
 See docs/scaling.md (memory model, error bounds).
 """

@@ -10,8 +10,8 @@ that depends on a placeholder stays a placeholder. On it stand
   ``(E, 2F, D)`` / ``(E, D, F)`` tensors of transformers' fused layout;
 * :class:`FoldedCheckpoint`: a whole checkpoint read through the fold, lazily and in row chunks (what the
   streamed merge reads B' and A through);
-* :func:`refusal`: why the streamed model scope cannot be exact on a checkpoint (an encoder, no residual
-  space, a residual group the passes do not solve), decided from the headers alone.
+* :func:`refusal`: why the streamed model scope cannot be exact on a checkpoint (a residual group the passes do
+  not solve), decided from the headers alone.
 
 Every function here returns exactly what the in-memory rewrite gives on the same tensors (the folds
 scale columns, and each part is folded with the small tensors it depends on); the tests compare them.
@@ -305,12 +305,15 @@ class FoldedCheckpoint:
         return out
 
 
-def residual_space(spec: SymmetrySpec) -> str:
+def residual_space(spec: SymmetrySpec) -> str | None:
     """The one residual-stream space of a prepared spec (role ``residual``), if its group is one the
-    streamed passes solve: ``O(D)``, a subgroup fixing a subspace (``O_1(D)``), or ``S_D``."""
+    streamed passes solve: ``O(D)``, a subgroup fixing a subspace (``O_1(D)``), or ``S_D``; ``None`` for a spec
+    without one (a bare model outputs the stream: FF units and attention only, each layer on its own)."""
     res = [s for s in spec.spaces if spec.role(s) == "residual"]
+    if not res:
+        return None
     if len(res) != 1:
-        raise ConfigError(f"streamed --scope model needs one residual-stream space (found {len(res)}); "
+        raise ConfigError(f"streamed --scope model needs at most one residual-stream space (found {len(res)}); "
                           "use --no-stream")
     g = spec.spaces[res[0]]
     if not (g.matcher == "orthogonal" or g.is_permutation):  # O(D) and its subgroups (Procrustes), or S_D
@@ -320,18 +323,10 @@ def residual_space(spec: SymmetrySpec) -> str:
 
 def refusal(ck: LazyCheckpoint) -> str | None:
     """Why streamed ``--scope model`` cannot be exact on ``ck`` (one line naming the fix), or ``None``:
-    an encoder (its embeddings, positions and norms on the stream are laid out otherwise; not streamed) or a
-    checkpoint without one residual space (no language-model head), decided from the tensor headers and the
-    config (the family's rewrite run on placeholders)."""
-    from symalign.families.encoder import EncoderFamily
-
-    if isinstance(ck.adapter, EncoderFamily):
-        return (f"{ck.path}: streamed --scope model covers decoder families; {ck.adapter.family} is an encoder, "
-                "aligned in memory: use --no-stream")
+    more than one residual space, or a residual group the passes do not solve, decided from the tensor headers and
+    the config (the family's rewrite run on placeholders). Decoders and encoders alike, with a residual space or
+    without (a bare model: its layers alone): the spec the rewrite declares is all it reads."""
     prep = Preparer(ck, ck.adapter.spec(ck.config, ck.keys))
-    if not [s for s in prep.spec.spaces if prep.spec.role(s) == "residual"]:
-        why = prep.notes[0] if prep.notes else "no residual space"
-        return f"{ck.path}: {why}; streamed --scope model aligns a residual stream, use --no-stream"
     try:
         residual_space(prep.spec)
     except ConfigError as e:

@@ -1,4 +1,5 @@
-r"""``symalign align --scope model``, streamed (every decoder family): alternating passes over the layers.
+r"""``symalign align --scope model`` (decoders and encoders, with one residual stream or none): alternating passes
+over the layers.
 
 The whole-model problem (docs/whole-model.md) is: find the residual element ``O``
 (one element for the whole stream, of the group the family's rewrite declares: ``O(D)``,
@@ -6,7 +7,8 @@ The whole-model problem (docs/whole-model.md) is: find the residual element ``O`
 ``P_i`` and the attention element ``g_i``, minimising
 ``sum_t ||A_t - (O, P, g) . B_t||^2`` over every labelled tensor of the exactly
 rewritten checkpoints (norm gains folded, :func:`symalign.families.prepare`).
-The residual couples the layers; given ``O`` the layers are independent. So each
+The residual couples the layers; given ``O`` the layers are independent (a model without a residual space --
+a bare model, whose output is the stream -- has no ``O``: each layer's FF units and attention alone). So each
 **pass** reads the layers of A and B in order, one layer of each in memory, and
 
 1. applies the current ``O`` to B's layer and solves the layer's FF permutations
@@ -20,7 +22,10 @@ After the pass ``O = polar(M + M_free)`` (the group's own nearest element: Procr
 on the centred subspace for ``O_1(D)``, an assignment for ``S_D``), where ``M_free`` is the
 cross-Gram of the tensors only the residual acts on (embedding, head: computed
 once, in row chunks, in pass 0, which also gives the initial ``O``; also a permuted
-stream's norm gains). Unit spaces other than plain FF permutations (ReLU units, the
+stream's norm gains: a post-LN encoder's gains on the stream). A global the residual acts on twice (an
+encoder's MLM transform, ``A_t ~ O B_t O^T``) enters ``M_free`` as ``match_whole`` counts it (once per axis, B
+untransformed on the other) and its distance is formed directly after each pass (it is not linear in ``O``).
+Unit spaces other than plain FF permutations (ReLU units, the
 expert blocks of a mixture of experts) are solved by :func:`~symalign.match.whole.match_whole`'s
 own steps on the layer; a mixture of experts' layer is prepared in transformers' fused layout one
 expert at a time (:func:`symalign.stream.fold.prepare_experts`, into stacked tensors in the
@@ -28,7 +33,7 @@ working dtype) and written back one tensor per expert. Because ``O`` is orthogon
 permutation matrix too), the distance after the pass needs no further read:
 
 ``d = sum_t (||A_t||^2 + ||B'_t||^2) - 2 <O, M + M_free>`` (plus the tensors no
-residual acts on, summed directly).
+residual acts on, and those it acts on twice, summed directly).
 
 This is exactly the sweep of :func:`symalign.match.whole.match_whole` (FF, attention,
 residual), so passes stop on the same rule: the distance falls by at most
@@ -37,7 +42,8 @@ applies the transform, checks each layer through the family's code
 (:class:`~symalign.stream.layercheck.LayerChecker`: ``layer'(O x) = O layer(x)``),
 and writes OUT. Memory: one layer of A and one of B (float64; float32 above
 :data:`symalign.stream.attention.FLOAT64_MAX_LAYER_PARAMS`), the FF cost matrix
-``d_ff x d_ff``, ``M`` and ``O`` (``D x D``) and the per-layer transforms. A mixture of experts' layer
+``d_ff x d_ff``, ``M`` and ``O`` (``D x D``), the per-layer transforms and the globals the residual acts on twice
+(an MLM transform: ``D x D``, A's and B's). A mixture of experts' layer
 adds B's expert tensors with the other elements applied (the expert matcher's input) and one expert's
 float64 features of each side at a time (:mod:`symalign.match.experts`), and in the final pass the
 one-layer model of the check and B's layer as stored: no float64 copy of a whole layer anywhere.
@@ -72,6 +78,18 @@ from symalign.checkpoint.lazy import LazyCheckpoint, ResidentCheckpoint
 from symalign.io.shards import ShardWriter
 def _res_action(spec: SymmetrySpec, t: str, res: str):
     return next((a for a in spec.tensors.get(t, []) if a.space == res), None)
+
+
+def _res_actions(spec: SymmetrySpec, t: str, res: str) -> list:
+    """Every action of the residual space ``res`` on ``t`` (two on an encoder's MLM transform ``O W O^T``)."""
+    return [a for a in spec.tensors.get(t, []) if a.space == res]
+
+
+def _rotate_all(spec: SymmetrySpec, t: str, x: Tensor, res: str, o: Tensor) -> Tensor:
+    """``O`` on every axis of ``x`` the residual acts on (``O x``, ``x O^T``, or ``O x O^T``)."""
+    for a in _res_actions(spec, t, res):
+        x = blocks.rotate(x, a.axis, o)
+    return x
 
 
 def _apply_one(spec: SymmetrySpec, transform: Mapping[str, Tensor], t: str, x: Tensor) -> Tensor:
@@ -130,10 +148,20 @@ class StreamedWhole:
                 raise ConfigError(f"{n!r} carries a non-residual space; streamed --scope model cannot chunk it")
             if n in self.big and acts and any(x.axis % len(b.tensors[n].shape) == 0 for x in acts):
                 raise ConfigError(f"{n!r}: the residual acts on its row axis; streamed --scope model cannot chunk it")
+        # globals the residual acts on twice (an encoder's MLM transform, O W O^T): small, kept (A's and B's) from
+        # pass 0, their distance formed directly after each pass (it is not linear in O)
+        self.twice = [n for n in self.globals if len(_res_actions(spec, n, self.res)) > 1]
+        self.twice_pairs: dict[str, tuple[Tensor, Tensor]] = {}
+        layered = [n for names in self.pnames for n in names if len(_res_actions(spec, n, self.res)) > 1]
+        if layered:
+            raise ConfigError(f"{layered[0]!r}: the residual acts on two of its axes inside a layer; streamed "
+                              "--scope model cannot solve it; use --no-stream")
         self.layer_params = max(sum(b.tensors[n].numel for n in names) for names in self.layer_names)
         self.dtype = work_dtype(self.layer_params)
-        self.group = spec.spaces[self.res]
-        self.O = self.group.identity()  # the residual element: a D x D matrix, or a permutation's indices
+        # the residual element: a D x D matrix, or a permutation's indices; None without a residual space (a bare
+        # model outputs the stream: its layers are independent, FF units and attention only)
+        self.group = spec.spaces[self.res] if self.res is not None else None
+        self.O = self.group.identity() if self.group is not None else None
         self.layer_t: list[dict[str, Tensor]] = [{} for _ in range(self.L)]
         self.attention: list[Any] = [None] * self.L
         self.distances: list[float] = []
@@ -215,7 +243,7 @@ class StreamedWhole:
     def layer_spec(self, i: int, with_res: bool = True) -> SymmetrySpec:
         names = [n for n in self.pnames[i] if n in self.spec.tensors]
         sub = SymmetrySpec(self.spec.spaces, {t: self.spec.tensors[t] for t in names}, self.spec.couplings)
-        keep = [s for s in self.layer_spaces(i)] + ([self.res] if with_res else [])
+        keep = [s for s in self.layer_spaces(i)] + ([self.res] if with_res and self.res is not None else [])
         return sub.restrict(keep)
 
     def layer_spaces(self, i: int) -> list[str]:
@@ -263,11 +291,20 @@ class StreamedWhole:
         out.update(done)
         return {t: out[t] for t in free}
 
-    def pass0(self) -> tuple[Tensor, float, float]:
-        """``M_free``, ``sum ||A_t||^2 + ||B_t||^2`` over the free tensors (globals, :meth:`free`), and their
-        unaligned distance (:func:`symalign.match.whole.match_whole` computes this cross term once too)."""
+    def pass0(self) -> tuple[Tensor | None, Tensor | None, float, float]:
+        """``M_free``, ``M_twice``, ``sum ||A_t||^2 + ||B_t||^2`` over the free tensors (globals, :meth:`free`) the
+        residual acts on once, and the unaligned distance of all free tensors
+        (:func:`symalign.match.whole.match_whole` computes this cross term once too).
+
+        ``M_twice``: for each global ``t`` the residual acts on twice (:attr:`twice`, ``A_t ~ O B_t O^T``),
+        ``sum_axes X_A X_B^T`` with ``B_t`` untransformed on the other axis -- the constant term ``match_whole``'s
+        residual step gives such a tensor (its free pairs, one per action); it enters the solve for ``O`` but not
+        the distance formula (``||A_t - O B_t O^T||^2`` is not linear in ``O``: :meth:`twice_distance`)."""
+        if self.group is None:  # no residual space: nothing is free of the layers' spaces
+            return None, None, 0.0, 0.0
         D = self.group.n
         m = torch.zeros(D, D, dtype=torch.float64, device=self.device)
+        m2 = torch.zeros(D, D, dtype=torch.float64, device=self.device) if self.twice else None
         norms = d0 = 0.0
 
         def pairs():
@@ -279,18 +316,30 @@ class StreamedWhole:
                     yield (t, 0, fa[t]), (t, 0, fb[t])
 
         for (n, _, ca), (_, _, cb) in pairs():
-            a = _res_action(self.spec, n, self.res)
-            if a is None:
+            acts = _res_actions(self.spec, n, self.res)
+            if not acts:
                 continue
-            xa, xb = _rows(ca, a.axis), _rows(cb, a.axis)
+            self.n_free += 1
+            if n in self.twice:
+                self.twice_pairs[n] = (ca, cb)
+                for a in acts:
+                    m2 += _rows(ca, a.axis).to(m2.device) @ _rows(cb, a.axis).to(m2.device).T
+                d0 += blocks.sq_diff(ca, cb)
+                self.norm_a += blocks.sq(ca)
+                continue
+            xa, xb = _rows(ca, acts[0].axis), _rows(cb, acts[0].axis)
             if self.device is not None:
                 xa, xb = xa.to(self.device), xb.to(self.device)
-            self.n_free += 1
             m += xa @ xb.T
             norms += blocks.sq(xa) + blocks.sq(xb)
             d0 += blocks.sq_diff(xa, xb)
             self.norm_a += blocks.sq(xa)
-        return m.cpu(), norms, d0
+        return m.cpu(), (None if m2 is None else m2.cpu()), norms, d0
+
+    def twice_distance(self) -> float:
+        """``sum_t ||A_t - O B_t O^T||^2`` over the globals the residual acts on twice (:attr:`twice`)."""
+        return sum((blocks.sq_diff(ca, _rotate_all(self.spec, n, cb, self.res, self.O))
+                    for n, (ca, cb) in self.twice_pairs.items()), 0.0)
 
     def units(self, i: int):
         """``(fast, other, attention)`` spaces of layer ``i`` as :func:`symalign.match.whole.partition` splits
@@ -306,7 +355,7 @@ class StreamedWhole:
                 and all(x.space in (u, self.res) for t, _ in sub.tensors_of(u) for x in sub.tensors[t])]
         return fast, [u for u in units if u not in fast], part.attention
 
-    def sweep(self, first: bool, bar=None) -> tuple[Tensor, float, float]:
+    def sweep(self, first: bool, bar=None) -> tuple[Tensor | None, float, float]:
         """One pass: FF and attention per layer given ``O``; returns ``M`` (layers), norms+direct, ``d0``.
 
         Each space is solved as :func:`~symalign.match.whole.match_whole`'s sweep solves it (all other
@@ -320,11 +369,10 @@ class StreamedWhole:
         from symalign.match import match_attention
         from symalign.match.whole import anchored_step, unit_step
 
-        D = self.group.n
         dev = self.device
         cpu = torch.device("cpu")
-        o = self.O if dev is None else self.O.to(dev)  # the residual element where the products are formed
-        m = torch.zeros(D, D, dtype=torch.float64, device=dev)
+        o = self.O if dev is None or self.O is None else self.O.to(dev)  # O where the products are formed
+        m = None if self.group is None else torch.zeros(self.group.n, self.group.n, dtype=torch.float64, device=dev)
         acc = d0 = 0.0
         moved = 0
         for i, (raw_a, raw_b) in zip(range(self.L), read_ahead(self.raw_pair, range(self.L), dev)):  # i + 1 meanwhile
@@ -366,7 +414,8 @@ class StreamedWhole:
                 del c
                 release()
             if other:
-                tr = {self.res: o, **to_device({k: v for k, v in self.layer_t[i].items() if k not in att_spaces}, dev)}
+                tr = {**({self.res: o} if self.res is not None else {}),
+                      **to_device({k: v for k, v in self.layer_t[i].items() if k not in att_spaces}, dev)}
                 if first:
                     moved += anchored_step(sub, other, tr, la, lb, set(tr), self.experts)[0]
                 else:
@@ -401,7 +450,7 @@ class StreamedWhole:
                 del xa, xb
             del la, lb, t_on
         self.changes.append(moved)
-        return m.cpu(), acc, d0
+        return (None if m is None else m.cpu()), acc, d0
 
     def match(self, stage1: bool, stage2: str, max_sweeps: int, rtol: float, progress: bool,
               report: Callable[[int, float], None] | None = None) -> bool:
@@ -414,9 +463,10 @@ class StreamedWhole:
 
     def _match(self, max_sweeps: int, rtol: float, progress: bool, report: Callable[[int, float], None] | None,
                t0: float) -> bool:
-        m_free, free_norms, d_glob = self.pass0()
+        m_free, m_twice, free_norms, d_glob = self.pass0()
         self.bytes_read += self.a.bytes_read + self.b.bytes_read
-        self.O = self.group.nearest(m_free)  # initialisation from the free tensors, as match_whole
+        if m_free is not None:  # initialisation from the free tensors, as match_whole
+            self.O = self.group.nearest(m_free if m_twice is None else m_free + m_twice)
         converged = False
         d_first = None
         self.tol = 0.0
@@ -430,9 +480,7 @@ class StreamedWhole:
                 d_first = d_glob + d0
                 self.distances.append(d_first)
                 self.tol = 1e-12 * d_first  # match_whole's threshold for counting a unit space as moved
-            m = m + m_free
-            self.O = self.group.nearest(m)  # Procrustes (O(D), O_1(D)) or an assignment (S_D): the group's own
-            d = acc + free_norms - 2.0 * blocks.inner(self.O, m)
+            d = acc if m is None else self.solve_residual(m + m_free, m_twice, acc + free_norms)
             d = max(d, 0.0)
             if not math.isfinite(d):
                 raise MatchError("whole-model matching produced a non-finite distance; check the inputs")
@@ -445,13 +493,21 @@ class StreamedWhole:
         self.time_s = time.perf_counter() - t0
         return converged
 
+    def solve_residual(self, m: Tensor, m_twice: Tensor | None, norms: float) -> float:
+        """``O = nearest(M + M_free (+ M_twice))`` -- Procrustes (``O(D)``, ``O_1(D)``) or an assignment (``S_D``): the
+        group's own -- and the distance after the pass, ``norms - 2 <O, M + M_free>`` plus the twice-acted globals'
+        (``m``: ``M + M_free``; ``norms``: the squared norms and the directly summed distances)."""
+        self.O = self.group.nearest(m if m_twice is None else m + m_twice)
+        return norms - 2.0 * blocks.inner(self.O, m) + self.twice_distance()
+
     def relative(self, d: float) -> float:
         """``sqrt(d / sum_t ||A_t||^2)`` (absolute where A is 0): a distance of :attr:`distances` relative to A."""
         return math.sqrt(d / self.norm_a) if self.norm_a else math.sqrt(d)
 
     def transform(self) -> dict[str, Tensor]:
         """The group element found: the residual element and every layer's FF and attention elements."""
-        return {self.res: self.O, **{k: v for t in self.layer_t for k, v in t.items()}}
+        res = {self.res: self.O} if self.res is not None else {}
+        return {**res, **{k: v for t in self.layer_t for k, v in t.items()}}
 
     def summary(self, converged: bool) -> dict[str, Any]:
         """The matcher's JSON summary, with the keys of :meth:`symalign.match.whole.WholeMatch.to_dict` (the
@@ -466,7 +522,7 @@ class StreamedWhole:
                 totals[k] = totals.get(k, 0.0) + v
         conds = [c for lay in layers for c in lay.get("qk_cond", []) + lay.get("vo_cond", [])]
         notes = [n for n in (self.spec.spaces[s].note(s) for s in partition(self.spec).orthogonal) if n]
-        if not self.n_free:
+        if not self.n_free and self.res is not None:
             notes.append(f"{self.res}: no tensor free of other spaces; initialised at the identity")
         return {"method": "weight", "iterations": len(d) - 1, "sweeps": len(d) - 1, "converged": converged,
                 "distances": list(d), "changes": list(self.changes),
@@ -488,10 +544,9 @@ def stream_inputs(checker: LayerChecker, w: StreamedWhole) -> dict[str, Tensor]:
     for k, v in checker.names.items():
         by_ptr.setdefault(v.data_ptr(), []).append(k)
     for disk, local in checker.disk.items():
-        act = _res_action(w.spec, disk, w.res) if disk in w.globals else None
-        if act is None or local not in checker.base:
+        if disk not in w.globals or not _res_actions(w.spec, disk, w.res) or local not in checker.base:
             continue
-        x = blocks.rotate(checker.base[local], act.axis, w.O)
+        x = _rotate_all(w.spec, disk, checker.base[local], w.res, w.O)
         for k in by_ptr.get(checker.names[local].data_ptr(), [local]):
             out[k] = x
     return out
@@ -531,7 +586,7 @@ def write_aligned(w: StreamedWhole, sink: Any, clock: PhaseClock, progress: bool
         floor = b.adapter.precision_floor  # HF RMSNorm computes in float32: a rotated stream changes its rounding
         exact_tol = exact_tolerance(w.dtype, checker.dtype, floor)
         tol = stored_tolerance(b.dtype, checker.dtype, floor)
-        rot = blocks.matrix(w.O)
+        rot = blocks.matrix(w.O) if w.O is not None else None
     checks = []
     labelled = w.spec.tensors
     w.written_distance = 0.0 if measure else None
@@ -572,9 +627,7 @@ def write_aligned(w: StreamedWhole, sink: Any, clock: PhaseClock, progress: bool
         with clock("write"):
             of_a = w.global_chunks(w.a, w.prep_a) if measure else None  # the same names and rows, in order
             for n, start, chunk in w.global_chunks(b, w.prep_b):
-                act = _res_action(w.spec, n, w.res)
-                if act is not None:
-                    chunk = blocks.rotate(chunk, act.axis, w.O)
+                chunk = _rotate_all(w.spec, n, chunk, w.res, w.O)
                 if of_a is not None:
                     ca = next(of_a)[2]
                     if n in labelled:
