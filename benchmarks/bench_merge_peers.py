@@ -119,6 +119,8 @@ def main() -> None:
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "PYTHONPATH": str(ROOT / "src"), "TOKENIZERS_PARALLELISM": "false"}
+    if args.work is not None:
+        args.work.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="merge-peers-", dir=args.work))
     try:
         da, db, params = build_pair(work, args.hidden, args.layers, args.heads, args.d_ff, args.vocab)
