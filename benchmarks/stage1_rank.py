@@ -62,6 +62,15 @@ def rank_scope(root: Path, scope: str, points: int | None = None) -> list[dict]:
     return out
 
 
+def kept_without_runs(rows: list[dict], old: list[dict], experiments: list[str], scopes: list[str]) -> list[dict]:
+    """``rows`` plus the ``--reuse`` rows of the requested experiments and scopes that no ``--runs`` folder holds
+    (pairs whose run folders are gone keep their measured rows), ordered by experiment as requested."""
+    have = {(r["experiment"], r["scope"], r["seeds"]) for r in rows}
+    extra = [r for r in old if r["experiment"] in experiments and r["scope"] in scopes
+             and (r["experiment"], r["scope"], r["seeds"]) not in have]
+    return sorted(rows + extra, key=lambda r: experiments.index(r["experiment"]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("experiments", nargs="+", help="experiment names under each --runs (e.g. vit-digits-rope)")
@@ -72,7 +81,7 @@ def main() -> None:
     ap.add_argument("--command", default=None, help="the full command to record (default: this one)")
     ap.add_argument("--reuse", type=Path, action="append", default=[],
                     help="an earlier result file of this script (repeatable): its scopes (same experiment, scope, "
-                         "seeds) are kept instead of recomputed")
+                         "seeds) are kept instead of recomputed, and kept too where no --runs folder holds them")
     ap.add_argument("--out", type=Path, required=True, help="result file (JSON, written atomically)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -90,6 +99,7 @@ def main() -> None:
                 seeds = "{},{}".format(*(seeds or cfg["protocol"]["seeds"]))
                 kept = [r for r in old if (r["experiment"], r["scope"], r["seeds"]) == (exp, scope, seeds)]
                 rows += kept or rank_scope(Path(runs) / exp, scope, args.points)
+    rows = kept_without_runs(rows, old, args.experiments, args.scopes.split(","))
     pairs = len({(r["experiment"], r["seeds"]) for r in rows})
     seed_pairs = max((sum(1 for e in {(r["experiment"], r["seeds"]) for r in rows} if e[0] == x)
                       for x in args.experiments), default=0)

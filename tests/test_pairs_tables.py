@@ -67,3 +67,15 @@ def test_seed002_reuse_keeps_rows_of_the_same_recipe_and_refuses_another(tmp_pat
         st.reusable([f], {**recipe, "steps": 6000}, ["weight"])
     with pytest.raises(SystemExit, match="rerun without --reuse"):
         st.reusable([f], recipe, ["weight", "learned"])
+
+
+def test_stage1_rank_reuse_keeps_rows_whose_runs_are_gone() -> None:
+    """``--reuse`` rows of requested experiments/scopes stay when no run folder holds them; others are dropped."""
+    s1 = _load("stage1_rank")
+    new = [{"experiment": "b", "scope": "first-attention", "seeds": "1,2", "rank": 1}]
+    old = [{"experiment": "a", "scope": "first-attention", "seeds": "1,2", "rank": 3},
+           {"experiment": "b", "scope": "first-attention", "seeds": "1,2", "rank": 9},  # recomputed: new wins
+           {"experiment": "a", "scope": "all-attention", "seeds": "1,2", "rank": 2},  # scope not requested
+           {"experiment": "c", "scope": "first-attention", "seeds": "1,2", "rank": 5}]  # experiment not requested
+    out = s1.kept_without_runs(new, old, ["a", "b"], ["first-attention"])
+    assert [(r["experiment"], r["rank"]) for r in out] == [("a", 3), ("b", 1)]
