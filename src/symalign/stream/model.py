@@ -365,12 +365,7 @@ class StreamedWhole:
         FF costs and the attention matcher need it, never as a whole; each tensor leaves memory
         once its share of ``M`` is added. Other unit spaces (ReLU units, expert blocks) get
         ``match_whole``'s own step on the layer (their tensors with ``O`` applied)."""
-        from symalign.arch.fused import split_segments
-        from symalign.match import match_attention
-        from symalign.match.whole import anchored_step, unit_step
-
         dev = self.device
-        cpu = torch.device("cpu")
         o = self.O if dev is None or self.O is None else self.O.to(dev)  # O where the products are formed
         m = None if self.group is None else torch.zeros(self.group.n, self.group.n, dtype=torch.float64, device=dev)
         acc = d0 = 0.0
@@ -388,69 +383,104 @@ class StreamedWhole:
             if first:
                 d0 += sum(blocks.sq_diff(la[t], lb[t]) for t in bound)
                 self.norm_a += sum(blocks.sq(la[t]) for t in bound)
-            t_i: dict[str, Tensor] = {}
             fast, other, att_spaces = self.units(i)
-            for s in fast:
-                pairs = sub.tensors_of(s)
-                tg = time.perf_counter()
-                c = None
-                for t, x in pairs:  # C = sum_t X_A^t (X_{O.B}^t)^T, one tensor (segment) at a time
-                    r = _res_action(sub, t, self.res)
-                    ta, tb = la[t], lb[t]
-                    if x.segment is not None:  # fused gate|up: each half's rows
-                        ta, tb = segment_view(ta, x.axis, x.segment), segment_view(tb, x.axis, x.segment)
-                    xb = (blocks.rotated_rows(tb, r.axis, x.axis, o) if r is not None
-                          else _rows(tb, x.axis))
-                    c = blocks.cost_into(c, blocks.as_rows(ta, x.axis), xb)
-                    del xb, ta, tb
-                self.t_grams += time.perf_counter() - tg
-                c = c.cpu()  # the assignment (scipy) on the CPU
-                old = None if first else self.layer_t[i].get(s)
-                before = None if old is None else float(c.gather(1, old.view(-1, 1)).sum())
-                t_i[s] = blocks.assign_max_inplace(c)  # c is -C now
-                # moved: the block distance const - 2 <P, C> fell by more than tol (match_whole's unit_step)
-                moved += 1 if before is None else int(2.0 * (-float(c.gather(1, t_i[s].view(-1, 1)).sum()) - before)
-                                                       > self.tol)
-                del c
-                release()
-            if other:
-                tr = {**({self.res: o} if self.res is not None else {}),
-                      **to_device({k: v for k, v in self.layer_t[i].items() if k not in att_spaces}, dev)}
-                if first:
-                    moved += anchored_step(sub, other, tr, la, lb, set(tr), self.experts)[0]
-                else:
-                    moved += unit_step(sub, other, tr, la, lb, other, self.tol, self.experts)
-                found = {k: v for k, v in tr.items() if k != self.res and k not in t_i}
-                t_i.update(found if dev is None else to_device(found, cpu))
-                release()
-            att_sub = sub.restrict(att_spaces)
-            cur = {t: self.rotate_one(sub, t, lb[t], o) for t in att_sub.tensors}
-            view_spec, (va, vb) = split_segments(att_sub, la, cur)
-            att = match_attention(view_spec, va, vb, stage1=self.stage1, stage2=self.stage2,
-                                  stage1_dtype=torch.float32 if self.b.dtype != torch.float64 else None,
-                                  device=dev)  # its transform comes back on the CPU
-            del va, vb, cur
-            t_i.update(att.transform)
-            self.t_grams += att.totals.get("time_stage1_s", 0.0) + att.totals.get("time_grams_s", 0.0)
-            self.attention[i] = att.to_dict()["layers"]
-            self.att_totals[i] = dict(att.totals)
+            t_i, n_fast = self._solve_fast_units(i, sub, fast, la, lb, o, first)
+            moved += n_fast + self._solve_other_units(i, sub, other, att_spaces, la, lb, o, first, t_i)
+            t_i.update(self._solve_attention(i, sub, att_spaces, la, lb, o))
             self.layer_t[i] = t_i
-            lsub = self.layer_spec(i, with_res=False)
-            t_on = to_device(t_i, dev)
-            for t in bound:  # B'_t = (P, g) . B_t, one tensor at a time
-                xa, xb = la.pop(t), _apply_one(lsub, t_on, t, lb.pop(t))
-                a = _res_action(sub, t, self.res)
-                if a is None:
-                    acc += blocks.sq_diff(xa, xb)
-                else:
-                    tg = time.perf_counter()
-                    blocks.cross_gram_axis_into(m, xa, xb, a.axis)
-                    self.t_grams += time.perf_counter() - tg
-                    acc += blocks.sq(xa) + blocks.sq(xb)
-                del xa, xb
-            del la, lb, t_on
+            acc += self._accumulate(i, sub, bound, la, lb, t_i, m)
+            del la, lb
         self.changes.append(moved)
         return (None if m is None else m.cpu()), acc, d0
+
+    def _solve_fast_units(self, i: int, sub: SymmetrySpec, fast: list[str], la: dict, lb: dict, o: Tensor | None,
+                          first: bool) -> tuple[dict[str, Tensor], int]:
+        """Layer ``i``'s plain FF permutations: ``P = argmax <P, C>``, ``C = sum_t X_A^t (X_{O.B}^t)^T`` formed one
+        tensor (segment) at a time, assigned on the CPU. Returns the permutations and how many moved (the block
+        distance ``const - 2 <P, C>`` fell by more than ``tol``: ``match_whole``'s ``unit_step`` rule)."""
+        t_i: dict[str, Tensor] = {}
+        moved = 0
+        for s in fast:
+            tg = time.perf_counter()
+            c = None
+            for t, x in sub.tensors_of(s):
+                r = _res_action(sub, t, self.res)
+                ta, tb = la[t], lb[t]
+                if x.segment is not None:  # fused gate|up: each half's rows
+                    ta, tb = segment_view(ta, x.axis, x.segment), segment_view(tb, x.axis, x.segment)
+                xb = blocks.rotated_rows(tb, r.axis, x.axis, o) if r is not None else _rows(tb, x.axis)
+                c = blocks.cost_into(c, blocks.as_rows(ta, x.axis), xb)
+                del xb, ta, tb
+            self.t_grams += time.perf_counter() - tg
+            c = c.cpu()  # the assignment (scipy) on the CPU
+            old = None if first else self.layer_t[i].get(s)
+            before = None if old is None else float(c.gather(1, old.view(-1, 1)).sum())
+            t_i[s] = blocks.assign_max_inplace(c)  # c is -C now
+            after = -float(c.gather(1, t_i[s].view(-1, 1)).sum())
+            moved += 1 if before is None else int(2.0 * (after - before) > self.tol)
+            del c
+            release()
+        return t_i, moved
+
+    def _solve_other_units(self, i: int, sub: SymmetrySpec, other: list[str], att_spaces: list[str], la: dict,
+                           lb: dict, o: Tensor | None, first: bool, t_i: dict[str, Tensor]) -> int:
+        """Layer ``i``'s other unit spaces (ReLU units, expert blocks) by ``match_whole``'s own step (anchored on
+        the first pass), with ``O`` and the layer's current elements applied; their elements go into ``t_i`` (on
+        the CPU). Returns how many moved."""
+        if not other:
+            return 0
+        from symalign.match.whole import anchored_step, unit_step
+
+        dev = self.device
+        tr = {**({self.res: o} if self.res is not None else {}),
+              **to_device({k: v for k, v in self.layer_t[i].items() if k not in att_spaces}, dev)}
+        if first:
+            moved = anchored_step(sub, other, tr, la, lb, set(tr), self.experts)[0]
+        else:
+            moved = unit_step(sub, other, tr, la, lb, other, self.tol, self.experts)
+        found = {k: v for k, v in tr.items() if k != self.res and k not in t_i}
+        t_i.update(found if dev is None else to_device(found, torch.device("cpu")))
+        release()
+        return moved
+
+    def _solve_attention(self, i: int, sub: SymmetrySpec, att_spaces: list[str], la: dict, lb: dict,
+                         o: Tensor | None) -> dict[str, Tensor]:
+        """Layer ``i``'s attention spaces by :func:`~symalign.match.match_attention` on A and ``O . B`` (fused
+        segments split); records its per-layer report and timings. Returns its transform (on the CPU)."""
+        from symalign.arch.fused import split_segments
+        from symalign.match import match_attention
+
+        att_sub = sub.restrict(att_spaces)
+        cur = {t: self.rotate_one(sub, t, lb[t], o) for t in att_sub.tensors}
+        view_spec, (va, vb) = split_segments(att_sub, la, cur)
+        att = match_attention(view_spec, va, vb, stage1=self.stage1, stage2=self.stage2,
+                              stage1_dtype=torch.float32 if self.b.dtype != torch.float64 else None,
+                              device=self.device)
+        self.t_grams += att.totals.get("time_stage1_s", 0.0) + att.totals.get("time_grams_s", 0.0)
+        self.attention[i] = att.to_dict()["layers"]
+        self.att_totals[i] = dict(att.totals)
+        return att.transform
+
+    def _accumulate(self, i: int, sub: SymmetrySpec, bound: list[str], la: dict, lb: dict, t_i: dict[str, Tensor],
+                    m: Tensor | None) -> float:
+        """``B'_t = (P, g) . B_t`` for each bound tensor of layer ``i``, one at a time (popped from ``la``/``lb``):
+        tensors on the residual add ``X_A^T X_B'`` on their residual axis into ``M`` (in place) and return
+        ``||X_A||^2 + ||X_B'||^2``; the others return ``||X_A - X_B'||^2``. The sum of those is returned."""
+        lsub = self.layer_spec(i, with_res=False)
+        t_on = to_device(t_i, self.device)
+        acc = 0.0
+        for t in bound:
+            xa, xb = la.pop(t), _apply_one(lsub, t_on, t, lb.pop(t))
+            a = _res_action(sub, t, self.res)
+            if a is None:
+                acc += blocks.sq_diff(xa, xb)
+            else:
+                tg = time.perf_counter()
+                blocks.cross_gram_axis_into(m, xa, xb, a.axis)
+                self.t_grams += time.perf_counter() - tg
+                acc += blocks.sq(xa) + blocks.sq(xb)
+            del xa, xb
+        return acc
 
     def match(self, stage1: bool, stage2: str, max_sweeps: int, rtol: float, progress: bool,
               report: Callable[[int, float], None] | None = None) -> bool:
