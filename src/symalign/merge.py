@@ -15,18 +15,15 @@ The merged state is written laid out like the first checkpoint by
 :func:`symalign.checkpoint.output.stage_checkpoint` (its non-weight files, its shard
 files).
 
-:func:`universe_states` aligns every checkpoint to their evolving weighted
+:func:`symalign.stream.universe.universe_states` aligns every checkpoint to their evolving weighted
 average instead of to the first (seed 002's universe matching).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
-from torch import Tensor
-
-from symalign.checkpoint import average
 from symalign.errors import ConfigError
 
 
@@ -53,54 +50,4 @@ def normalise_weights(weights: Sequence[float] | None, n: int) -> list[float]:
     return out
 
 
-def average_states(states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
-    """``sum_k w_k states[k]`` per floating tensor (first state's dtype; summed in float32 for 16-bit dtypes,
-    float64 otherwise: :mod:`symalign.checkpoint.average`); others from the first."""
-    out: dict[str, Tensor] = {}
-    for name, ref in states[0].items():
-        if ref.is_floating_point():
-            out[name] = average.weighted_average([s[name] for s in states], weights, ref.dtype)
-        else:
-            out[name] = ref
-    return out
-
-
-
-
-def universe_states(ckpts: list[Any], weights: list[float], rounds: int = 3, stage2: str = "full",
-                    experts: str = "exact") -> tuple[list[dict], bool, list[float]]:
-    r"""Seed 002's universe matching on Hugging Face checkpoints (whole-model symmetries).
-
-    Every checkpoint is rewritten exactly in its own format
-    (:func:`symalign.families.prepare`); with ``U^(0) = theta_1``, round ``r``
-    matches every ``theta_k`` to ``U^(r)`` (:func:`symalign.match.whole.match_whole`,
-    warm-started from its previous transform), ``theta_k' = T_k . theta_k`` and
-    ``U^(r+1) = sum_k w_k theta_k'``; ``experts``: the mixture-of-experts method of ``match_whole``.
-    Returns the aligned states of the last round, whether the head was untied, and the spread
-    ``sum_k ||theta_k' - U||^2`` per round.
-    """
-    from symalign.match.distance import distance
-    from symalign.families import prepare
-    from symalign.match.whole import CHECKPOINT_SETTINGS, match_whole
-    from symalign.spec import apply
-
-    if rounds < 1:
-        raise ConfigError(f"--rounds must be at least 1, got {rounds}")
-    prepared = [prepare(c.config, c.state, c.adapter.spec(c.config, c.state.keys())) for c in ckpts]
-    ref = prepared[0].state
-    transforms: list[Any] = [None] * len(prepared)
-    spread: list[float] = []
-    aligned: list[dict] = []
-    for _ in range(rounds):
-        aligned = []
-        for k, p in enumerate(prepared):
-            res = match_whole(p.spec, ref, p.state, spec_b=prepared[0].spec, init=transforms[k], stage2=stage2,
-                              experts=experts, **CHECKPOINT_SETTINGS)  # as the streamed merge aligns
-            transforms[k] = res.transform
-            aligned.append(apply(p.spec, res.transform, p.state))
-        ref = average_states(aligned, weights)
-        spread.append(float(sum(distance(prepared[0].spec, ref, a) for a in aligned)))
-    return aligned, any(p.untied for p in prepared), spread
-
-
-__all__ = ["average_states", "normalise_weights", "universe_states"]
+__all__ = ["normalise_weights"]

@@ -29,7 +29,7 @@ halvings aside). The tests check both (bit-identical at ``1/2``, within the boun
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -115,3 +115,15 @@ class RunningAverage:
     def result(self) -> dict[str, Tensor]:
         """The average, each floating tensor rounded to its stored dtype (first state's order of names)."""
         return {k: self.acc[k].to(self.stored[k]) if k in self.acc else self.first[k] for k in self.order}
+
+
+def average_states(states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
+    """``sum_k w_k states[k]`` per floating tensor (first state's dtype; summed in float32 for 16-bit dtypes,
+    float64 otherwise: :mod:`symalign.checkpoint.average`); others from the first."""
+    out: dict[str, Tensor] = {}
+    for name, ref in states[0].items():
+        if ref.is_floating_point():
+            out[name] = weighted_average([s[name] for s in states], weights, ref.dtype)
+        else:
+            out[name] = ref
+    return out

@@ -1,7 +1,7 @@
 """``symalign merge A B [C ...] -o OUT``: align every checkpoint to the first, write their weighted average.
 
 With ``--universe`` the models are aligned to their evolving weighted average
-instead (seed 002's universe matching, :func:`symalign.merge.universe_states`).
+instead (seed 002's universe matching, :func:`symalign.stream.universe.universe_states`).
 ``symalign merge --module pkg.mod:factory A.pt B.pt -o OUT.pt --widths 64,96`` merges two
 state dicts of a traceable module at different hidden widths instead
 (:mod:`symalign.commands.merge_widths`).
@@ -164,7 +164,7 @@ def _merge_in_memory(dirs: list[Path], out_path: Path, w: list[float], scope: st
     ref = _open_reference(dirs, step)
     evalset = _eval_batches(dirs, eval_data, eval_opts, step)
     if universe:
-        acc = _universe_sum(ref, dirs, w, rounds, stage2, experts, step)
+        acc = _universe_sum(ref, dirs, w, rounds, stage2, max_sweeps, experts, device, step)
     else:
         acc = _aligned_sum(ref, dirs, w, scope, stage2, align, max_sweeps, experts, device, step)
     ref.ckpt = None
@@ -176,7 +176,7 @@ def _merge_in_memory(dirs: list[Path], out_path: Path, w: list[float], scope: st
         "inputs": [str(Path(d).resolve()) for d in dirs]}, step)
     res: dict[str, Any] = {
         "models": [str(d) for d in dirs], "weights": w, "out": str(out_path), "scope": scope if align else "none",
-        "universe": {"rounds": rounds, "spread": acc.spread} if universe else None,
+        "universe": {"rounds": rounds, "spread": acc.spread, "loop": acc.loop} if universe else None,
         "aligned": acc.aligned, "dtype": str(ref.dtype).replace("torch.", ""), "architecture": ref.config.model_type,
         "tensors": len(merged), "new_tensors": sorted(set(merged) - ref.keys),
         "experts": _experts_ran(align, scope, ref.adapter, experts),
@@ -208,6 +208,7 @@ class _Accumulated:
     edits: dict[str, Any] = field(default_factory=dict)
     aligned: list[dict] = field(default_factory=list)
     spread: list[float] | None = None
+    loop: str | None = None  # the universe's whole-model loop (StreamedWhole; match_whole for T5)
 
 
 def _open_reference(dirs: list[Path], step: Callable[[str], None]) -> _Reference:
@@ -241,24 +242,24 @@ def _eval_batches(dirs: list[Path], eval_data: str | None, eval_opts: Any, step:
     return evalset
 
 
-def _universe_sum(ref: _Reference, dirs: list[Path], w: list[float], rounds: int, stage2: str,
-                  experts: str | None, step: Callable[[str], None]) -> _Accumulated:
-    """``--universe``: every model aligned to the evolving weighted average (:func:`symalign.merge.universe_states`;
-    all of them resident), then summed."""
+def _universe_sum(ref: _Reference, dirs: list[Path], w: list[float], rounds: int, stage2: str, max_sweeps: int,
+                  experts: str | None, device: Any, step: Callable[[str], None]) -> _Accumulated:
+    """``--universe``: every model aligned to the evolving weighted average
+    (:func:`symalign.stream.universe.universe_states`, the one whole-model loop; all of them resident), then summed."""
     from symalign.checkpoint.average import RunningAverage
     from symalign.checkpoint.hf import load_checkpoint
-    from symalign.merge import universe_states
+    from symalign.stream.universe import universe_states
 
     step(f"universe matching of {len(dirs)} checkpoints ({rounds} rounds)")
     ckpts = [ref.ckpt] + [load_checkpoint(d) for d in dirs[1:]]
-    states, untied, spread = universe_states(ckpts, w, rounds, stage2, experts=experts or "exact")
+    uni = universe_states(ckpts, w, rounds, stage2, experts=experts or "exact", max_sweeps=max_sweeps, device=device)
     del ckpts
-    acc = _Accumulated(RunningAverage(), spread=spread)
-    if untied:
+    acc = _Accumulated(RunningAverage(), spread=uni.spread, loop=uni.loop)
+    if uni.untied:
         acc.edits["tie_word_embeddings"] = False
-    for s, wk in zip(states, w):
+    for s, wk in zip(uni.states, w):
         acc.total.add(s, wk)
-    del states
+    uni.states.clear()
     return acc
 
 

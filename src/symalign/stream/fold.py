@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from symalign.io.layout import TensorInfo
-from symalign.checkpoint.lazy import LazyCheckpoint
+from symalign.checkpoint.lazy import LazyCheckpoint, ResidentCheckpoint
 from symalign.errors import CheckpointError, ConfigError
 from symalign.spec import SymmetrySpec
 
@@ -133,6 +133,55 @@ class Preparer:
         acts = self.spec.tensors.get(name, [])
         rows_ok = all(a.axis % len(self.meta[name].shape) != 0 for a in acts if self.spec.role(a.space) == "residual")
         return rows_ok and self.adapter.rows_independent(self.config)
+
+
+class PreparedSource(ResidentCheckpoint):
+    """A state already rewritten by :func:`symalign.families.prepare` (``prepared``: its state, spec, notes and
+    whether it untied the head), as a tensor source of :class:`~symalign.stream.model.StreamedWhole`: read
+    through :class:`Prepared`, which returns every tensor as it is. ``ck``: the checkpoint it was prepared from
+    (path, config, family, and its stored names, from which the attention spec is read); ``state``: another state
+    of the same prepared names and shapes to serve instead (universe matching's running average)."""
+
+    def __init__(self, ck, prepared, state: Mapping[str, Tensor] | None = None):
+        super().__init__(ck.path, prepared.state if state is None else state, ck.config, ck.adapter, checked=True)
+        self.spec, self.notes, self.untied = prepared.spec, prepared.notes, prepared.untied
+        self.att_spec = ck.adapter.spec(ck.config, list(ck.state.keys()))
+
+
+class Prepared(Preparer):
+    """The :class:`Preparer` of a :class:`PreparedSource`: the rewrite is already done, so every part read is
+    returned as it is (no placeholders, nothing added, no experts to stack: a mixture of experts is already in
+    its fused layout)."""
+
+    def __init__(self, src: PreparedSource, att_spec: SymmetrySpec):
+        self.config, self.adapter, self.att = src.config, src.adapter, att_spec
+        self.meta = {n: torch.empty(t.shape, dtype=torch.float64, device="meta") for n, t in src.tensors.items()}
+        self.spec, self.notes, self.untied = src.spec, src.notes, src.untied
+        self.names = list(src.keys)
+        self.extra: dict[str, tuple[int, ...]] = {}
+        self.experts: dict = {}
+        self.renamed: dict[str, str] = {}
+
+    @property
+    def fused(self) -> bool:
+        return False
+
+    def __call__(self, real: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        return dict(real)
+
+    def row_local(self, name: str) -> bool:
+        return True
+
+
+def preparer_of(ck, att_spec: SymmetrySpec) -> Preparer:
+    """The :class:`Preparer` that reads ``ck`` through the rewrite (:class:`Prepared` for a
+    :class:`PreparedSource`)."""
+    return Prepared(ck, att_spec) if isinstance(ck, PreparedSource) else Preparer(ck, att_spec)
+
+
+def att_spec_of(ck) -> SymmetrySpec:
+    """The attention spec of ``ck`` (a :class:`PreparedSource`'s: read from the names it was prepared from)."""
+    return ck.att_spec if isinstance(ck, PreparedSource) else ck.adapter.spec(ck.config, ck.keys)
 
 
 def own_tensors(name: str, names) -> list[str]:
@@ -326,7 +375,7 @@ def refusal(ck: LazyCheckpoint) -> str | None:
     more than one residual space, or a residual group the passes do not solve, decided from the tensor headers and
     the config (the family's rewrite run on placeholders). Decoders and encoders alike, with a residual space or
     without (a bare model: its layers alone): the spec the rewrite declares is all it reads."""
-    prep = Preparer(ck, ck.adapter.spec(ck.config, ck.keys))
+    prep = preparer_of(ck, att_spec_of(ck))
     try:
         residual_space(prep.spec)
     except ConfigError as e:

@@ -66,8 +66,8 @@ from symalign.errors import ConfigError, MatchError
 from symalign.match.whole import CHECKPOINT_SETTINGS
 from symalign.spec import SymmetrySpec, apply, segment_view
 from symalign.stream import blocks
-from symalign.stream.fold import (CHUNK_ELEMENTS, SMALL_ELEMENTS, Preparer, added_tensors, own_tensors, prepare_experts,
-                                  prepare_parts, refusal, residual_space, stored_names)
+from symalign.stream.fold import (CHUNK_ELEMENTS, SMALL_ELEMENTS, Preparer, added_tensors, att_spec_of, own_tensors,
+                                  prepare_experts, prepare_parts, preparer_of, refusal, residual_space, stored_names)
 from symalign.stream.attention import exact_tolerance, layer_of, n_layers, open_pair, stored_tolerance, work_dtype
 from symalign.stream.layercheck import LayerChecker, layer_prefix, sparse_layer
 from symalign.io.prefetch import read_ahead
@@ -125,10 +125,10 @@ class StreamedWhole:
             why = refusal(ck)
             if why is not None:
                 raise ConfigError(why)
-        att = b.adapter.spec(b.config, b.keys)
+        att = att_spec_of(b)
         self.a, self.b = a, b
         self.experts = experts
-        self.prep_a, self.prep_b = Preparer(a, att), Preparer(b, att)
+        self.prep_a, self.prep_b = preparer_of(a, att), preparer_of(b, att)
         spec = self.prep_b.spec
         if spec.describe() != self.prep_a.spec.describe():
             raise MatchError("the models have different symmetry groups -- different depth or widths?")
@@ -355,12 +355,13 @@ class StreamedWhole:
                 and all(x.space in (u, self.res) for t, _ in sub.tensors_of(u) for x in sub.tensors[t])]
         return fast, [u for u in units if u not in fast], part.attention
 
-    def sweep(self, first: bool, bar=None) -> tuple[Tensor | None, float, float]:
+    def sweep(self, first: bool, bar=None, anchored: bool | None = None) -> tuple[Tensor | None, float, float]:
         """One pass: FF and attention per layer given ``O``; returns ``M`` (layers), norms+direct, ``d0``.
 
         Each space is solved as :func:`~symalign.match.whole.match_whole`'s sweep solves it (all other
-        elements applied; the first pass is its anchored first sweep). Memory: A's and B's prepared layer,
-        and one tensor's float64 temporaries at a time for plain FF permutations
+        elements applied; the first pass is its anchored first sweep unless the match is warm-started:
+        ``anchored`` defaults to ``first``; ``first`` also sums the unaligned distance ``d0``). Memory: A's and B's
+        prepared layer, and one tensor's float64 temporaries at a time for plain FF permutations
         (:mod:`~symalign.stream.blocks`): B's layer is rotated by ``O`` tensor by tensor as the
         FF costs and the attention matcher need it, never as a whole; each tensor leaves memory
         once its share of ``M`` is added. Other unit spaces (ReLU units, expert blocks) get
@@ -384,8 +385,9 @@ class StreamedWhole:
                 d0 += sum(blocks.sq_diff(la[t], lb[t]) for t in bound)
                 self.norm_a += sum(blocks.sq(la[t]) for t in bound)
             fast, other, att_spaces = self.units(i)
-            t_i, n_fast = self._solve_fast_units(i, sub, fast, la, lb, o, first)
-            moved += n_fast + self._solve_other_units(i, sub, other, att_spaces, la, lb, o, first, t_i)
+            anchor = first if anchored is None else anchored
+            t_i, n_fast = self._solve_fast_units(i, sub, fast, la, lb, o, anchor)
+            moved += n_fast + self._solve_other_units(i, sub, other, att_spaces, la, lb, o, anchor, t_i)
             t_i.update(self._solve_attention(i, sub, att_spaces, la, lb, o))
             self.layer_t[i] = t_i
             acc += self._accumulate(i, sub, bound, la, lb, t_i, m)
@@ -483,19 +485,32 @@ class StreamedWhole:
         return acc
 
     def match(self, stage1: bool, stage2: str, max_sweeps: int, rtol: float, progress: bool,
-              report: Callable[[int, float], None] | None = None) -> bool:
+              report: Callable[[int, float], None] | None = None, init: Mapping[str, Tensor] | None = None) -> bool:
         """The passes (module docstring) until the stopping rule or ``max_sweeps``; whether it converged.
-        ``progress``: a progress bar per pass; ``report``: called after each pass with ``(pass, distance)``."""
+        ``progress``: a progress bar per pass; ``report``: called after each pass with ``(pass, distance)``;
+        ``init``: a starting transform (:meth:`start_from`), as ``match_whole``'s ``init``."""
         t0 = time.perf_counter()
         self.stage1, self.stage2 = stage1, stage2
         with exact_matmul() if self.device is not None else contextlib.nullcontext():
-            return self._match(max_sweeps, rtol, progress, report, t0)
+            return self._match(max_sweeps, rtol, progress, report, t0, init)
+
+    def start_from(self, init: Mapping[str, Tensor]) -> None:
+        """A warm start, as :func:`~symalign.match.whole.match_whole`'s ``init``: ``O`` and each layer's unit
+        elements taken from ``init`` (a :meth:`transform` of the same spec; spaces it lacks stay at the identity),
+        so the first pass is an ordinary one -- no initialisation of ``O`` from the free tensors, no anchored
+        first sweep. The attention elements are solved afresh in every pass either way."""
+        if self.res is not None and self.res in init:
+            self.O = init[self.res].detach().cpu().clone()
+        for i in range(self.L):
+            self.layer_t[i] = {s: init[s].detach().cpu() for s in self.layer_spaces(i) if s in init}
 
     def _match(self, max_sweeps: int, rtol: float, progress: bool, report: Callable[[int, float], None] | None,
-               t0: float) -> bool:
+               t0: float, init: Mapping[str, Tensor] | None = None) -> bool:
         m_free, m_twice, free_norms, d_glob = self.pass0()
         self.bytes_read += self.a.bytes_read + self.b.bytes_read
-        if m_free is not None:  # initialisation from the free tensors, as match_whole
+        if init is not None:
+            self.start_from(init)
+        elif m_free is not None:  # initialisation from the free tensors, as match_whole
             self.O = self.group.nearest(m_free if m_twice is None else m_free + m_twice)
         converged = False
         d_first = None
@@ -504,7 +519,7 @@ class StreamedWhole:
         for k in range(max_sweeps):
             self.a.bytes_read = self.b.bytes_read = 0
             with progress_bar(total, f"align (model, streamed) pass {k + 1}", progress) as bar:
-                m, acc, d0 = self.sweep(first=(k == 0), bar=bar)
+                m, acc, d0 = self.sweep(first=(k == 0), bar=bar, anchored=(k == 0 and init is None))
             self.bytes_read += self.a.bytes_read + self.b.bytes_read
             if k == 0:
                 d_first = d_glob + d0

@@ -1,0 +1,105 @@
+r"""Seed 002's universe matching on Hugging Face checkpoints (``symalign merge --universe``), on the one
+whole-model loop.
+
+Every checkpoint ``theta_k`` is rewritten exactly in its own format once (:func:`symalign.families.prepare`:
+norm gains folded; the symmetries then act on the rewritten tensors). With ``U^(0) = theta_1`` and weights
+``w_k`` (summing to 1), round ``r`` matches every ``theta_k`` to ``U^(r)``,
+
+    ``T_k^(r) = argmin_T ||U^(r) - T . theta_k||^2``   (warm-started from ``T_k^(r-1)``),
+
+sets ``theta_k' = T_k^(r) . theta_k`` and ``U^(r+1) = sum_k w_k theta_k'``. Each match is
+:class:`~symalign.stream.model.StreamedWhole`'s passes over the two resident, already rewritten states
+(:class:`~symalign.stream.fold.PreparedSource`; ``init`` warm-starts them as ``match_whole``'s ``init`` does), so
+a universe merge takes the same steps as a pairwise ``--scope model`` merge. A family the loop refuses (T5, whose
+layers share one head space per stack) is matched by :func:`symalign.match.whole.match_whole` instead, as its
+pairwise alignment is.
+
+The spread ``sum_k ||theta_k' - U^(r+1)||^2`` is recorded per round; it is 0 for transformed copies of one model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from torch import Tensor
+
+from symalign.checkpoint.average import average_states
+from symalign.errors import ConfigError
+from symalign.match.whole import CHECKPOINT_SETTINGS
+
+
+@dataclass
+class UniverseStates:
+    """The aligned, rewritten states of the last round (input order), whether the rewrite untied the head (the
+    merged model is then written untied), the spread after each round, and which loop matched them."""
+
+    states: list[dict[str, Tensor]]
+    untied: bool
+    spread: list[float]
+    loop: str
+
+
+def _streamed(ckpt: Any) -> bool:
+    """Whether :class:`~symalign.stream.model.StreamedWhole` takes this checkpoint's family."""
+    from symalign.checkpoint.lazy import ResidentCheckpoint
+    from symalign.stream.fold import refusal
+
+    return getattr(ckpt.adapter, "no_stream", None) is None and refusal(ResidentCheckpoint.of(ckpt)) is None
+
+
+def universe_states(ckpts: Sequence[Any], weights: Sequence[float], rounds: int = 3, stage2: str = "full",
+                    experts: str = "exact", max_sweeps: int = 20, device: Any = None) -> UniverseStates:
+    """Universe matching of loaded checkpoints (:class:`~symalign.checkpoint.hf.HFCheckpoint`, same architecture)
+    with normalised ``weights``: ``rounds`` rounds (module docstring), ``stage2`` and ``experts`` as for a pairwise
+    whole-model match, at most ``max_sweeps`` passes per match; ``device``: where the passes compute."""
+    from symalign.families import prepare
+    from symalign.match.distance import distance
+    from symalign.spec import apply
+
+    if rounds < 1:
+        raise ConfigError(f"--rounds must be at least 1, got {rounds}")
+    prepared = [prepare(c.config, c.state, c.adapter.spec(c.config, c.state.keys())) for c in ckpts]
+    streamed = _streamed(ckpts[0])
+    ref = prepared[0].state
+    transforms: list[Any] = [None] * len(prepared)
+    spread: list[float] = []
+    aligned: list[dict[str, Tensor]] = []
+    for _ in range(rounds):
+        aligned = []
+        for k, p in enumerate(prepared):
+            if streamed:
+                transforms[k] = _match_streamed(ckpts, prepared, ref, k, transforms[k], stage2, experts, max_sweeps,
+                                                device)
+            else:
+                transforms[k] = _match_copies(prepared, ref, k, transforms[k], stage2, experts, max_sweeps)
+            aligned.append(apply(p.spec, transforms[k], p.state))
+        ref = average_states(aligned, weights)
+        spread.append(float(sum(distance(prepared[0].spec, ref, a) for a in aligned)))
+    return UniverseStates(aligned, any(p.untied for p in prepared), spread,
+                          "StreamedWhole" if streamed else "match_whole")
+
+
+def _match_streamed(ckpts, prepared, ref, k: int, init, stage2: str, experts: str, max_sweeps: int,
+                    device: Any) -> dict[str, Tensor]:
+    """``T_k``: :class:`~symalign.stream.model.StreamedWhole` from ``U`` (served as checkpoint 1's rewritten state)
+    to ``theta_k``'s rewritten state, warm-started from ``init``."""
+    from symalign.stream.fold import PreparedSource
+    from symalign.stream.model import StreamedWhole
+
+    u = PreparedSource(ckpts[0], prepared[0], state=ref)
+    w = StreamedWhole(u, PreparedSource(ckpts[k], prepared[k]), experts, device)
+    w.match(True, stage2, max_sweeps, CHECKPOINT_SETTINGS["rtol"], progress=False, init=init)
+    return w.transform()
+
+
+def _match_copies(prepared, ref, k: int, init, stage2: str, experts: str, max_sweeps: int) -> dict[str, Tensor]:
+    """``T_k`` by :func:`~symalign.match.whole.match_whole` (the families the passes refuse)."""
+    from symalign.match.whole import match_whole
+
+    res = match_whole(prepared[k].spec, ref, prepared[k].state, spec_b=prepared[0].spec, init=init, stage2=stage2,
+                      experts=experts, max_sweeps=max_sweeps, **CHECKPOINT_SETTINGS)
+    return res.transform
+
+
+__all__ = ["UniverseStates", "universe_states"]
