@@ -160,11 +160,6 @@ def weight_layout(path: Path) -> tuple[list[Path], dict[str, Any] | None, dict[s
     return [single], None, None
 
 
-def weight_files(path: Path) -> list[Path]:
-    """The safetensors files of a checkpoint (single file, or the shards of the index)."""
-    return weight_layout(path)[0]
-
-
 def shard_map(like: Path) -> dict[str, str] | None:
     """A checkpoint's tensor -> shard file map, or ``None`` for a single ``model.safetensors``."""
     index = Path(like) / INDEX_NAME

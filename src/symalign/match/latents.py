@@ -32,14 +32,8 @@ import torch
 from torch import Tensor
 
 from symalign.errors import GroupError, MatchError
-from symalign.groups import assign_max, one_hot, sinkhorn, straight_through
+from symalign.groups import one_hot, sinkhorn
 from symalign.spec import SymmetrySpec, Transform, act_on, on_segment
-
-
-def proj_perm(z: Tensor) -> tuple[Tensor, Tensor]:
-    """``(perm, P_st)``: the Hungarian projection and its straight-through matrix."""
-    perm = assign_max(z.detach())
-    return perm, straight_through(perm, z)
 
 
 RELAXATIONS = ("sinkhorn", "sinkhorn-st")
