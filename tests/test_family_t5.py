@@ -229,6 +229,42 @@ def test_float32_pair_stays_exact(scope, tmp_path, capsys, monkeypatch):
     assert rel(output(o, x), output(b, x)) <= 1e-5
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("ff", ["relu", "gated-gelu"])
+def test_model_scope_is_the_one_loop_and_equals_match_whole(ff, tmp_path):
+    """``--scope model`` in memory runs the one whole-model loop (:class:`symalign.stream.model.StreamedWhole`,
+    each stack's self-attention layers solved together for their shared head space) and its squared distance
+    after every pass is that of :func:`~symalign.match.whole.match_whole` on the folded float64 models (the
+    reference loop, which solves the whole attention at once); OUT computes B's function."""
+    from symalign.checkpoint.hf import load_checkpoint
+    from symalign.commands.align import run_align
+    from symalign.match.whole import CHECKPOINT_SETTINGS
+    from symalign.stream.model import StreamedWhole, attention_groups
+
+    for seed, name in ((0, "A"), (1, "B")):
+        m = T.T5ForConditionalGeneration(T.T5Config(**{**T5Family.tiny.kwargs, "feed_forward_proj": ff}))
+        randomize(m.double(), seed)
+        m.save_pretrained(tmp_path / name)
+    res = run_align(tmp_path / "A", tmp_path / "B", tmp_path / "M", scope="model", stream=False, max_sweeps=4)
+    ca, cb = load_checkpoint(tmp_path / "A"), load_checkpoint(tmp_path / "B")
+    pa, pb = (prepare(c.config, c.state, c.adapter.spec(c.config, c.state.keys())) for c in (ca, cb))
+    ref = match_whole(pa.spec, pa.state, pb.state, spec_b=pb.spec, max_sweeps=4, **CHECKPOINT_SETTINGS)
+    dm, dr = res.match["distances"], ref.to_dict()["distances"]
+    assert len(dm) == len(dr) and all(abs(x - y) <= 1e-10 * dr[0] for x, y in zip(dm, dr)), (dm, dr)
+    assert dm[-1] < dm[0] and res.check.to_dict()["passed"]
+    from symalign.checkpoint.lazy import ResidentCheckpoint
+    w = StreamedWhole(ResidentCheckpoint.of(ca), ResidentCheckpoint.of(cb))
+    assert w.prefixes == ["encoder.block.0.", "encoder.block.1.", "decoder.block.0.", "decoder.block.1.",
+                          "decoder.block.2."]
+    assert w.groups == [(0, 1), (0, 1), (2, 3, 4), (2, 3, 4), (2, 3, 4)]
+    assert attention_groups(w.spec, w.res, [["qk.0"], ["qk.1"]]) == [(0,), (1,)]
+    cls = T.T5ForConditionalGeneration
+    o = cls.from_pretrained(tmp_path / "M", dtype=torch.float64, attn_implementation="eager").eval()
+    b = cls.from_pretrained(tmp_path / "B", dtype=torch.float64, attn_implementation="eager").eval()
+    x = _x(b)
+    assert rel(output(float64_numerics(o), x), output(float64_numerics(b), x)) <= 1e-10
+
+
 def test_declared_dimension_equals_probe_nullity_every_site():
     """Every attention layer of a tiny model (encoder 0-1, decoder self 2-3, cross 4-5): the real
     ``T5Attention`` with its stack's position bias (decoder: causal) or generic encoder states, float64."""

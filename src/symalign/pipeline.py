@@ -55,7 +55,6 @@ from symalign.errors import ConfigError
 from symalign.match.experts import expert_units
 from symalign.provenance import provenance
 from symalign.tolerance import FunctionCheck
-from symalign.spec import apply
 
 SCOPES = ("attention", "model")
 STAGE2 = ("none", "orthogonal", "full")
@@ -286,16 +285,11 @@ class InMemoryModel(InMemoryEngine):
     (GPT-2: ``tie_word_embeddings = false``) and checked whole through ``from_pretrained``;
     ``--write-reference`` also writes A's folded form.
 
-    Two matchers, by what the pair is (:func:`whole_refusal`):
-
-    * every family the streamed model scope takes (decoders and encoders, with one residual stream or none): the
-      one whole-model loop,
-      :class:`~symalign.stream.model.StreamedWhole` over both checkpoints as resident sources
-      (:class:`~symalign.checkpoint.lazy.ResidentCheckpoint`; one layer of each in float64 at a time), then
-      :func:`~symalign.stream.model.write_aligned` into a :class:`~symalign.stream.sink.StateSink` -- the passes
-      and the bits of ``--stream``, only the source differs (no float64 copy of either model);
-    * what it refuses (T5, whose layers share a head space per stack): :func:`symalign.match.whole.match_whole` on
-      float64 copies of both folded models (:meth:`prepare_copies`)."""
+    The matcher is the one whole-model loop, :class:`~symalign.stream.model.StreamedWhole`, over both checkpoints
+    as resident sources (:class:`~symalign.checkpoint.lazy.ResidentCheckpoint`; one block of each in float64 at a
+    time -- T5's stacks, whose self-attention layers share a head space, one stack), then
+    :func:`~symalign.stream.model.write_aligned` into a :class:`~symalign.stream.sink.StateSink`: the passes and the
+    bits of ``--stream``, only the source differs (no float64 copy of either model)."""
 
     talks = True
 
@@ -312,27 +306,11 @@ class InMemoryModel(InMemoryEngine):
         from symalign.checkpoint.lazy import ResidentCheckpoint
         from symalign.stream.model import StreamedWhole
 
-        self.whole = None
-        ra, rb = ResidentCheckpoint.of(self.a), ResidentCheckpoint.of(self.b)
-        if whole_refusal(ra, rb) is None:
-            self.whole = StreamedWhole(ra, rb, self.job.experts or "exact", self.job.device)
-            self.spec, self.notes, self.untied = self.whole.spec, self.whole.prep_b.notes, self.whole.prep_b.untied
-        else:
-            self.prepare_copies()
+        self.whole = StreamedWhole(ResidentCheckpoint.of(self.a), ResidentCheckpoint.of(self.b),
+                                   self.job.experts or "exact", self.job.device)
+        self.spec, self.notes, self.untied = self.whole.spec, self.whole.prep_b.notes, self.whole.prep_b.untied
         if self.job.experts is not None and not expert_units(self.spec):
             refuse_experts(f"this {self.a.config.model_type!r} checkpoint")
-
-    def prepare_copies(self) -> None:
-        """Both checkpoints folded as float64 copies (:func:`symalign.families.prepare`), for ``match_whole``."""
-        from symalign.families import prepare
-
-        a, b = self.a, self.b
-        # Folded and matched in float64 whatever the stored dtype, as the resident passes do; OUT is rounded to
-        # B's dtypes only when it is written (self.stored).
-        self.stored = {k: v.dtype for k, v in b.state.items()}
-        self.pa = prepare(a.config, _float64(a.state), a.adapter.spec(a.config, a.state.keys()))
-        self.pb = prepare(b.config, _float64(b.state), b.adapter.spec(b.config, b.state.keys()))
-        self.spec, self.notes, self.untied = self.pb.spec, self.pb.notes, self.pb.untied
 
     def tell_sweep(self, k: int, d: float, d0: float) -> None:
         """The progress line after sweep (pass) ``k``: its distance ``d`` relative to the unaligned ``d0``."""
@@ -341,10 +319,7 @@ class InMemoryModel(InMemoryEngine):
     def match(self) -> None:
         n = self.job.max_sweeps
         self.job.tell(f"matching the whole model ({self.spec.dim} group dimensions; up to {n} sweeps)")
-        if self.whole is not None:
-            self.match_resident()
-        else:
-            self.match_copies()
+        self.match_resident()
         self.job.tell(f"matched in {self.iterations} sweeps" + ("" if self.converged else " (not converged)"))
 
     def match_resident(self) -> None:
@@ -368,28 +343,6 @@ class InMemoryModel(InMemoryEngine):
         self.before, self.after = w.relative(w.distances[0]), w.relative(w.written_distance)
         self.summary = w.summary(self.converged)
         self.transform = w.transform() if self.job.return_transform else None
-
-    def match_copies(self) -> None:
-        """:func:`symalign.match.whole.match_whole` on the float64 copies, applied, rounded to B's dtypes."""
-        from symalign.match.distance import distance, relative_distance
-        from symalign.match.whole import CHECKPOINT_SETTINGS, match_whole
-
-        pa, pb = self.pa, self.pb
-        self.before = relative_distance(pa.state, pb.state, self.spec.tensors)
-        d0 = distance(pa.spec, pa.state, pb.state)
-        # A's spec first: a mismatch is reported as "<A's group> in A, <B's group> in B"
-        res = match_whole(pa.spec, pa.state, pb.state, spec_b=pb.spec, stage1=self.job.stage1,
-                          stage2=self.job.stage2, max_sweeps=self.job.max_sweeps, experts=self.job.experts or "exact",
-                          device=self.job.device,
-                          **CHECKPOINT_SETTINGS,  # as the resident passes
-                          progress=lambda k, d: self.tell_sweep(k, d, d0))
-        self.iterations, self.converged, self.summary = res.iterations, res.converged, res.to_dict()
-        self.transform = dict(res.transform) if self.job.return_transform else None
-        out = apply(self.spec, res.transform, pb.state)
-        self.after = relative_distance(pa.state, out, self.spec.tensors)
-        self.out_state = {k: v.to(self.stored.get(k, self.b.dtype)) if v.is_floating_point() else v
-                          for k, v in out.items()}  # B's stored dtypes (a tensor B lacks: B's dtype)
-        del out
 
     def edits(self) -> dict[str, Any] | None:
         return {"tie_word_embeddings": False} if self.untied else None
@@ -420,24 +373,6 @@ class InMemoryModel(InMemoryEngine):
                           self.iterations, self.converged, CheckReport.whole(check), notes=notes, folded=True,
                           untied_head=self.untied, reference=reference, match=self.summary,
                           transform=self.transform)
-
-
-def whole_refusal(a: Any, b: Any) -> str | None:
-    """Why :class:`~symalign.stream.model.StreamedWhole` does not take the pair ``a``, ``b`` (tensor sources with
-    config and family), or ``None``: the family declines streaming (``no_stream``: T5), or
-    :func:`symalign.stream.fold.refusal` (a residual group the passes do not solve)."""
-    from symalign.stream.fold import refusal
-
-    for ck in (a, b):
-        why = getattr(ck.adapter, "no_stream", None) or refusal(ck)
-        if why is not None:
-            return why
-    return None
-
-
-def _float64(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """``state`` with every floating tensor in float64 (exact: every float dtype converts exactly)."""
-    return {k: v.double() if v.is_floating_point() else v for k, v in state.items()}
 
 
 @dataclass

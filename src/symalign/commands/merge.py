@@ -176,7 +176,7 @@ def _merge_in_memory(dirs: list[Path], out_path: Path, w: list[float], scope: st
         "inputs": [str(Path(d).resolve()) for d in dirs]}, step)
     res: dict[str, Any] = {
         "models": [str(d) for d in dirs], "weights": w, "out": str(out_path), "scope": scope if align else "none",
-        "universe": {"rounds": rounds, "spread": acc.spread, "loop": acc.loop} if universe else None,
+        "universe": {"rounds": rounds, "spread": acc.spread} if universe else None,
         "aligned": acc.aligned, "dtype": str(ref.dtype).replace("torch.", ""), "architecture": ref.config.model_type,
         "tensors": len(merged), "new_tensors": sorted(set(merged) - ref.keys),
         "experts": _experts_ran(align, scope, ref.adapter, experts),
@@ -208,7 +208,6 @@ class _Accumulated:
     edits: dict[str, Any] = field(default_factory=dict)
     aligned: list[dict] = field(default_factory=list)
     spread: list[float] | None = None
-    loop: str | None = None  # the universe's whole-model loop (StreamedWhole; match_whole for T5)
 
 
 def _open_reference(dirs: list[Path], step: Callable[[str], None]) -> _Reference:
@@ -254,7 +253,7 @@ def _universe_sum(ref: _Reference, dirs: list[Path], w: list[float], rounds: int
     ckpts = [ref.ckpt] + [load_checkpoint(d) for d in dirs[1:]]
     uni = universe_states(ckpts, w, rounds, stage2, experts=experts or "exact", max_sweeps=max_sweeps, device=device)
     del ckpts
-    acc = _Accumulated(RunningAverage(), spread=uni.spread, loop=uni.loop)
+    acc = _Accumulated(RunningAverage(), spread=uni.spread)
     if uni.untied:
         acc.edits["tie_word_embeddings"] = False
     for s, wk in zip(uni.states, w):

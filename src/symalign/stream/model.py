@@ -35,6 +35,11 @@ permutation matrix too), the distance after the pass needs no further read:
 ``d = sum_t (||A_t||^2 + ||B'_t||^2) - 2 <O, M + M_free>`` (plus the tensors no
 residual acts on, and those it acts on twice, summed directly).
 
+A "layer" here is a block of the model (:func:`block_prefixes`). Blocks whose attention shares a space are
+solved together (:func:`attention_groups`): T5's self-attention layers share one head permutation per stack
+(their common position-bias table), so each of its stacks' blocks are held until the stack's last one is read,
+and their attention is matched at once; every other family's blocks are independent given ``O``.
+
 This is exactly the sweep of :func:`symalign.match.whole.match_whole` (FF, attention,
 residual), so passes stop on the same rule: the distance falls by at most
 ``rtol`` times the unaligned distance, or ``max_sweeps`` passes. A final pass over B
@@ -53,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -68,8 +74,8 @@ from symalign.spec import SymmetrySpec, apply, segment_view
 from symalign.stream import blocks
 from symalign.stream.fold import (CHUNK_ELEMENTS, SMALL_ELEMENTS, Preparer, added_tensors, att_spec_of, own_tensors,
                                   prepare_experts, prepare_parts, preparer_of, refusal, residual_space, stored_names)
-from symalign.stream.attention import exact_tolerance, layer_of, n_layers, open_pair, stored_tolerance, work_dtype
-from symalign.stream.layercheck import LayerChecker, layer_prefix, sparse_layer
+from symalign.stream.attention import exact_tolerance, open_pair, stored_tolerance, work_dtype
+from symalign.stream.layercheck import LayerChecker, sparse_layer
 from symalign.io.prefetch import read_ahead
 from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
@@ -103,6 +109,49 @@ def _rows(x: Tensor, axis: int) -> Tensor:
     return torch.movedim(x.to(torch.float64), axis % x.dim(), 0).reshape(x.shape[axis], -1)
 
 
+def block_prefixes(att: SymmetrySpec) -> list[str]:
+    """The model's blocks as name prefixes (``"model.layers.3."``, ``"decoder.block.0."``): each attention tensor's
+    name up to its first ``.<number>.``, in the order of the attention layers, each once (T5's decoder block holds
+    a self- and a cross-attention layer)."""
+    out: list[str] = []
+    for t in att.tensors:
+        m = re.search(r"\.\d+\.", t)
+        if m is None:
+            raise ConfigError(f"cannot find a block index in tensor name {t!r}")
+        if t[:m.end()] not in out:
+            out.append(t[:m.end()])
+    return out
+
+
+def attention_groups(spec: SymmetrySpec, res: str | None, spaces: list[list[str]]) -> list[tuple[int, ...]]:
+    """Per block, the blocks its attention is solved with: those connected to it through a shared space (T5: one
+    head permutation for every self-attention layer of a stack, for their common position-bias table); a block
+    alone in every other family. A shared space that is not an attention space is refused (the passes solve unit
+    spaces block by block)."""
+    owner: dict[str, list[int]] = {}
+    for i, sp in enumerate(spaces):
+        for x in sp:
+            owner.setdefault(x, []).append(i)
+    root = list(range(len(spaces)))
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            i = root[i]
+        return i
+
+    for x, ids in owner.items():
+        if len(ids) > 1:
+            if spec.role(x) in ("ff", "residual", "experts"):
+                raise ConfigError(f"space {x!r} ({spec.role(x)}) spans several blocks; the whole-model passes cannot "
+                                  "solve it block by block")
+            for j in ids[1:]:
+                root[find(j)] = find(ids[0])
+    groups: dict[int, list[int]] = {}
+    for i in range(len(spaces)):
+        groups.setdefault(find(i), []).append(i)
+    return [tuple(groups[find(i)]) for i in range(len(spaces))]
+
+
 class StreamedWhole:
     """State of the streamed whole-model match (see the module docstring), over any two tensor sources: lazily
     opened checkpoints (streamed) or resident ones (:class:`~symalign.checkpoint.lazy.ResidentCheckpoint`); the
@@ -134,9 +183,8 @@ class StreamedWhole:
             raise MatchError("the models have different symmetry groups -- different depth or widths?")
         self.spec = spec
         self.res = residual_space(spec)
-        self.L = n_layers(att)
-        self.att_names = [list(att.restrict(layer_of(att, i)).tensors) for i in range(self.L)]
-        self.prefixes = [layer_prefix(names[0], i) for i, names in enumerate(self.att_names)]
+        self.prefixes = block_prefixes(att)  # the blocks, in the order of their first attention layer
+        self.L = len(self.prefixes)
         self.layer_names = [[n for n in b.keys if n.startswith(p)] for p in self.prefixes]  # as stored
         self.pnames = [[n for n in self.prep_b.names if n.startswith(p)] for p in self.prefixes]  # as prepared
         in_layer = {n for names in self.layer_names for n in names}
@@ -152,6 +200,8 @@ class StreamedWhole:
         # pass 0, their distance formed directly after each pass (it is not linear in O)
         self.twice = [n for n in self.globals if len(_res_actions(spec, n, self.res)) > 1]
         self.twice_pairs: dict[str, tuple[Tensor, Tensor]] = {}
+        self.block_spaces = [self.layer_spaces(i) for i in range(self.L)]
+        self.groups = attention_groups(spec, self.res, self.block_spaces)
         layered = [n for names in self.pnames for n in names if len(_res_actions(spec, n, self.res)) > 1]
         if layered:
             raise ConfigError(f"{layered[0]!r}: the residual acts on two of its axes inside a layer; streamed "
@@ -371,6 +421,7 @@ class StreamedWhole:
         m = None if self.group is None else torch.zeros(self.group.n, self.group.n, dtype=torch.float64, device=dev)
         acc = d0 = 0.0
         moved = 0
+        held: dict[tuple[int, ...], list] = {}  # blocks waiting for the joint attention solve of their group
         for i, (raw_a, raw_b) in zip(range(self.L), read_ahead(self.raw_pair, range(self.L), dev)):  # i + 1 meanwhile
             release()
             if bar is not None:
@@ -388,10 +439,19 @@ class StreamedWhole:
             anchor = first if anchored is None else anchored
             t_i, n_fast = self._solve_fast_units(i, sub, fast, la, lb, o, anchor)
             moved += n_fast + self._solve_other_units(i, sub, other, att_spaces, la, lb, o, anchor, t_i)
-            t_i.update(self._solve_attention(i, sub, att_spaces, la, lb, o))
-            self.layer_t[i] = t_i
-            acc += self._accumulate(i, sub, bound, la, lb, t_i, m)
+            group = self.groups[i]
+            held.setdefault(group, []).append((i, sub, bound, la, lb, t_i, att_spaces))
             del la, lb
+            if i != group[-1]:
+                continue  # a block whose attention shares a space with a later block waits for it
+            t_att = self._solve_attention([h[0] for h in held[group]], [h[1] for h in held[group]],
+                                          [h[6] for h in held[group]], [h[3] for h in held[group]],
+                                          [h[4] for h in held[group]], o)
+            for j, sub_j, bound_j, la_j, lb_j, t_j, _ in held.pop(group):
+                t_j.update({k: v for k, v in t_att.items() if k in self.block_spaces[j]})
+                self.layer_t[j] = t_j
+                acc += self._accumulate(j, sub_j, bound_j, la_j, lb_j, t_j, m)
+            del t_att
         self.changes.append(moved)
         return (None if m is None else m.cpu()), acc, d0
 
@@ -445,22 +505,32 @@ class StreamedWhole:
         release()
         return moved
 
-    def _solve_attention(self, i: int, sub: SymmetrySpec, att_spaces: list[str], la: dict, lb: dict,
-                         o: Tensor | None) -> dict[str, Tensor]:
-        """Layer ``i``'s attention spaces by :func:`~symalign.match.match_attention` on A and ``O . B`` (fused
-        segments split); records its per-layer report and timings. Returns its transform (on the CPU)."""
+    def _solve_attention(self, ids: list[int], subs: list[SymmetrySpec], att_spaces: list[list[str]],
+                         las: list[dict], lbs: list[dict], o: Tensor | None) -> dict[str, Tensor]:
+        """The attention spaces of the blocks ``ids`` (one block, or a group whose blocks share an attention
+        space: :func:`attention_groups`) by one :func:`~symalign.match.match_attention` on A and ``O . B`` (fused
+        segments split); records its report and timings at the group's last block. Returns its transform (on the
+        CPU)."""
         from symalign.arch.fused import split_segments
         from symalign.match import match_attention
 
-        att_sub = sub.restrict(att_spaces)
-        cur = {t: self.rotate_one(sub, t, lb[t], o) for t in att_sub.tensors}
+        la, cur, tensors = {}, {}, {}
+        for sub, spaces, a, b in zip(subs, att_spaces, las, lbs):
+            part = sub.restrict(spaces)
+            tensors.update({t: self.spec.tensors[t] for t in part.tensors})
+            la.update({t: a[t] for t in part.tensors})
+            cur.update({t: self.rotate_one(sub, t, b[t], o) for t in part.tensors})
+        att_sub = SymmetrySpec(self.spec.spaces, tensors, self.spec.couplings).restrict(
+            sorted({x for spaces in att_spaces for x in spaces}))
         view_spec, (va, vb) = split_segments(att_sub, la, cur)
         att = match_attention(view_spec, va, vb, stage1=self.stage1, stage2=self.stage2,
                               stage1_dtype=torch.float32 if self.b.dtype != torch.float64 else None,
                               device=self.device)
         self.t_grams += att.totals.get("time_stage1_s", 0.0) + att.totals.get("time_grams_s", 0.0)
-        self.attention[i] = att.to_dict()["layers"]
-        self.att_totals[i] = dict(att.totals)
+        for j in ids[:-1]:
+            self.attention[j], self.att_totals[j] = None, {}
+        self.attention[ids[-1]] = att.to_dict()["layers"]
+        self.att_totals[ids[-1]] = dict(att.totals)
         return att.transform
 
     def _accumulate(self, i: int, sub: SymmetrySpec, bound: list[str], la: dict, lb: dict, t_i: dict[str, Tensor],

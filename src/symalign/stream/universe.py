@@ -10,9 +10,7 @@ norm gains folded; the symmetries then act on the rewritten tensors). With ``U^(
 sets ``theta_k' = T_k^(r) . theta_k`` and ``U^(r+1) = sum_k w_k theta_k'``. Each match is
 :class:`~symalign.stream.model.StreamedWhole`'s passes over the two resident, already rewritten states
 (:class:`~symalign.stream.fold.PreparedSource`; ``init`` warm-starts them as ``match_whole``'s ``init`` does), so
-a universe merge takes the same steps as a pairwise ``--scope model`` merge. A family the loop refuses (T5, whose
-layers share one head space per stack) is matched by :func:`symalign.match.whole.match_whole` instead, as its
-pairwise alignment is.
+a universe merge takes the same steps as a pairwise ``--scope model`` merge.
 
 The spread ``sum_k ||theta_k' - U^(r+1)||^2`` is recorded per round; it is 0 for transformed copies of one model.
 """
@@ -32,20 +30,11 @@ from symalign.match.whole import CHECKPOINT_SETTINGS
 @dataclass
 class UniverseStates:
     """The aligned, rewritten states of the last round (input order), whether the rewrite untied the head (the
-    merged model is then written untied), the spread after each round, and which loop matched them."""
+    merged model is then written untied), and the spread after each round."""
 
     states: list[dict[str, Tensor]]
     untied: bool
     spread: list[float]
-    loop: str
-
-
-def _streamed(ckpt: Any) -> bool:
-    """Whether :class:`~symalign.stream.model.StreamedWhole` takes this checkpoint's family."""
-    from symalign.checkpoint.lazy import ResidentCheckpoint
-    from symalign.stream.fold import refusal
-
-    return getattr(ckpt.adapter, "no_stream", None) is None and refusal(ResidentCheckpoint.of(ckpt)) is None
 
 
 def universe_states(ckpts: Sequence[Any], weights: Sequence[float], rounds: int = 3, stage2: str = "full",
@@ -60,7 +49,6 @@ def universe_states(ckpts: Sequence[Any], weights: Sequence[float], rounds: int 
     if rounds < 1:
         raise ConfigError(f"--rounds must be at least 1, got {rounds}")
     prepared = [prepare(c.config, c.state, c.adapter.spec(c.config, c.state.keys())) for c in ckpts]
-    streamed = _streamed(ckpts[0])
     ref = prepared[0].state
     transforms: list[Any] = [None] * len(prepared)
     spread: list[float] = []
@@ -68,19 +56,14 @@ def universe_states(ckpts: Sequence[Any], weights: Sequence[float], rounds: int 
     for _ in range(rounds):
         aligned = []
         for k, p in enumerate(prepared):
-            if streamed:
-                transforms[k] = _match_streamed(ckpts, prepared, ref, k, transforms[k], stage2, experts, max_sweeps,
-                                                device)
-            else:
-                transforms[k] = _match_copies(prepared, ref, k, transforms[k], stage2, experts, max_sweeps)
+            transforms[k] = _match(ckpts, prepared, ref, k, transforms[k], stage2, experts, max_sweeps, device)
             aligned.append(apply(p.spec, transforms[k], p.state))
         ref = average_states(aligned, weights)
         spread.append(float(sum(distance(prepared[0].spec, ref, a) for a in aligned)))
-    return UniverseStates(aligned, any(p.untied for p in prepared), spread,
-                          "StreamedWhole" if streamed else "match_whole")
+    return UniverseStates(aligned, any(p.untied for p in prepared), spread)
 
 
-def _match_streamed(ckpts, prepared, ref, k: int, init, stage2: str, experts: str, max_sweeps: int,
+def _match(ckpts, prepared, ref, k: int, init, stage2: str, experts: str, max_sweeps: int,
                     device: Any) -> dict[str, Tensor]:
     """``T_k``: :class:`~symalign.stream.model.StreamedWhole` from ``U`` (served as checkpoint 1's rewritten state)
     to ``theta_k``'s rewritten state, warm-started from ``init``."""
@@ -91,15 +74,6 @@ def _match_streamed(ckpts, prepared, ref, k: int, init, stage2: str, experts: st
     w = StreamedWhole(u, PreparedSource(ckpts[k], prepared[k]), experts, device)
     w.match(True, stage2, max_sweeps, CHECKPOINT_SETTINGS["rtol"], progress=False, init=init)
     return w.transform()
-
-
-def _match_copies(prepared, ref, k: int, init, stage2: str, experts: str, max_sweeps: int) -> dict[str, Tensor]:
-    """``T_k`` by :func:`~symalign.match.whole.match_whole` (the families the passes refuse)."""
-    from symalign.match.whole import match_whole
-
-    res = match_whole(prepared[k].spec, ref, prepared[k].state, spec_b=prepared[0].spec, init=init, stage2=stage2,
-                      experts=experts, max_sweeps=max_sweeps, **CHECKPOINT_SETTINGS)
-    return res.transform
 
 
 __all__ = ["UniverseStates", "universe_states"]
