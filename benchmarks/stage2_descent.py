@@ -109,6 +109,8 @@ def main() -> None:
                           "corr": pearson([p["distance"] for p in refine], [p["loss_barrier"] for p in refine])})
     if args.ranks is not None:
         for lay in json.loads(args.ranks.read_text())["layers"]:
+            if lay["experiment"] not in args.experiments or lay["scope"] not in args.scopes.split(","):
+                continue  # the ranks file may hold other experiments' layers
             corr_rows.append({"experiment": lay["experiment"], "scope": lay["scope"], "seeds": lay["seeds"],
                               "over": f"{lay['n_permutations']} head permutations of layer {lay['layer']}",
                               "corr": lay["distance_barrier_correlation"]})
