@@ -257,7 +257,7 @@ def test_model_scope_is_the_one_loop_and_equals_match_whole(ff, tmp_path):
     assert w.prefixes == ["encoder.block.0.", "encoder.block.1.", "decoder.block.0.", "decoder.block.1.",
                           "decoder.block.2."]
     assert w.groups == [(0, 1), (0, 1), (2, 3, 4), (2, 3, 4), (2, 3, 4)]
-    assert attention_groups(w.spec, w.res, [["qk.0"], ["qk.1"]]) == [(0,), (1,)]
+    assert attention_groups(w.spec, [["qk.0"], ["qk.1"]]) == [(0,), (1,)]
     cls = T.T5ForConditionalGeneration
     o = cls.from_pretrained(tmp_path / "M", dtype=torch.float64, attn_implementation="eager").eval()
     b = cls.from_pretrained(tmp_path / "B", dtype=torch.float64, attn_implementation="eager").eval()

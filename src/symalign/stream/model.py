@@ -123,7 +123,7 @@ def block_prefixes(att: SymmetrySpec) -> list[str]:
     return out
 
 
-def attention_groups(spec: SymmetrySpec, res: str | None, spaces: list[list[str]]) -> list[tuple[int, ...]]:
+def attention_groups(spec: SymmetrySpec, spaces: list[list[str]]) -> list[tuple[int, ...]]:
     """Per block, the blocks its attention is solved with: those connected to it through a shared space (T5: one
     head permutation for every self-attention layer of a stack, for their common position-bias table); a block
     alone in every other family. A shared space that is not an attention space is refused (the passes solve unit
@@ -201,7 +201,7 @@ class StreamedWhole:
         self.twice = [n for n in self.globals if len(_res_actions(spec, n, self.res)) > 1]
         self.twice_pairs: dict[str, tuple[Tensor, Tensor]] = {}
         self.block_spaces = [self.layer_spaces(i) for i in range(self.L)]
-        self.groups = attention_groups(spec, self.res, self.block_spaces)
+        self.groups = attention_groups(spec, self.block_spaces)
         layered = [n for names in self.pnames for n in names if len(_res_actions(spec, n, self.res)) > 1]
         if layered:
             raise ConfigError(f"{layered[0]!r}: the residual acts on two of its axes inside a layer; streamed "
@@ -440,14 +440,12 @@ class StreamedWhole:
             t_i, n_fast = self._solve_fast_units(i, sub, fast, la, lb, o, anchor)
             moved += n_fast + self._solve_other_units(i, sub, other, att_spaces, la, lb, o, anchor, t_i)
             group = self.groups[i]
-            held.setdefault(group, []).append((i, sub, bound, la, lb, t_i, att_spaces))
+            held.setdefault(group, []).append((i, sub, att_spaces, la, lb, bound, t_i))
             del la, lb
             if i != group[-1]:
                 continue  # a block whose attention shares a space with a later block waits for it
-            t_att = self._solve_attention([h[0] for h in held[group]], [h[1] for h in held[group]],
-                                          [h[6] for h in held[group]], [h[3] for h in held[group]],
-                                          [h[4] for h in held[group]], o)
-            for j, sub_j, bound_j, la_j, lb_j, t_j, _ in held.pop(group):
+            t_att = self._solve_attention(held[group], o)
+            for j, sub_j, _, la_j, lb_j, bound_j, t_j in held.pop(group):
                 t_j.update({k: v for k, v in t_att.items() if k in self.block_spaces[j]})
                 self.layer_t[j] = t_j
                 acc += self._accumulate(j, sub_j, bound_j, la_j, lb_j, t_j, m)
@@ -505,23 +503,23 @@ class StreamedWhole:
         release()
         return moved
 
-    def _solve_attention(self, ids: list[int], subs: list[SymmetrySpec], att_spaces: list[list[str]],
-                         las: list[dict], lbs: list[dict], o: Tensor | None) -> dict[str, Tensor]:
-        """The attention spaces of the blocks ``ids`` (one block, or a group whose blocks share an attention
-        space: :func:`attention_groups`) by one :func:`~symalign.match.match_attention` on A and ``O . B`` (fused
-        segments split); records its report and timings at the group's last block. Returns its transform (on the
-        CPU)."""
+    def _solve_attention(self, group: list[tuple], o: Tensor | None) -> dict[str, Tensor]:
+        """The attention spaces of a group's blocks (one block, or blocks that share an attention space:
+        :func:`attention_groups`; each entry ``(i, sub, attention spaces, A's layer, B's layer, ...)``) by one
+        :func:`~symalign.match.match_attention` on A and ``O . B`` (fused segments split); records its report and
+        timings at the group's last block. Returns its transform (on the CPU)."""
         from symalign.arch.fused import split_segments
         from symalign.match import match_attention
 
         la, cur, tensors = {}, {}, {}
-        for sub, spaces, a, b in zip(subs, att_spaces, las, lbs):
+        ids = [g[0] for g in group]
+        for _, sub, spaces, a, b, *_ in group:
             part = sub.restrict(spaces)
             tensors.update({t: self.spec.tensors[t] for t in part.tensors})
             la.update({t: a[t] for t in part.tensors})
             cur.update({t: self.rotate_one(sub, t, b[t], o) for t in part.tensors})
         att_sub = SymmetrySpec(self.spec.spaces, tensors, self.spec.couplings).restrict(
-            sorted({x for spaces in att_spaces for x in spaces}))
+            sorted({x for g in group for x in g[2]}))
         view_spec, (va, vb) = split_segments(att_sub, la, cur)
         att = match_attention(view_spec, va, vb, stage1=self.stage1, stage2=self.stage2,
                               stage1_dtype=torch.float32 if self.b.dtype != torch.float64 else None,
@@ -572,7 +570,7 @@ class StreamedWhole:
         if self.res is not None and self.res in init:
             self.O = init[self.res].detach().cpu().clone()
         for i in range(self.L):
-            self.layer_t[i] = {s: init[s].detach().cpu() for s in self.layer_spaces(i) if s in init}
+            self.layer_t[i] = {s: init[s].detach().cpu() for s in self.block_spaces[i] if s in init}
 
     def _match(self, max_sweeps: int, rtol: float, progress: bool, report: Callable[[int, float], None] | None,
                t0: float, init: Mapping[str, Tensor] | None = None) -> bool:

@@ -45,35 +45,28 @@ def universe_states(ckpts: Sequence[Any], weights: Sequence[float], rounds: int 
     from symalign.families import prepare
     from symalign.match.distance import distance
     from symalign.spec import apply
+    from symalign.stream.fold import PreparedSource
+    from symalign.stream.model import StreamedWhole
 
     if rounds < 1:
         raise ConfigError(f"--rounds must be at least 1, got {rounds}")
     prepared = [prepare(c.config, c.state, c.adapter.spec(c.config, c.state.keys())) for c in ckpts]
+    sources = [PreparedSource(c, p) for c, p in zip(ckpts, prepared)]  # each model's rewritten state, once
     ref = prepared[0].state
     transforms: list[Any] = [None] * len(prepared)
     spread: list[float] = []
     aligned: list[dict[str, Tensor]] = []
     for _ in range(rounds):
+        u = PreparedSource(ckpts[0], prepared[0], state=ref)  # U^(r), served as checkpoint 1's rewritten state
         aligned = []
         for k, p in enumerate(prepared):
-            transforms[k] = _match(ckpts, prepared, ref, k, transforms[k], stage2, experts, max_sweeps, device)
+            w = StreamedWhole(u, sources[k], experts, device)
+            w.match(True, stage2, max_sweeps, CHECKPOINT_SETTINGS["rtol"], progress=False, init=transforms[k])
+            transforms[k] = w.transform()
             aligned.append(apply(p.spec, transforms[k], p.state))
         ref = average_states(aligned, weights)
         spread.append(float(sum(distance(prepared[0].spec, ref, a) for a in aligned)))
     return UniverseStates(aligned, any(p.untied for p in prepared), spread)
-
-
-def _match(ckpts, prepared, ref, k: int, init, stage2: str, experts: str, max_sweeps: int,
-                    device: Any) -> dict[str, Tensor]:
-    """``T_k``: :class:`~symalign.stream.model.StreamedWhole` from ``U`` (served as checkpoint 1's rewritten state)
-    to ``theta_k``'s rewritten state, warm-started from ``init``."""
-    from symalign.stream.fold import PreparedSource
-    from symalign.stream.model import StreamedWhole
-
-    u = PreparedSource(ckpts[0], prepared[0], state=ref)
-    w = StreamedWhole(u, PreparedSource(ckpts[k], prepared[k]), experts, device)
-    w.match(True, stage2, max_sweeps, CHECKPOINT_SETTINGS["rtol"], progress=False, init=init)
-    return w.transform()
 
 
 __all__ = ["UniverseStates", "universe_states"]
