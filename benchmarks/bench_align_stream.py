@@ -361,7 +361,7 @@ def main() -> None:
                                     "peak_rss_gib": round(m["peak_rss"] / 2**30, 3),
                                     "floor_s": round(t_read + t_write, 1),
                                     "wall_over_floor": round(m["wall_s"] / (t_read + t_write), 2),
-                                    "read_gib_s": round(info["stream"]["bytes_read_average"] / 2**30 / m["wall_s"], 3),
+                                    "read_gib_s": round(info["stream"]["bytes_read"] / 2**30 / m["wall_s"], 3),
                                     "loads": info["loads"], "lazy_check": loads_lazily(mo, tmp / "A")}
                 else:
                     res["merge"] = summarise(m, t_read + t_write, n)

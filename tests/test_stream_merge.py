@@ -165,3 +165,61 @@ def test_streamed_model_scope_merge_refuses_other_families(tmp_path, capsys, mon
     lines = [x for x in err.strip().splitlines() if x.strip()]
     assert code == 2 and len(lines) == 1 and "without --stream" in lines[0], err
     assert _nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("scope", ["attention", "model"])
+def test_three_model_streamed_merge_aligns_in_lockstep_and_equals_in_memory(scope, tmp_path, capsys, monkeypatch):
+    """Three checkpoints: the streamed merge aligns models 2 and 3 on their own threads at once and averages their
+    tensors as they arrive (nothing staged but OUT, no thread left); it equals the in-memory merge of the same
+    three (bit for bit with the attention scope, to float64 rounding of the passes with the model scope)."""
+    import threading
+
+    import symalign.stream.merge as smerge
+
+    _, _, da, db = _pair(tmp_path, dtype=torch.float64)
+    dc = tmp_path / "C"
+    make_model("llama", dtype=torch.float64, seed=2).save_pretrained(dc, max_shard_size="20KB")
+    args = [da, db, dc, "--weights", "0.2,0.3,0.5", "--scope", scope, "--max-sweeps", "3", "--json"]
+    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "MEM", "--no-stream")
+    assert code == 0, err
+    staged = []
+    real = smerge.ShardWriter
+    monkeypatch.setattr(smerge, "ShardWriter", lambda out, *x, **kw: staged.append(out) or real(out, *x, **kw))
+    code, out, err = _merge(monkeypatch, capsys, *args, "-o", tmp_path / "STR", "--stream")
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["stream"]["aligned_in_lockstep"] == 2 and [r["model"] for r in info["aligned"]] == [str(db), str(dc)]
+    assert all(r["check"]["passed"] for r in info["aligned"])
+    assert [str(p) for p in staged] == [str((tmp_path / "STR").resolve())]  # no folder for the aligned models
+    assert not [t for t in threading.enumerate() if t.name.startswith("symalign-merge")]
+    mem, st = _state(tmp_path / "MEM"), _state(tmp_path / "STR")
+    assert set(mem) == set(st)
+    worst = max(float((mem[k] - st[k]).abs().max()) for k in mem)
+    assert worst == 0.0 if scope == "attention" else worst <= 1e-9, worst
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_streamed_merge_stops_on_a_failing_alignment_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    """A NaN in the third model's attention: its alignment thread fails while the second's runs; the merge stops
+    with one line naming that file and tensor, both threads end, nothing is left."""
+    import threading
+
+    from safetensors.torch import load_file, save_file
+
+    _, _, da, db = _pair(tmp_path, shard=None)
+    dc = tmp_path / "C"
+    make_model("llama", seed=2).save_pretrained(dc)
+    f = dc / "model.safetensors"
+    st = load_file(str(f))
+    k = next(n for n in st if n.endswith("layers.1.self_attn.q_proj.weight"))
+    st[k][0, 0] = float("nan")
+    save_file(st, str(f), metadata={"format": "pt"})
+    code, out, err = _merge(monkeypatch, capsys, da, db, dc, "--stream", "--scope", "attention", "-o",
+                            tmp_path / "OUT")
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and k in lines[0] and str(dc) in lines[0], err
+    assert _nothing_written(tmp_path)
+    for t in threading.enumerate():
+        if t.name.startswith("symalign-merge"):
+            t.join(timeout=10)
+    assert not [t for t in threading.enumerate() if t.name.startswith("symalign-merge") and t.is_alive()]

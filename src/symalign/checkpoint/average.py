@@ -80,43 +80,6 @@ def weighted_average(xs: Sequence[Tensor], weights: Sequence[float], stored: tor
     return weighted_sum(xs, weights, stored).to(stored)
 
 
-class RunningAverage:
-    """:func:`weighted_average` of state dicts that arrive one at a time, so only the sum stays resident:
-    ``add(state, w)`` in input order, then :meth:`result`. Per floating tensor the arithmetic is
-    :func:`weighted_sum`'s, term by term in the same order (bit-identical to it); other tensors are taken
-    from the first state."""
-
-    def __init__(self) -> None:
-        self.acc: dict[str, Tensor] = {}
-        self.stored: dict[str, torch.dtype] = {}
-        self.first: dict[str, Tensor] = {}
-        self.order: list[str] = []
-        self.count = 0
-
-    def add(self, state: dict[str, Tensor], weight: float) -> None:
-        """Add ``weight * state`` (the first state fixes the tensor names and each tensor's stored dtype)."""
-        if self.count and set(state) != set(self.stored) | set(self.first):
-            raise ValueError("the states to average hold different tensors")
-        for name, x in state.items():
-            if self.count == 0:
-                self.order.append(name)
-                if not x.is_floating_point():
-                    self.first[name] = x
-                    continue
-                self.stored[name] = x.dtype
-                acc = x.to(accumulate_dtype(x.dtype), copy=True)
-                self.acc[name] = acc.mul_(weight)
-            elif name in self.acc:
-                acc = self.acc[name]
-                term = x.to(acc.dtype, copy=True)
-                acc.add_(term.mul_(weight))
-        self.count += 1
-
-    def result(self) -> dict[str, Tensor]:
-        """The average, each floating tensor rounded to its stored dtype (first state's order of names)."""
-        return {k: self.acc[k].to(self.stored[k]) if k in self.acc else self.first[k] for k in self.order}
-
-
 def average_states(states: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> dict[str, Tensor]:
     """``sum_k w_k states[k]`` per floating tensor (first state's dtype; summed in float32 for 16-bit dtypes,
     float64 otherwise: :mod:`symalign.checkpoint.average`); others from the first."""

@@ -11,10 +11,10 @@ different families, shapes or vocabularies (one line, exit 2, nothing written);
 with ``--eval DATA`` build the evaluation batches first (bad data is refused
 before any work); align each checkpoint ``k >= 2`` to the first with the
 ``symalign align`` engine (exact symmetries, the aligned model checked to compute
-checkpoint ``k``'s function through ``from_pretrained`` of the weights in memory)
-in memory, never written (:func:`symalign.pipeline.align_loaded`); add each to a running
-weighted sum (:class:`symalign.checkpoint.average.RunningAverage`), so only A, the model being
-aligned and the sum are resident; write OUT atomically,
+checkpoint ``k``'s function) and average them tensor by tensor with the one merge
+(:func:`symalign.stream.merge.merge_into`): in memory each model aligned whole and checked through
+``from_pretrained`` of the weights in memory (:func:`symalign.pipeline.align_loaded`); streamed each
+aligned layer by layer on its own thread, every layer checked; never written and read back; write OUT atomically,
 laid out like the first checkpoint (family, dtype, shards, config and tokenizer
 files); check that OUT loads with ``from_pretrained``; optionally print the
 merged model's loss beside each input's.
@@ -157,28 +157,29 @@ def _merge_in_memory(dirs: list[Path], out_path: Path, w: list[float], scope: st
                      eval_data: str | None, eval_opts: Any, universe: bool, rounds: int, max_sweeps: int,
                      experts: str | None, step: Callable[[str], None], device: Any = None) -> dict[str, Any]:
     """:func:`run_merge` in memory (its arguments checked); ``step`` is told each step. Every checkpoint is
-    checked from its headers first; then A is loaded once, and each other model is read, aligned to A in memory
-    (:func:`symalign.pipeline.align_loaded`: never written or read back) and added to a running weighted sum
-    (:class:`symalign.checkpoint.average.RunningAverage`), so only A, the model being aligned and the sum are
-    resident. ``--universe`` holds every model (universe matching needs them all)."""
+    checked from its headers first; then the models are loaded, each other model aligned to A in memory
+    (:func:`symalign.pipeline.align_loaded`: checked whole, never written or read back) as the merge asks for
+    its tensors, and averaged by the one merge (:func:`symalign.stream.merge.merge_into`) into a state dict.
+    ``--universe`` aligns every model to the evolving average first (universe matching needs them all)."""
+    from symalign.stream.merge import merge_into
+    from symalign.stream.sink import StateSink
+
     ref = _open_reference(dirs, step)
     evalset = _eval_batches(dirs, eval_data, eval_opts, step)
-    if universe:
-        acc = _universe_sum(ref, dirs, w, rounds, stage2, max_sweeps, experts, device, step)
-    else:
-        acc = _aligned_sum(ref, dirs, w, scope, stage2, align, max_sweeps, experts, device, step)
-    ref.ckpt = None
+    inputs = _universe_inputs(ref, dirs, w, rounds, stage2, max_sweeps, experts, device, step) if universe else \
+        _aligned_inputs(ref, dirs, scope, stage2, align, max_sweeps, experts, device, step)
+    sink = StateSink(inputs.ref)
+    merge_into(sink, inputs.ref, inputs.models, inputs.items, w)
     step("averaging and writing")
-    merged = acc.total.result()
-    acc.total = None
-    _write_merged(out_path, merged, dirs, acc.edits, {
+    merged = sink.state
+    _write_merged(out_path, merged, dirs, inputs.edits, {
         "command": "merge", "scope": scope, "folded": scope == "model", "weights": list(w),
         "inputs": [str(Path(d).resolve()) for d in dirs]}, step)
     res: dict[str, Any] = {
         "models": [str(d) for d in dirs], "weights": w, "out": str(out_path), "scope": scope if align else "none",
-        "universe": {"rounds": rounds, "spread": acc.spread} if universe else None,
-        "aligned": acc.aligned, "dtype": str(ref.dtype).replace("torch.", ""), "architecture": ref.config.model_type,
-        "tensors": len(merged), "new_tensors": sorted(set(merged) - ref.keys),
+        "universe": {"rounds": rounds, "spread": inputs.spread} if universe else None,
+        "aligned": inputs.aligned, "dtype": str(ref.dtype).replace("torch.", ""),
+        "architecture": ref.config.model_type, "tensors": len(merged), "new_tensors": sorted(set(merged) - ref.keys),
         "experts": _experts_ran(align, scope, ref.adapter, experts),
     }
     if evalset is not None:
@@ -189,8 +190,7 @@ def _merge_in_memory(dirs: list[Path], out_path: Path, w: list[float], scope: st
 
 @dataclass
 class _Reference:
-    """Model A, which every other model is aligned to: its loaded checkpoint (``ckpt``; set to ``None`` as soon as
-    its tensors are no longer needed, so they can be freed) and what the result reports of it."""
+    """Model A, which every other model is aligned to: its loaded checkpoint and what the result reports of it."""
 
     ckpt: Any
     keys: set[str]
@@ -200,11 +200,14 @@ class _Reference:
 
 
 @dataclass
-class _Accumulated:
-    """The running weighted sum (:class:`symalign.checkpoint.average.RunningAverage`) and what building it
-    recorded: config edits for the output, each aligned model's alignment summary, the universe spread."""
+class _Inputs:
+    """What the one merge averages in memory: the first model as it enters the sum (``ref``, a resident source),
+    the others as stored (``models``) and their aligned tensors (``items``, produced as the merge asks), plus
+    what building them records: config edits for the output, each alignment's summary, the universe spread."""
 
-    total: Any
+    ref: Any
+    models: list[Any]
+    items: list[Any]
     edits: dict[str, Any] = field(default_factory=dict)
     aligned: list[dict] = field(default_factory=list)
     spread: list[float] | None = None
@@ -241,77 +244,66 @@ def _eval_batches(dirs: list[Path], eval_data: str | None, eval_opts: Any, step:
     return evalset
 
 
-def _universe_sum(ref: _Reference, dirs: list[Path], w: list[float], rounds: int, stage2: str, max_sweeps: int,
-                  experts: str | None, device: Any, step: Callable[[str], None]) -> _Accumulated:
+def _universe_inputs(ref: _Reference, dirs: list[Path], w: list[float], rounds: int, stage2: str, max_sweeps: int,
+                     experts: str | None, device: Any, step: Callable[[str], None]) -> _Inputs:
     """``--universe``: every model aligned to the evolving weighted average
-    (:func:`symalign.stream.universe.universe_states`, the one whole-model loop; all of them resident), then summed."""
-    from symalign.checkpoint.average import RunningAverage
+    (:func:`symalign.stream.universe.universe_states`, the one whole-model loop; all of them resident)."""
     from symalign.checkpoint.hf import load_checkpoint
+    from symalign.checkpoint.lazy import ResidentCheckpoint
+    from symalign.stream.merge import state_items
     from symalign.stream.universe import universe_states
 
     step(f"universe matching of {len(dirs)} checkpoints ({rounds} rounds)")
     ckpts = [ref.ckpt] + [load_checkpoint(d) for d in dirs[1:]]
     uni = universe_states(ckpts, w, rounds, stage2, experts=experts or "exact", max_sweeps=max_sweeps, device=device)
     del ckpts
-    acc = _Accumulated(RunningAverage(), spread=uni.spread)
-    if uni.untied:
-        acc.edits["tie_word_embeddings"] = False
-    for s, wk in zip(uni.states, w):
-        acc.total.add(s, wk)
-    uni.states.clear()
-    return acc
+    ref.ckpt = None
+    sources = [ResidentCheckpoint(d, s, checked=True) for d, s in zip(dirs, uni.states)]
+    return _Inputs(sources[0], sources[1:], [state_items(s) for s in uni.states[1:]],
+                   edits={"tie_word_embeddings": False} if uni.untied else {}, spread=uni.spread)
 
 
-def _aligned_sum(ref: _Reference, dirs: list[Path], w: list[float], scope: str, stage2: str, align: bool,
-                 max_sweeps: int, experts: str | None, device: Any, step: Callable[[str], None]) -> _Accumulated:
-    """Each model in turn (aligned to A unless ``--no-align``) added to the weighted sum and dropped: only A, the
-    model being aligned and the sum are resident."""
-    from symalign.checkpoint.average import RunningAverage
-
-    acc = _Accumulated(RunningAverage())
-    for k in range(len(dirs)):
-        state = _model_state(ref, acc, dirs, k, scope, stage2, align, max_sweeps, experts, device, step)
-        try:
-            acc.total.add(state, w[k])
-        except ValueError:
-            raise ConfigError("the aligned checkpoints hold different tensors; merge them with the same "
-                              "--scope") from None
-        del state
-    return acc
-
-
-def _model_state(ref: _Reference, acc: _Accumulated, dirs: list[Path], k: int, scope: str, stage2: str,
-                 align: bool, max_sweeps: int, experts: str | None, device: Any,
-                 step: Callable[[str], None]) -> dict[str, Any]:
-    """Model ``k``'s tensors as they enter the sum: A itself (in the exactly rewritten format of the aligned
-    models under ``--scope model``), a model as stored (``--no-align``; A is then dropped once read), or the model
-    aligned to A (:func:`symalign.pipeline.align_loaded`, its summary recorded in ``acc``)."""
+def _aligned_inputs(ref: _Reference, dirs: list[Path], scope: str, stage2: str, align: bool, max_sweeps: int,
+                    experts: str | None, device: Any, step: Callable[[str], None]) -> _Inputs:
+    """A as it enters the sum -- itself, or in the exactly rewritten format of the aligned models under ``--scope
+    model`` -- and every other model, loaded, with its tensors as stored (``--no-align``) or aligned to A
+    (:func:`symalign.pipeline.align_loaded`, when the merge first asks for them; its summary recorded)."""
+    from symalign.checkpoint.config import saved_names
     from symalign.checkpoint.hf import load_checkpoint
+    from symalign.checkpoint.lazy import ResidentCheckpoint
+    from symalign.stream.merge import copies
 
-    d = dirs[k]
-    if k == 0 and align and scope == "model":  # A in the same exactly rewritten format as the aligned
-        from symalign.checkpoint.config import saved_names
+    loaded = [load_checkpoint(d) for d in dirs[1:]]
+    models = [ResidentCheckpoint.of(c) for c in loaded]
+    inputs = _Inputs(ResidentCheckpoint.of(ref.ckpt), models, [])
+    if align and scope == "model":  # A in the same exactly rewritten format as the aligned
         from symalign.families import prepare
 
         pa = prepare(ref.config, ref.ckpt.state, ref.adapter.spec(ref.config, ref.ckpt.state.keys()))
         if pa.untied:
-            acc.edits["tie_word_embeddings"] = False
-        return saved_names(ref.config, pa.state)
-    if k == 0 or not align:
-        state = ref.ckpt.state if k == 0 else load_checkpoint(d).state
-        if not align:  # nothing is aligned to A: its tensors go once they are in the sum
-            ref.ckpt = None
-        return state
-    from symalign.pipeline import align_loaded
+            inputs.edits["tie_word_embeddings"] = False
+        inputs.ref = ResidentCheckpoint(dirs[0], saved_names(ref.config, pa.state), ref.config, ref.adapter,
+                                        checked=True)
+    if not align:
+        inputs.items = [copies(m) for m in models]
+        return inputs
 
-    step(f"aligning {Path(d).name} to {Path(dirs[0]).name} ({k}/{len(dirs) - 1})")
-    got = align_loaded(ref.ckpt, load_checkpoint(d), scope=scope, stage2=stage2, max_sweeps=max_sweeps,
-                       experts=experts, device=device)
-    info = got.result
-    acc.aligned.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict(),
-                        "experts": info.match.get("experts"), "sweeps": info.sweeps, "converged": info.converged})
-    acc.edits.update(got.edits)
-    return got.state
+    def aligned(k: int):
+        step(f"aligning {Path(dirs[k]).name} to {Path(dirs[0]).name} ({k}/{len(dirs) - 1})")
+        from symalign.pipeline import align_loaded
+
+        got = align_loaded(ref.ckpt, loaded[k - 1], scope=scope, stage2=stage2, max_sweeps=max_sweeps,
+                           experts=experts, device=device)
+        info = got.result
+        inputs.aligned.append({"model": str(dirs[k]), "distance": info.distance, "check": info.check.to_dict(),
+                               "experts": info.match.get("experts"), "sweeps": info.sweeps,
+                               "converged": info.converged})
+        inputs.edits.update(got.edits)
+        for name, t in got.state.items():
+            yield name, None, t
+
+    inputs.items = [aligned(k) for k in range(1, len(dirs))]
+    return inputs
 
 
 def _write_merged(out_path: Path, merged: dict[str, Any], dirs: list[Path], edits: dict[str, Any],
@@ -411,8 +403,8 @@ def choose_path(dirs: list[Path], stream: bool | None, universe: bool, scope: st
       default where none is given (:func:`default_scope`);
     * ``S`` over :data:`~symalign.stream.merge.AUTO_STREAM_BYTES`: streamed when the family streams the scope
       the merge would use in memory (the one asked, else the in-memory default; ``--no-align``: the averaging
-      alone), so streaming never changes what is aligned; else in memory. The in-memory merge holds A, the
-      model being aligned, the float32 (float64) running sum and its rounding -- several times the weights --,
+      alone), so streaming never changes what is aligned; else in memory. The in-memory merge holds A, each
+      model, its aligned copy and the merged state -- several times the weights --,
       where the streamed one holds a layer of two models and fixed row chunks
       (benchmarks/results/merge_peers.json measures both against mergekit);
     * else in memory (small checkpoints: streaming's fixed buffers would outweigh them)."""

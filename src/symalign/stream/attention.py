@@ -421,9 +421,12 @@ class _Engine:
 
     def write(self, p: _Pending, stored: Mapping[str, torch.Tensor]) -> None:
         """Unit ``p`` handed to the writer thread: its aligned tensors as stored, then B's other tensors of its
-        layers (copied). The writes already done are collected: a failed write (or a NaN in a copied tensor)
-        stops the run here."""
+        layers (copied). The previous unit's writes are waited for first, so at most one unit's tensors wait for
+        the sink whatever its speed (a merge's sink takes them as fast as it averages them); a failed write (or
+        a NaN in a copied tensor) stops the run here."""
         with self.clock("write"):
+            while self.writes:
+                self.writes.popleft().result()
             for n in p.names:
                 self.writes.append(self.io.submit(self.sink.put, n, stored[n]))
                 self.done.add(n)
@@ -432,8 +435,6 @@ class _Engine:
                     if n not in self.done:
                         self.writes.append(self.io.submit(self.sink.copy, n))
                         self.done.add(n)
-            while self.writes and self.writes[0].done():
-                self.writes.popleft().result()
 
     def copy_rest(self, bar: Any) -> None:
         """B's tensors no unit gave to the writer, copied as they are; then every write waited for."""
@@ -446,6 +447,27 @@ class _Engine:
             while self.writes:
                 self.writes.popleft().result()
         bar.update(a.bytes_read + b.bytes_read, "done")
+
+
+def attention_result(run: AttentionRun, a: Source, b: Source, sink: TensorSink,
+                     return_transform: bool = False) -> AlignResult:
+    """The :class:`~symalign.align_result.AlignResult` of a streamed :func:`align_attention` run (no ``out``,
+    ``a`` or ``b`` path: the caller names them)."""
+    match = run.match()
+    del match["worst_condition"]  # the streamed JSON as before
+    totals = run.totals
+    res = new_result(b, run.spec, "streamed", {"total": run.rel("before"), "per_layer": run.per_before},
+                     {"total": run.rel("after"), "per_layer": run.per_after}, 1, True,
+                     CheckReport.per_layer(run.checks), match=match,
+                     stream={"passes": 1, "work_dtype": dtype_name(run.dtype),
+                             "bytes_read": a.bytes_read + b.bytes_read,
+                             "bytes_written": sink.bytes_written, "shards": len(b.shards),
+                             "time_grams_s": totals.get("time_stage1_s", 0.0) + totals.get("time_grams_s", 0.0),
+                             "peak_rss_bytes": peak_rss(),
+                             "check": "per layer, through a one-layer model of the family"},
+                     transform=run.transform if return_transform else None)
+    res.scope, res.stage1, res.stage2 = "attention", run.stage1, run.stage2
+    return res
 
 
 def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
@@ -477,21 +499,8 @@ def run_stream_attention(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = 
     except BaseException:
         writer.abort()
         raise
-    match = run.match()
-    del match["worst_condition"]  # the streamed JSON as before
-    totals = run.totals
-    res = new_result(b, run.spec, "streamed", {"total": run.rel("before"), "per_layer": run.per_before},
-                     {"total": run.rel("after"), "per_layer": run.per_after}, 1, True,
-                     CheckReport.per_layer(run.checks), match=match,
-                     stream={"passes": 1, "work_dtype": dtype_name(run.dtype),
-                             "bytes_read": a.bytes_read + b.bytes_read,
-                             "bytes_written": writer.bytes_written, "shards": len(b.shards),
-                             "time_grams_s": totals.get("time_stage1_s", 0.0) + totals.get("time_grams_s", 0.0),
-                             "peak_rss_bytes": peak_rss(),
-                             "check": "per layer, through a one-layer model of the family"},
-                     transform=run.transform if return_transform else None)
-    res.a, res.b, res.out, res.scope, res.stage1, res.stage2 = str(a_dir), str(b_dir), str(out_path), "attention", \
-        stage1, stage2
+    res = attention_result(run, a, b, writer, return_transform)
+    res.a, res.b, res.out = str(a_dir), str(b_dir), str(out_path)
     res.timings = clock.timings()
     return res
 

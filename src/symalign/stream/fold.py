@@ -242,7 +242,7 @@ def prepare_experts(prep: Preparer, small: Mapping[str, Tensor], experts: Mappin
 class FoldedCheckpoint:
     """``ck`` read through the exact rewrite of ``--scope model`` (:class:`Preparer`: norm gains folded into
     the next linear maps, the gains set to one), lazily and in row chunks: the same interface as
-    :class:`~symalign.checkpoint.lazy.LazyCheckpoint` for :func:`symalign.stream.merge.average_into`.
+    :class:`~symalign.checkpoint.lazy.LazyCheckpoint` for :func:`symalign.stream.merge.merge_into`.
 
     Each read folds only the rows read, in the stored dtype -- as the in-memory merge folds the first
     checkpoint (``prepare`` on its stored state) -- so the rows are exactly those of the folded

@@ -1,66 +1,67 @@
-r"""``symalign merge --stream``: align and average checkpoints tensor by tensor, never a whole model in memory.
+r"""The one merge: every model's aligned tensors averaged with the first model's as they are produced.
 
-With checkpoints ``theta_1 .. theta_M`` and weights ``w_k`` (normalised, ``sum w_k = 1``),
-the merged model is ``theta = sum_k w_k T_k . theta_k`` (``T_1 = id``), exactly as
-:mod:`symalign.merge`. Streamed:
+With checkpoints ``theta_1 .. theta_M`` and weights ``w_k`` (normalised, ``sum w_k = 1``), the merged model is
+``theta = sum_k w_k T_k . theta_k`` (``T_1 = id``). :func:`merge_into` forms it tensor by tensor, in memory and
+streamed alike; what differs is only where the tensors come from and what stays resident:
 
-1. each ``theta_k`` (``k >= 2``) is aligned to ``theta_1`` by the streamed
-   ``symalign align`` (``--scope attention``: :mod:`symalign.stream.attention`;
-   ``--scope model``: :mod:`symalign.stream.model`, the alternating passes; one layer
-   of each model in memory, every layer's function checked) into a scratch folder
-   next to OUT. With ``--scope model`` the aligned checkpoints are in the exactly
-   rewritten (folded) format, so ``theta_1`` is averaged in that format too, folded
-   row chunk by row chunk as it is read (:class:`~symalign.stream.fold.FoldedCheckpoint`),
-   as the in-memory merge does;
-2. the average is formed tensor by tensor in row chunks of at most
-   :data:`CHUNK_ELEMENTS` values: each input's rows are read lazily
-   (:class:`~symalign.checkpoint.lazy.LazyCheckpoint`), summed in float32 for
-   bfloat16/float16 tensors and in float64 otherwise (the rounding argument:
-   :mod:`symalign.checkpoint.average`), rounded to the first checkpoint's dtype of that
-   tensor, and written at their offsets into OUT's shards by a writer thread while the
-   next chunk is read (:class:`~symalign.io.shards.ShardWriter`, the first
-   checkpoint's layout: shard names, index, header bytes, non-weight files); integer
-   tensors are the first checkpoint's bytes. Each aligned scratch checkpoint is deleted
-   once the average is written;
-3. OUT is checked to load without materialising weights: every tensor header against
-   the config (:func:`~symalign.checkpoint.lazy.open_checkpoint`), and the model class
-   built on the meta device has exactly those names and shapes
-   (:func:`check_loads_lazily`). Then OUT is committed atomically (nothing is left on
-   any failure).
+* **the reference** ``theta_1``: a source read row chunk by row chunk -- the checkpoint opened lazily
+  (:class:`~symalign.checkpoint.lazy.LazyCheckpoint`), or held (:class:`~symalign.checkpoint.lazy.
+  ResidentCheckpoint`); with ``--scope model`` in the exactly rewritten (folded) format the aligned models are
+  in (:class:`~symalign.stream.fold.FoldedCheckpoint` streamed; the folded state in memory);
+* **each other model** ``T_k . theta_k``: a stream of items ``(name, first row or None, tensor or None)`` in the
+  order its alignment engine puts them into its sink (``None`` tensor: the model's own stored tensor, a copy).
+  Streamed, the engine (:func:`~symalign.stream.attention.align_attention` or
+  :func:`~symalign.stream.model.align_model_into`, one layer of two models in memory, every layer's function
+  checked) runs on a producer thread writing into a :class:`ChannelSink`, a bounded queue the merge reads:
+  the aligned models are never written to disk nor read back. In memory, each model is aligned whole and
+  checked whole (:func:`symalign.pipeline.align_loaded`) and its state handed over;
+* **the output**: a :class:`~symalign.stream.sink.TensorSink` -- OUT's shards laid out like the first checkpoint
+  (:class:`~symalign.io.shards.ShardWriter`, then committed atomically) or a state dict
+  (:class:`~symalign.stream.sink.StateSink`, then staged).
 
-Memory: one layer of two models during each alignment, then ``M`` input row chunks,
-the sum and its rounding, and :data:`WRITES_IN_FLIGHT` rounded chunks waiting to be
-written while averaging -- independent of the depth. The row chunks are exact (the
-average is elementwise) and the sums are :func:`symalign.checkpoint.average.weighted_average`,
-as in memory, so the result is bit-identical to the in-memory merge of the same aligned
-checkpoints.
+Per item, each input's rows are taken in row chunks of at most :data:`CHUNK_ELEMENTS` values, each rounded to
+its model's stored dtype (as writing the aligned model would), summed in float32 for bfloat16/float16 tensors
+and in float64 otherwise (:func:`symalign.checkpoint.average.weighted_sum`: the rounding argument is there) and
+rounded to the first checkpoint's dtype of that tensor; integer tensors are the first checkpoint's. The average
+is elementwise, so the chunking changes no bit: the streamed and in-memory merges of the same aligned models
+agree bit for bit. An input with NaN/Inf is found from the average (a non-finite input makes it non-finite),
+then named.
+
+Memory, streamed: per producer one layer of two models and the items waiting in its queue (at most
+:data:`QUEUE_ITEMS`), plus the row chunks being averaged -- independent of the depth. The models are aligned
+concurrently (one thread each) and their items consumed in lockstep: the engines put the same names in the same
+order. Streamed OUT is checked to load without materialising weights (:func:`check_loads_lazily`).
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
+import queue
+import threading
 import time
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
+from torch import Tensor
 
 from symalign.checkpoint import average
-from symalign.errors import CheckpointError, ConfigError
+from symalign.errors import CheckpointError, ConfigError, SymalignError
 from symalign.stream.memory import bound_heap, peak_rss
 from symalign.stream.progress import progress_bar
 from symalign.checkpoint.lazy import LazyCheckpoint, check_same_architecture, open_checkpoint
 from symalign.io.shards import ShardWriter
+from symalign.stream.sink import TensorSink
 from symalign.tolerance import all_finite
 
-CHUNK_ELEMENTS = 1 << 24  # values per input read at a time while averaging (32 MiB in bfloat16)
-WRITES_IN_FLIGHT = 2  # averaged blocks waiting for the writer thread at most
+Item = tuple[str, "int | None", "Tensor | None"]  # (name, first row or None: the whole tensor, tensor or None: a copy)
+
+# values of each input averaged at a time (2 MiB of float64 sum): the inputs' rows, the sum, the term and the rounded
+# chunk are reused storage, held beside the engines aligning the next layers (measured: 1 << 20 adds 20 MiB to the
+# peak of a streamed merge of D=512 layers, 1 << 18 nothing measurable; tests/test_stream_merge.py)
+CHUNK_ELEMENTS = 1 << 18
 # `symalign merge` streams by itself above this many checkpoint bytes (together) where streaming keeps the scope
-# (symalign.commands.merge.choose_path): the in-memory merge holds several copies of the weights (A, the model
-# being aligned, the float32/float64 running sum and its rounding), the streamed one a layer and fixed row chunks;
+# (symalign.commands.merge.choose_path): the in-memory merge holds several copies of the weights (A, each model,
+# its aligned copy and the merged state), the streamed one a layer of each model and fixed row chunks;
 # below it the chunk buffers would outweigh the checkpoints.
 AUTO_STREAM_BYTES = 8 << 20
 
@@ -76,75 +77,217 @@ def row_chunks(shape: tuple[int, ...], limit: int = CHUNK_ELEMENTS) -> list[tupl
     return [(s, min(s + rows, shape[0])) for s in range(0, shape[0], rows)] or [(0, 0)]
 
 
-def average_into(out_path: Path, inputs: Sequence[Any], weights: Sequence[float],
-                 marker: dict[str, Any], progress: bool = True, layout: LazyCheckpoint | None = None,
-                 extra: dict[str, Any] | None = None, config_edits: dict[str, Any] | None = None
-                 ) -> tuple[Path, int]:
-    """Write ``sum_k w_k inputs[k]`` laid out like ``inputs[0]`` (or ``layout``, the checkpoint ``inputs[0]``
-    reads through, e.g. :class:`~symalign.stream.fold.FoldedCheckpoint`) into a staged folder; returns it and
-    the bytes written. ``extra``: tensors ``inputs[0]`` has beyond ``layout`` (name -> dtype, shape: an untied
-    head, :class:`~symalign.io.shards.ShardWriter`); ``config_edits``: merged into OUT's config. Float
-    tensors: row blocks of at most :data:`CHUNK_ELEMENTS` values, summed in
-    :func:`~symalign.checkpoint.average.accumulate_dtype` (float32 for bfloat16/float16, float64
-    otherwise) and rounded to ``inputs[0]``'s dtype; others copied from ``layout``.
+QUEUE_ITEMS = 1  # items a producer may put ahead of the merge (each can be a whole tensor of a layer)
 
-    One writer thread writes block ``j`` while block ``j + 1`` is read and summed (``pwrite``
-    releases the GIL; at most :data:`WRITES_IN_FLIGHT` blocks wait); every call on the
-    :class:`ShardWriter` goes through that thread. An input with NaN/Inf is found from the
-    average (a non-finite input makes it non-finite), then named."""
-    like = inputs[0]
-    writer = ShardWriter(out_path, layout or like, extra=extra)
-    total = sum(ck.nbytes for ck in inputs)
-    pending: deque[Future] = deque()
-    floats = [t for t in like.tensors.values() if t.dtype.is_floating_point and t.numel]
-    widest = max((t.dtype.itemsize for t in floats), default=1)
-    acc_bytes = max((average.accumulate_dtype(t.dtype).itemsize for t in floats), default=1)
-    cap = max([CHUNK_ELEMENTS] + [t.numel // max(1, t.shape[0]) for t in floats if t.shape])  # one row at least
-    # reused storage: the inputs' raw rows, the sum, the current term, and a ring of rounded chunks for the writer
-    raw = [torch.empty(cap * widest, dtype=torch.uint8) for _ in inputs]
-    acc, term = (torch.empty(cap * acc_bytes, dtype=torch.uint8) for _ in range(2))
-    ring = [torch.empty(cap * widest, dtype=torch.uint8) for _ in range(WRITES_IN_FLIGHT + 1)]
-    j = 0
 
-    def submit(fn, *args) -> None:
-        pending.append(pool.submit(fn, *args))
-        while len(pending) > WRITES_IN_FLIGHT:
-            pending.popleft().result()
+class _Cancelled(Exception):
+    """Raised in a producer thread when the merge stopped (an error or an interrupt elsewhere)."""
 
-    try:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="symalign-write") as pool, \
-                progress_bar(total, "merge (streamed average)", progress) as bar:
-            order = sorted(like.tensors.values(), key=lambda t: (str(t.file), t.start))  # sequential writes
-            for info in order:
-                n = info.name
-                if not info.dtype.is_floating_point or info.numel == 0:
-                    submit(writer.copy, n)
-                    continue
-                for lo, hi in row_chunks(info.shape):
-                    xs = [ck.read_rows_into(n, lo, hi, r) for ck, r in zip(inputs, raw)]
-                    dt = average.accumulate_dtype(info.dtype)
-                    s = average.weighted_sum(xs, weights, info.dtype, acc.view(dt), term.view(dt))
-                    slot = ring[j % len(ring)].view(info.dtype)  # free: at most WRITES_IN_FLIGHT writes wait
-                    j += 1
-                    avg = slot[:s.numel()].view(s.shape)
-                    avg.copy_(s)
-                    if not all_finite(avg):
-                        _non_finite(n, inputs, xs)
-                    if not info.shape:
-                        submit(writer.put, n, avg)
-                    else:
-                        submit(writer.put_rows, n, lo, avg)
-                bar.update(sum(ck.bytes_read for ck in inputs), n)
-            while pending:
-                pending.popleft().result()
-            bar.update(total, "done")
-        tmp = writer.stage(config_edits, marker=marker)
-    except BaseException:
-        for f in pending:
-            f.cancel()
-        writer.abort()
-        raise
-    return tmp, writer.bytes_written
+
+class _End:
+    """The last item of a producer's queue: its engine's result, or the error that stopped it."""
+
+    def __init__(self, result: Any = None, error: BaseException | None = None):
+        self.result, self.error = result, error
+
+
+class ChannelSink:
+    """A :class:`~symalign.stream.sink.TensorSink` that hands each tensor to the merge through a bounded queue:
+    the sink of an alignment running on a :class:`Producer` thread. ``put``: the tensor itself (an engine never
+    changes a tensor once put, which :class:`~symalign.stream.sink.StateSink` relies on too); ``put_rows``: a copy
+    (a chunk may live in a buffer the engine reuses); ``copy``: ``None``, the model's own stored tensor."""
+
+    def __init__(self, maxsize: int = QUEUE_ITEMS):
+        self.queue: queue.Queue = queue.Queue(maxsize)
+        self.cancelled = threading.Event()
+        self.bytes_written = 0
+
+    def send(self, item: Any) -> None:
+        """Put ``item`` on the queue, waiting for room; raises :class:`_Cancelled` once the merge stopped."""
+        while not self.cancelled.is_set():
+            try:
+                self.queue.put(item, timeout=0.05)
+                return
+            except queue.Full:
+                continue
+        raise _Cancelled()
+
+    def put(self, name: str, t: Tensor) -> None:
+        self.bytes_written += t.numel() * t.element_size()
+        self.send((name, None, t))
+
+    def put_rows(self, name: str, start: int, t: Tensor) -> None:
+        self.bytes_written += t.numel() * t.element_size()
+        self.send((name, start, t.clone()))
+
+    def copy(self, name: str, check_finite: bool = True) -> None:
+        self.send((name, None, None))
+
+    def abort(self) -> None:
+        self.cancelled.set()
+
+
+class Producer:
+    """One model's alignment on its own thread: ``align(sink)`` (an engine writing every tensor of the aligned
+    model into ``sink``, returning its result) runs into a :class:`ChannelSink`; iterating yields its items in
+    order and re-raises the engine's error; :attr:`result` is the engine's result once iterated to the end."""
+
+    def __init__(self, align: Callable[[TensorSink], Any], label: str):
+        self.align, self.sink, self.result = align, ChannelSink(), None
+        self.thread = threading.Thread(target=self._run, name=f"symalign-merge-{label}", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            end = _End(result=self.align(self.sink))
+        except _Cancelled:
+            return
+        except BaseException as e:  # handed to the merge, which raises it
+            end = _End(error=e)
+        try:
+            self.sink.send(end)
+        except _Cancelled:
+            pass
+
+    def start(self) -> "Producer":
+        self.thread.start()
+        return self
+
+    def __iter__(self) -> Iterator[Item]:
+        while True:
+            item = self.sink.queue.get()
+            if isinstance(item, _End):
+                if item.error is not None:
+                    raise item.error
+                self.result = item.result
+                return
+            yield item
+
+    def cancel(self) -> None:
+        """Stop the engine at its next put (it may be computing: the thread is a daemon, waited for briefly)."""
+        self.sink.cancelled.set()
+        self.thread.join(timeout=1.0)
+
+
+def copies(source: Any) -> Iterator[Item]:
+    """The items of a model taken as stored (``--no-align``): every tensor a copy."""
+    for name in source.tensors:
+        yield name, None, None
+
+
+def state_items(state: dict[str, Tensor]) -> Iterator[Item]:
+    """The items of an aligned state held in memory, whole tensors in the state's order."""
+    for name, t in state.items():
+        yield name, None, t
+
+
+def merge_into(sink: TensorSink, ref: Any, models: Sequence[Any], items: Sequence[Iterable[Item]],
+               weights: Sequence[float], bar: Any = None) -> None:
+    """``sum_k w_k theta_k`` into ``sink``, tensor by tensor (module docstring).
+
+    ``ref``: the first model (a source: ``tensors``, ``read``, ``read_rows``, ``path``); ``models[j]``: model
+    ``j + 2`` as stored (for its copies and dtypes); ``items[j]``: its aligned tensors (:data:`Item`), in
+    any order, each name (and row range) once -- the streams are consumed in lockstep, the first stream leading,
+    so when all put the same keys in the same order one item of each is held at a time. ``weights``: one per
+    model, the first's first. ``bar``: a progress bar told the bytes read."""
+    streams = [iter(x) for x in items]
+    scratch = _Scratch()
+    held: list[dict[tuple[str, int | None], Tensor | None]] = [{} for _ in streams]
+    for name, start, t in streams[0]:
+        parts = [t] + [_take(s, h, (name, start), j + 1) for j, (s, h) in enumerate(zip(streams[1:], held[1:]))]
+        _average(sink, ref, models, weights, name, start, parts, scratch)
+        if bar is not None:
+            bar.update(ref.bytes_read + sum(m.bytes_read for m in models), name)
+    for j, (s, h) in enumerate(zip(streams[1:], held[1:]), 1):
+        rest = list(h) + [(n, st) for n, st, _ in s]
+        if rest:
+            raise SymalignError(f"internal error: model {j + 2} put {rest[0][0]!r}, which model 2 did not")
+
+
+def _take(stream: Iterator[Item], held: dict, key: tuple[str, int | None], j: int) -> Tensor | None:
+    """The item ``key`` of ``stream`` (from what was held back, else read on, holding back the others)."""
+    if key in held:
+        return held.pop(key)
+    for n, st, t in stream:
+        if (n, st) == key:
+            return t
+        held[(n, st)] = t
+    raise SymalignError(f"internal error: model {j + 2} never put {key[0]!r}, which model 2 did")
+
+
+class _Scratch:
+    """Storage reused across chunks (each input's rows, the sum, the current term, the rounded chunk), grown to
+    the largest chunk seen: the averaging allocates nothing per chunk, so the allocator's pages do not grow with
+    the number of tensors (the depth)."""
+
+    def __init__(self) -> None:
+        self.bufs: dict[Any, Tensor] = {}
+
+    def raw(self, key: Any, n_bytes: int) -> Tensor:
+        b = self.bufs.get(key)
+        if b is None or b.numel() < n_bytes:
+            b = self.bufs[key] = torch.empty(max(n_bytes, 1), dtype=torch.uint8)
+        return b
+
+    def view(self, key: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
+        n = 1
+        for d in shape:
+            n *= d
+        return self.raw(key, n * dtype.itemsize)[:n * dtype.itemsize].view(dtype).view(shape)
+
+
+def _rows(src: Any, name: str, lo: int, hi: int, scratch: _Scratch, key: Any) -> Tensor:
+    """Rows ``lo:hi`` of ``src``'s stored tensor ``name``, read into reused storage where the source can."""
+    into = getattr(src, "read_rows_into", None)
+    if into is None:
+        return src.read_rows(name, lo, hi)
+    info = src.tensors[name]
+    return into(name, lo, hi, scratch.raw(key, (hi - lo) * (info.nbytes // max(1, info.shape[0]))))
+
+
+def _average(sink: TensorSink, ref: Any, models: Sequence[Any], weights: Sequence[float], name: str,
+             start: int | None, parts: list[Tensor | None], scratch: _Scratch) -> None:
+    """One item: ``round(w_1 ref + sum_k w_k parts[k])`` for the rows the item covers, into ``sink``."""
+    info = ref.tensors[name]
+    if not info.dtype.is_floating_point or info.numel == 0:
+        sink.copy(name)  # the first checkpoint's tensor
+        return
+    stored = [info.dtype] + [m.tensors[name].dtype if name in m.tensors else info.dtype for m in models]
+    inputs = [ref, *models]
+    if not info.shape:  # a scalar
+        xs = [ref.read([name])[name]] + [p if p is not None else m.read([name])[name] for p, m in zip(parts, models)]
+        sink.put(name, _rounded(name, inputs, [x.to(d) for x, d in zip(xs, stored)], weights, info.dtype))
+        return
+    lo = 0 if start is None else start
+    if start is None:
+        rows = info.shape[0]
+    else:  # the rows one engine put: every model puts the same range
+        rows = next((p.shape[0] for p in parts if p is not None), info.shape[0] - lo)
+    acc_dt = average.accumulate_dtype(info.dtype)
+    for a, b in row_chunks((rows, *info.shape[1:])):
+        shape = (b - a, *info.shape[1:])
+        xs = [_rows(ref, name, lo + a, lo + b, scratch, 0)]
+        for k, (p, m) in enumerate(zip(parts, models), 1):
+            if p is None:
+                xs.append(_rows(m, name, lo + a, lo + b, scratch, k))
+            elif p.dtype != stored[k]:  # rounded as the aligned model would be stored
+                xs.append(scratch.view(k, stored[k], shape).copy_(p[a:b]))
+            else:
+                xs.append(p[a:b])
+        acc = average.weighted_sum(xs, weights, info.dtype, scratch.view("sum", acc_dt, shape),
+                                   scratch.view("term", acc_dt, shape))
+        avg = scratch.view("out", info.dtype, shape).copy_(acc)
+        if not all_finite(avg):
+            _non_finite(name, inputs, xs)
+        sink.put_rows(name, lo + a, avg)
+
+
+def _rounded(name: str, inputs: Sequence[Any], xs: Sequence[Tensor], weights: Sequence[float],
+             dtype: torch.dtype) -> Tensor:
+    """:func:`~symalign.checkpoint.average.weighted_average` of ``xs``, an input with NaN/Inf named."""
+    avg = average.weighted_average(xs, weights, dtype)
+    if not all_finite(avg):
+        _non_finite(name, inputs, xs)
+    return avg
 
 
 def _non_finite(name: str, inputs: Sequence[LazyCheckpoint], xs: Sequence[torch.Tensor]) -> None:
@@ -187,12 +330,11 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
                      device: Any = None) -> dict[str, Any]:
     """Merge ``dirs`` into ``out`` by streaming (module docstring); ``weights`` already normalised;
     ``max_sweeps``: passes of the streamed model scope at most; ``experts``: how its mixture-of-experts
-    blocks are solved (:func:`symalign.match.experts.match_experts`)."""
+    blocks are solved (:func:`symalign.match.experts.match_experts`). Each model ``k >= 2`` is aligned on its own
+    thread into a :class:`ChannelSink` (the first one's progress shown) and averaged as its tensors arrive."""
     from symalign.io.folder import check_output_dir, commit, discard
-    from symalign.stream.attention import run_stream_attention
     from symalign.stream.auto import streamable
     from symalign.stream.fold import FoldedCheckpoint
-    from symalign.stream.model import run_stream_model
 
     t0 = time.perf_counter()
     folded = align and scope == "model"
@@ -205,48 +347,57 @@ def run_stream_merge(dirs: Sequence[Path], out: Path, weights: Sequence[float], 
     bound_heap()
     out_path = check_output_dir(out, list(dirs), force)
     first = open_checkpoint(dirs[0])
-    for d in dirs[1:]:
-        check_same_architecture(first, open_checkpoint(d))
+    models = [open_checkpoint(d) for d in dirs[1:]]
+    for m in models:
+        check_same_architecture(first, m)
     reference = FoldedCheckpoint(first) if folded else first  # --scope model: A in the aligned models' format
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.align-", dir=out_path.parent))
-    aligned_info: list[dict[str, Any]] = []
-    t_align = 0.0
+    writer = ShardWriter(out_path, first, extra=reference.extra if folded else None)
+    producers = [Producer(_engine(Path(dirs[0]), Path(d), scope, stage2, progress and k == 1, max_sweeps, experts,
+                                  device, str(out_path)), str(k)) for k, d in enumerate(dirs[1:], 1)] if align else []
     try:
-        inputs: list[Any] = [reference]
-        for k, d in enumerate(dirs[1:], 1):
-            if align:
-                ta = time.perf_counter()
-                if folded:
-                    info = run_stream_model(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2,
-                                            progress=progress, max_sweeps=max_sweeps, experts=experts, device=device)
-                else:
-                    info = run_stream_attention(Path(dirs[0]), Path(d), scratch / str(k), stage2=stage2,
-                                                progress=progress, device=device)
-                t_align += time.perf_counter() - ta
-                aligned_info.append({"model": str(d), "distance": info.distance, "check": info.check.to_dict(),
-                                     "sweeps": info.sweeps, "converged": info.converged})
-                inputs.append(open_checkpoint(scratch / str(k)))
-            else:
-                inputs.append(open_checkpoint(d))
-        ta = time.perf_counter()
-        tmp, written = average_into(out_path, inputs, weights, marker={
+        with progress_bar(sum(ck.nbytes for ck in [first, *models]), "merge (streamed average)",
+                          progress and not align) as bar:
+            merge_into(writer, reference, models, [p.start() for p in producers] or [copies(m) for m in models],
+                       weights, bar if not align else None)
+        tmp = writer.stage({"tie_word_embeddings": False} if folded and reference.extra else None, marker={
             "command": "merge", "scope": scope if align else "none", "folded": folded, "streamed": True,
-            "weights": list(weights), "inputs": [str(Path(d).resolve()) for d in dirs]}, progress=progress,
-            layout=first, extra=reference.extra if folded else None,
-            config_edits={"tie_word_embeddings": False} if folded and reference.extra else None)
-        t_avg = time.perf_counter() - ta
-        read = sum(ck.bytes_read for ck in inputs)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+            "weights": list(weights), "inputs": [str(Path(d).resolve()) for d in dirs]})
+    except BaseException:
+        for p in producers:
+            p.cancel()
+        writer.abort()
+        raise
     try:
         loads = check_loads_lazily(tmp)
         commit(tmp, out_path)
     except BaseException:
         discard(tmp)
         raise
+    aligned_info = [{"model": str(d), "distance": p.result.distance, "check": p.result.check.to_dict(),
+                     "sweeps": p.result.sweeps, "converged": p.result.converged} for d, p in zip(dirs[1:], producers)]
     return {"models": [str(d) for d in dirs], "weights": list(weights), "out": str(out_path),
             "scope": scope if align else "none", "universe": None, "aligned": aligned_info,
             "dtype": str(first.dtype).replace("torch.", ""), "architecture": first.config.model_type,
             "tensors": len(first.tensors), "new_tensors": [], "loads": loads,
-            "stream": {"bytes_read_average": read, "bytes_written": written, "peak_rss_bytes": peak_rss(),
-                       "time_align_s": t_align, "time_average_s": t_avg, "time_total_s": time.perf_counter() - t0}}
+            "stream": {"bytes_read": first.bytes_read + sum(m.bytes_read for m in models),
+                       "bytes_written": writer.bytes_written, "peak_rss_bytes": peak_rss(),
+                       "aligned_in_lockstep": len(producers), "time_total_s": time.perf_counter() - t0}}
+
+
+def _engine(a_dir: Path, b_dir: Path, scope: str, stage2: str, progress: bool, max_sweeps: int, experts: str,
+            device: Any, out_name: str) -> Callable[[TensorSink], Any]:
+    """``align(sink)`` for a :class:`Producer`: B aligned to A by the streamed engine of ``scope``, over its own
+    lazy readers of both checkpoints (opened here, so that a refusal comes before any thread starts)."""
+    from symalign.stream.attention import align_attention, attention_result, open_pair
+    from symalign.stream.model import align_model_into
+
+    a, b = open_pair(a_dir, b_dir)
+
+    def align(sink: TensorSink) -> Any:
+        if scope == "model":
+            return align_model_into(a, b, lambda w: sink, stage2=stage2, progress=progress, max_sweeps=max_sweeps,
+                                    experts=experts, device=device, out_name=out_name)
+        run = align_attention(a, b, sink, stage2=stage2, progress=progress, device=device, out_name=out_name)
+        return attention_result(run, a, b, sink)
+
+    return align

@@ -752,41 +752,24 @@ def write_aligned(w: StreamedWhole, sink: Any, clock: PhaseClock, progress: bool
     return checks
 
 
-def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
-                     force: bool = False, progress: bool = True, max_sweeps: int = 20,
-                     rtol: float = CHECKPOINT_SETTINGS["rtol"], clock: PhaseClock | None = None,
-                     experts: str = "exact", device: str | torch.device | None = None) -> AlignResult:
-    """Streamed whole-model alignment (see the module docstring): both checkpoints opened lazily, matched
-    (:class:`StreamedWhole`), then :func:`write_aligned` into a :class:`~symalign.io.shards.ShardWriter`, OUT
-    committed only when every layer passed. ``clock``: sums the time of each phase (the matching passes count as
-    ``match``; :func:`symalign.pipeline.align`); ``experts``: how mixture-of-experts blocks are solved
-    (:func:`symalign.match.experts.match_experts`); ``device``: where the passes compute (:class:`StreamedWhole`;
-    reading, the per-layer checks and writing stay on the CPU)."""
-    from symalign.io.folder import check_output_dir, commit
-
+def align_model_into(a: LazyCheckpoint | ResidentCheckpoint, b: LazyCheckpoint | ResidentCheckpoint,
+                     sink_for: Callable[[StreamedWhole], Any], stage2: str = "full", stage1: bool = True,
+                     progress: bool = True, max_sweeps: int = 20, rtol: float = CHECKPOINT_SETTINGS["rtol"],
+                     clock: PhaseClock | None = None, experts: str = "exact",
+                     device: str | torch.device | None = None, out_name: str = "OUT") -> AlignResult:
+    """B aligned to A over the whole model into a sink: :class:`StreamedWhole` matched, then :func:`write_aligned`
+    into ``sink_for(w)`` (a :class:`~symalign.stream.sink.TensorSink`; the matched loop is passed so that a
+    writer can lay out the tensors the rewrite adds, :func:`added_tensors`). Every layer is checked before it is
+    put; raises (the caller aborts its sink) when one fails. The result has no ``out``: the caller names it."""
     clock = clock or PhaseClock()
-    bound_heap()
-    out_path = check_output_dir(out_dir, [a_dir, b_dir], force)
-    with clock("read"):
-        a, b = open_pair(a_dir, b_dir)
     with clock("prepare"):
         w = StreamedWhole(a, b, experts, device)
     with clock("match"):
         converged = w.match(stage1, stage2, max_sweeps, rtol, progress)
     passes = len(w.distances) - 1
     bytes_matching = w.bytes_read
-    writer = ShardWriter(out_path, b, extra=added_tensors(b, w.prep_b))
-    try:
-        checks = write_aligned(w, writer, clock, progress, str(out_path))
-        with clock("write"):
-            tmp = writer.stage({"tie_word_embeddings": False} if w.prep_b.untied else None,
-                               marker={"command": "align", "scope": "model", "folded": True, "streamed": True,
-                                       "untied_head": bool(w.prep_b.untied),
-                                       "a": str(Path(a_dir).resolve()), "b": str(Path(b_dir).resolve())})
-            commit(tmp, out_path)
-    except BaseException:
-        writer.abort()
-        raise
+    sink = sink_for(w)
+    checks = write_aligned(w, sink, clock, progress, out_name)
     d = w.distances
     summary = w.summary(converged)
     match = {k: summary[k] for k in ("method", "iterations", "converged", "distances", "relative_distance_after")}
@@ -796,12 +779,50 @@ def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "ful
                      untied_head=bool(w.prep_b.untied), match=match,
                      stream={"passes": passes, "reads": {"A": passes, "B": passes + 1},
                              "work_dtype": dtype_name(w.dtype),
-                             "bytes_read": bytes_matching + b.bytes_read, "bytes_written": writer.bytes_written,
+                             "bytes_read": bytes_matching + b.bytes_read, "bytes_written": sink.bytes_written,
                              "shards": len(b.shards), "time_grams_s": w.t_grams, "peak_rss_bytes": peak_rss(),
                              "check": "per layer, through a one-layer model of the family (rotated stream)"})
-    res.a, res.b, res.out, res.scope, res.stage1, res.stage2 = str(a_dir), str(b_dir), str(out_path), "model", \
-        stage1, stage2
-    res.max_sweeps = max_sweeps
+    res.scope, res.stage1, res.stage2, res.max_sweeps = "model", stage1, stage2, max_sweeps
     res.timings = clock.timings()
     return res
 
+
+def run_stream_model(a_dir: Path, b_dir: Path, out_dir: Path, stage2: str = "full", stage1: bool = True,
+                     force: bool = False, progress: bool = True, max_sweeps: int = 20,
+                     rtol: float = CHECKPOINT_SETTINGS["rtol"], clock: PhaseClock | None = None,
+                     experts: str = "exact", device: str | torch.device | None = None) -> AlignResult:
+    """Streamed whole-model alignment (see the module docstring): both checkpoints opened lazily and aligned
+    (:func:`align_model_into`) into a :class:`~symalign.io.shards.ShardWriter`, OUT committed only when every
+    layer passed. ``clock``: sums the time of each phase (the matching passes count as ``match``;
+    :func:`symalign.pipeline.align`); ``experts``: how mixture-of-experts blocks are solved
+    (:func:`symalign.match.experts.match_experts`); ``device``: where the passes compute (:class:`StreamedWhole`;
+    reading, the per-layer checks and writing stay on the CPU)."""
+    from symalign.io.folder import check_output_dir, commit
+
+    clock = clock or PhaseClock()
+    bound_heap()
+    out_path = check_output_dir(out_dir, [a_dir, b_dir], force)
+    with clock("read"):
+        a, b = open_pair(a_dir, b_dir)
+    made: list[ShardWriter] = []
+
+    def writer_for(w: StreamedWhole) -> ShardWriter:
+        made.append(ShardWriter(out_path, b, extra=added_tensors(b, w.prep_b)))
+        return made[0]
+
+    try:
+        res = align_model_into(a, b, writer_for, stage2, stage1, progress, max_sweeps, rtol, clock, experts,
+                               device, str(out_path))
+        with clock("write"):
+            tmp = made[0].stage({"tie_word_embeddings": False} if res.untied_head else None,
+                                marker={"command": "align", "scope": "model", "folded": True, "streamed": True,
+                                        "untied_head": bool(res.untied_head),
+                                        "a": str(Path(a_dir).resolve()), "b": str(Path(b_dir).resolve())})
+            commit(tmp, out_path)
+    except BaseException:
+        for wr in made:
+            wr.abort()
+        raise
+    res.a, res.b, res.out = str(a_dir), str(b_dir), str(out_path)
+    res.timings = clock.timings()
+    return res
