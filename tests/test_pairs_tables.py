@@ -79,3 +79,15 @@ def test_stage1_rank_reuse_keeps_rows_whose_runs_are_gone() -> None:
            {"experiment": "c", "scope": "first-attention", "seeds": "1,2", "rank": 5}]  # experiment not requested
     out = s1.kept_without_runs(new, old, ["a", "b"], ["first-attention"])
     assert [(r["experiment"], r["rank"]) for r in out] == [("a", 3), ("b", 1)]
+
+
+def test_residual_ablation_summary_counts_pairs_lowered_by_the_residual() -> None:
+    ra = _load("residual_ablation")
+    rows = [{"experiment": "x", "variant": v, "residual_group": "O(4)", "before_pct": b, "after_pct": a}
+            for v, _, _ in ra.VARIANTS for b, a in ((100.0, 20.0), (90.0, 95.0))]
+    out = ra.summarise(rows)
+    assert [s["variant"] for s in out] == [v for v, _, _ in ra.VARIANTS]
+    s = out[0]
+    assert s["pairs"] == 2 and s["lower_after"] == "1 of 2" and s["before_mean"] == pytest.approx(95.0)
+    assert s["after_std"] == pytest.approx(statistics.stdev([20.0, 95.0]))
+    assert s["before_cell"] == f"95.0 ± {statistics.stdev([100.0, 90.0]):.1f} %"
