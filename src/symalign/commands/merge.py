@@ -170,6 +170,8 @@ def _merge_in_memory(dirs: list[Path], out_path: Path, w: list[float], scope: st
         _aligned_inputs(ref, dirs, scope, stage2, align, max_sweeps, experts, device, step)
     sink = StateSink(inputs.ref)
     merge_into(sink, inputs.ref, inputs.models, inputs.items, w)
+    ref.ckpt = inputs.ref = sink.like = None  # the inputs and their aligned copies can go before writing
+    inputs.models, inputs.items = [], []
     step("averaging and writing")
     merged = sink.state
     _write_merged(out_path, merged, dirs, inputs.edits, {
@@ -190,7 +192,8 @@ def _merge_in_memory(dirs: list[Path], out_path: Path, w: list[float], scope: st
 
 @dataclass
 class _Reference:
-    """Model A, which every other model is aligned to: its loaded checkpoint and what the result reports of it."""
+    """Model A, which every other model is aligned to: its loaded checkpoint (``ckpt``; set to ``None`` once the
+    merge is formed, so its tensors can be freed) and what the result reports of it."""
 
     ckpt: Any
     keys: set[str]
@@ -275,15 +278,15 @@ def _aligned_inputs(ref: _Reference, dirs: list[Path], scope: str, stage2: str, 
 
     loaded = [load_checkpoint(d) for d in dirs[1:]]
     models = [ResidentCheckpoint.of(c) for c in loaded]
-    inputs = _Inputs(ResidentCheckpoint.of(ref.ckpt), models, [])
     if align and scope == "model":  # A in the same exactly rewritten format as the aligned
         from symalign.families import prepare
 
         pa = prepare(ref.config, ref.ckpt.state, ref.adapter.spec(ref.config, ref.ckpt.state.keys()))
-        if pa.untied:
-            inputs.edits["tie_word_embeddings"] = False
-        inputs.ref = ResidentCheckpoint(dirs[0], saved_names(ref.config, pa.state), ref.config, ref.adapter,
-                                        checked=True)
+        inputs = _Inputs(ResidentCheckpoint(dirs[0], saved_names(ref.config, pa.state), ref.config, ref.adapter,
+                                            checked=True), models, [],
+                         edits={"tie_word_embeddings": False} if pa.untied else {})
+    else:
+        inputs = _Inputs(ResidentCheckpoint.of(ref.ckpt), models, [])
     if not align:
         inputs.items = [copies(m) for m in models]
         return inputs

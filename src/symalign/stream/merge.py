@@ -35,6 +35,7 @@ order. Streamed OUT is checked to load without materialising weights (:func:`che
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -191,13 +192,13 @@ def merge_into(sink: TensorSink, ref: Any, models: Sequence[Any], items: Sequenc
     model, the first's first. ``bar``: a progress bar told the bytes read."""
     streams = [iter(x) for x in items]
     scratch = _Scratch()
-    held: list[dict[tuple[str, int | None], Tensor | None]] = [{} for _ in streams]
+    held: list[dict[tuple[str, int | None], Tensor | None]] = [{} for _ in streams[1:]]  # read ahead, per follower
     for name, start, t in streams[0]:
-        parts = [t] + [_take(s, h, (name, start), j + 1) for j, (s, h) in enumerate(zip(streams[1:], held[1:]))]
+        parts = [t] + [_take(s, h, (name, start), j + 1) for j, (s, h) in enumerate(zip(streams[1:], held))]
         _average(sink, ref, models, weights, name, start, parts, scratch)
         if bar is not None:
             bar.update(ref.bytes_read + sum(m.bytes_read for m in models), name)
-    for j, (s, h) in enumerate(zip(streams[1:], held[1:]), 1):
+    for j, (s, h) in enumerate(zip(streams[1:], held), 1):
         rest = list(h) + [(n, st) for n, st, _ in s]
         if rest:
             raise SymalignError(f"internal error: model {j + 2} put {rest[0][0]!r}, which model 2 did not")
@@ -229,10 +230,8 @@ class _Scratch:
         return b
 
     def view(self, key: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
-        n = 1
-        for d in shape:
-            n *= d
-        return self.raw(key, n * dtype.itemsize)[:n * dtype.itemsize].view(dtype).view(shape)
+        n = math.prod(shape) * dtype.itemsize
+        return self.raw(key, n)[:n].view(dtype).view(shape)
 
 
 def _rows(src: Any, name: str, lo: int, hi: int, scratch: _Scratch, key: Any) -> Tensor:
@@ -257,11 +256,10 @@ def _average(sink: TensorSink, ref: Any, models: Sequence[Any], weights: Sequenc
         xs = [ref.read([name])[name]] + [p if p is not None else m.read([name])[name] for p, m in zip(parts, models)]
         sink.put(name, _rounded(name, inputs, [x.to(d) for x, d in zip(xs, stored)], weights, info.dtype))
         return
-    lo = 0 if start is None else start
     if start is None:
-        rows = info.shape[0]
-    else:  # the rows one engine put: every model puts the same range
-        rows = next((p.shape[0] for p in parts if p is not None), info.shape[0] - lo)
+        lo, rows = 0, info.shape[0]
+    else:  # the rows the engines put (every model puts the same range)
+        lo, rows = start, next(p.shape[0] for p in parts if p is not None)
     acc_dt = average.accumulate_dtype(info.dtype)
     for a, b in row_chunks((rows, *info.shape[1:])):
         shape = (b - a, *info.shape[1:])
