@@ -223,3 +223,46 @@ def test_streamed_merge_stops_on_a_failing_alignment_and_writes_nothing(tmp_path
         if t.name.startswith("symalign-merge"):
             t.join(timeout=10)
     assert not [t for t in threading.enumerate() if t.name.startswith("symalign-merge") and t.is_alive()]
+
+
+def test_one_layer_models_are_built_one_at_a_time(tmp_path, monkeypatch):
+    """Building a check model sets process-wide state (the default dtype: float64 for a float64 checkpoint; the
+    RNG seed) and restores it; merge producers build them on threads, so builds take turns and the default dtype
+    is float32 afterwards."""
+    import threading
+    import time
+
+    from symalign.checkpoint.lazy import open_checkpoint
+    from symalign.stream.layercheck import LayerChecker
+
+    _, _, da, _ = _pair(tmp_path, dtype=torch.float64, shard=None)
+    ck = open_checkpoint(da)
+    cls = ck.adapter.model_class(ck.config)
+    real = cls._from_config.__func__
+    inside, most = [0], [0]
+
+    def slow(klass, *a, **kw):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.2)
+        try:
+            return real(klass, *a, **kw)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(cls, "_from_config", classmethod(slow))
+    errors = []
+
+    def build():
+        try:
+            LayerChecker(ck.config, ck.adapter, "model.layers.0.", shrink_ff=False, layer_params=10_000)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=build) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert most[0] == 1 and torch.get_default_dtype() == torch.float32

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import threading
 from typing import Any, Mapping
 
 import torch
@@ -74,6 +75,13 @@ def sparse_layer(config: Any, i: int) -> bool | None:
         and (i + 1) % step == 0
 
 
+# Building the one-layer model sets process-wide state and restores it: the global RNG seed, transformers' log
+# verbosity, and torch's default dtype (``_from_config`` builds in the config's dtype, float64 for a float64
+# checkpoint). Two builds on two threads (``merge`` aligns each model on its own) would interleave the saves and
+# restores and could leave the default dtype at float64 for the whole process: they take this lock.
+_BUILDING = threading.Lock()
+
+
 class LayerChecker:
     """Runs single layers of B's family (see the module docstring).
 
@@ -107,15 +115,16 @@ class LayerChecker:
         self.adapter = adapter
         self.dtype = torch.float64 if layer_params <= FLOAT64_MAX_LAYER_PARAMS else torch.float32
         cls = adapter.model_class(cfg)
-        torch.manual_seed(seed)
         from transformers.utils import logging
 
-        verbosity = logging.get_verbosity()
-        logging.set_verbosity_error()
-        try:
-            model = cls._from_config(cfg, experts_implementation="eager")
-        finally:
-            logging.set_verbosity(verbosity)
+        with _BUILDING:  # process-wide state, set and restored: one build at a time (merge producers are threads)
+            torch.manual_seed(seed)
+            verbosity = logging.get_verbosity()
+            logging.set_verbosity_error()
+            try:
+                model = cls._from_config(cfg, experts_implementation="eager")
+            finally:
+                logging.set_verbosity(verbosity)
         self.model = model.to(self.dtype).eval()
         if self.dtype == torch.float64:  # RMSNorm, eager softmax, MoE routers: in float64 too (same formulas)
             from symalign.probe.families import float64_numerics

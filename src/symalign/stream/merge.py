@@ -164,9 +164,10 @@ class Producer:
             yield item
 
     def cancel(self) -> None:
-        """Stop the engine at its next put (it may be computing: the thread is a daemon, waited for briefly)."""
+        """Stop the engine at its next put and wait for its thread to end (an interrupt still stops the wait), so
+        that no alignment keeps running -- and building models -- after the merge has returned."""
         self.sink.cancelled.set()
-        self.thread.join(timeout=1.0)
+        self.thread.join()
 
 
 def copies(source: Any) -> Iterator[Item]:
