@@ -9,7 +9,10 @@ interleaved trials): wall seconds, the speed-up (1 worker / 2 workers) per backe
 backend's overhead per task with 1 worker ((wall - sum of task seconds) / runs) and Ray's
 overhead per task ((Ray 1 worker - local 1 worker) / runs).
 
-    .venv/bin/python benchmarks/bench_sweep.py [--trials 2] [--json]
+    .venv/bin/python benchmarks/bench_sweep.py [--trials 2] [--json] [--out benchmarks/results/sweep.json]
+
+``--out`` writes a result file (atomically, with provenance and the load averages at the start and the end) whose
+table ``symalign docs`` renders.
 """
 
 from __future__ import annotations
@@ -56,6 +59,29 @@ def timed_sweep(grid, workers: int, ray: str | None) -> tuple[float, float]:
     return wall, task_s
 
 
+def write_result(path: Path, out: dict, backends: list, task: dict) -> None:
+    """``out`` with provenance and a ``tables.backends`` entry (one row per backend), written atomically."""
+    import shlex
+
+    from symalign.atomic import write_json
+    from symalign.experiments.docs_tables import make_table
+    from symalign.provenance import provenance
+
+    n = out["runs"]
+    rows = [{"backend": label, "wall_1w": out["wall_s"][f"{label}_1w"], "wall_2w": out["wall_s"][f"{label}_2w"],
+             "speedup": f"{out[f'{label}_speedup_2v1']:.2f}x",
+             "tasks": f"{task[f'{label}_1w'] / n:.1f} / {task[f'{label}_2w'] / n:.1f}",
+             "overhead": out[f"{label}_own_overhead_per_task_s"],
+             "load": f"{out['load_average_at_start']:.1f} / {out['load_average_at_end']:.1f}"} for label, _ in backends]
+    table = make_table(rows, [("backend", "backend"), ("wall_1w", "1 worker: wall (s)", ".1f"),
+                              ("wall_2w", "2 workers: wall (s)", ".1f"), ("speedup", "speed-up 2 vs 1"),
+                              ("tasks", "mean task (s), 1 / 2 workers"),
+                              ("overhead", "overhead per task, 1 worker (s)", ".2f"),
+                              ("load", "load average start / end")])
+    cmd = "python benchmarks/bench_sweep.py " + shlex.join(sys.argv[1:])
+    write_json(path, {"provenance": provenance(cmd, threads=1), **out, "tables": {"backends": table}})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed-pairs", type=int, default=4, help="runs = 2 x seed pairs (default 8 runs)")
@@ -63,6 +89,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=1, help="interleaved trials; medians are reported")
     ap.add_argument("--no-ray", action="store_true", help="local backend only")
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    ap.add_argument("--out", type=Path, default=None, help="also write a result file (JSON) with a docs table")
     args = ap.parse_args()
     grid = bench_grid(args.seed_pairs, args.steps)
     n = len(grid.runs)
@@ -91,6 +118,9 @@ def main() -> None:
         out[f"{label}_own_overhead_per_task_s"] = (wall[f"{label}_1w"] - task[f"{label}_1w"]) / n
     if not args.no_ray:
         out["ray_overhead_per_task_s"] = (wall["ray_1w"] - wall["local_1w"]) / n
+    out["load_average_at_end"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    if args.out:
+        write_result(args.out, out, backends, task)
     if args.json:
         print(json.dumps(out, indent=2))
         return
