@@ -167,8 +167,31 @@ def without(columns: Sequence[ColumnSpec], *keys: str) -> tuple[ColumnSpec, ...]
     return tuple(c for c in columns if c[0] not in keys)
 
 
+def profile_rows(d: Mapping[str, Any]) -> list[Row]:
+    """The before/after rows of a two-run ``profile_stream_memory.py`` file: commit, peak and the line at the peak."""
+    rows = []
+    for key in ("before", "after"):
+        r = d[key]
+        commit = r["provenance"]["commit"]
+        gib = r["align"]["peak_rss_gib"]
+        rows.append({"run": key, "commit": f"`{commit[:7]}`" + (" (+ the change)" if commit.endswith("+dirty") else ""),
+                     "peak_gib": gib, "peak_gb": gib * GB_PER_GIB, "peak_goal": _peak_goal("model", gib),
+                     "at_peak": f"`{r['align']['at_peak'][0]}`", "wall_s": r["align"]["wall_s"]})
+    return rows
+
+
+PROFILE_COLUMNS: tuple[ColumnSpec, ...] = (
+    ("run", "run"), ("commit", "commit"), ("peak_gib", "peak RSS GiB", ".3f"), ("peak_gb", "peak RSS GB", ".2f"),
+    ("peak_goal", "peak goal"), ("at_peak", "source line at the peak"), ("wall_s", "wall s", ".0f"))
+
+
 RES = "benchmarks/results/"
 SPECS: tuple[Spec, ...] = (
+    Spec(RES + "stream_7b_one_engine.json", "steps",
+         stream_steps([("attention", ALIGN_ATTENTION), ("merge", MERGE_NO_ALIGN),
+                       ("model", ALIGN_MODEL_1 + " (32 layers)")]),
+         STEP_COLUMNS + STAGE_COLUMNS + RATIO_COLUMNS),
+    Spec(RES + "stream_model_memory_7b2.json", "profile", profile_rows, PROFILE_COLUMNS),
     Spec(RES + "stream_7b_model_blocked.json", "steps",
          stream_steps([("model", ALIGN_MODEL_1 + " (32 layers)")]), STEP_COLUMNS + RATIO_COLUMNS),
     Spec(RES + "stream_7b.json", "steps",

@@ -324,7 +324,8 @@ class _Engine:
         with progress_bar(total_bytes, label, progress) as bar:
             ahead = Gate()  # unit i + 1 is read while unit i - 1 is finished (after unit i's stage-1 peak)
             pairs = read_ahead(self.read_pair, plan.names_of, self.device, lambda: self.clock("read"), gate=ahead)
-            for (layers, spaces), names, (raw_a, raw_b) in zip(plan.units, plan.names_of, pairs):
+            for (layers, spaces), names in zip(plan.units, plan.names_of):
+                raw_a, raw_b = next(pairs)  # not in the zip: its reused result tuple would hold the pair
                 bar.update(a.bytes_read + b.bytes_read,
                            f"layer {layers[-1] + 1 if layers else plan.n_layers}/{plan.n_layers}")
                 sub = plan.spec.restrict(spaces)

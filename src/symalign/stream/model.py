@@ -422,7 +422,9 @@ class StreamedWhole:
         acc = d0 = 0.0
         moved = 0
         held: dict[tuple[int, ...], list] = {}  # blocks waiting for the joint attention solve of their group
-        for i, (raw_a, raw_b) in zip(range(self.L), read_ahead(self.raw_pair, range(self.L), dev)):  # i + 1 meanwhile
+        pairs = read_ahead(self.raw_pair, range(self.L), dev)  # layer i + 1 is read meanwhile where enabled
+        for i in range(self.L):
+            raw_a, raw_b = next(pairs)  # not zip(): its reused result tuple would keep the pair until the next layer
             release()
             if bar is not None:
                 bar.update(self.a.bytes_read + self.b.bytes_read, f"layer {i + 1}/{self.L}")
@@ -705,8 +707,9 @@ def write_aligned(w: StreamedWhole, sink: Any, clock: PhaseClock, progress: bool
     w.written_distance = 0.0 if measure else None
     b.bytes_read = 0
     with progress_bar(b.nbytes, "align (model, streamed) writing", progress) as bar:
-        for i, raw in zip(range(w.L), read_ahead(lambda j: b.read(w.layer_names[j]), range(w.L), None,
-                                                 lambda: clock("read"))):  # layer i + 1 is read meanwhile
+        raws = read_ahead(lambda j: b.read(w.layer_names[j]), range(w.L), None, lambda: clock("read"))
+        for i in range(w.L):
+            raw = next(raws)  # not zip(): its reused result tuple would keep the layer until the next one
             release()
             bar.update(b.bytes_read, f"layer {i + 1}/{w.L}")
             with clock("match"):
