@@ -9,10 +9,12 @@ rewritten (atomically, :func:`symalign.atomic.write_json`) only when that table 
 then renders the ``<!-- results: FILE table=NAME -->`` blocks of docs/scaling.md from them.
 Deterministic and idempotent: the rows are a pure function of the raw keys, and a second run changes
 nothing. No measurement is made or altered here; the only text the script adds is row labels (which
-command a step ran). Only files with a complete ``provenance`` record are listed, since the docs test
-requires one of every file a docs table names: the older ``stream_small``, ``stream_tiny`` and
-``stream_*_partial`` files and the profiles ``stream_model_memory_7b`` and ``moe_stream_memory`` have none,
-so their tables in docs/scaling.md stay hand-written.
+command a step ran). The docs test requires a complete ``provenance`` record
+of every file a docs table names. A profile file that gathers several runs under labels
+(``stream_model_memory_7b``, ``moe_stream_memory``), each run with its own record, gets a top-level one
+derived from them (:func:`runs_provenance`: the newest run's record, every run's command); its table gives
+each row's own commit. The older ``stream_small``, ``stream_tiny`` and ``stream_*_partial`` files record no
+provenance at all and are not tabulated.
 
     .venv/bin/python benchmarks/tables_from_results.py            # write the tables
     .venv/bin/python benchmarks/tables_from_results.py --check    # exit 1 if a table is missing or stale
@@ -54,6 +56,7 @@ class Spec:
     table: str
     rows: Callable[[Mapping[str, Any]], list[Row]]
     columns: Sequence[ColumnSpec]
+    runs: tuple[str, ...] = ()  # labels of runs with their own provenance: the file's record is derived from them
 
 
 def _scaled(x: float | None, factor: float) -> float | None:
@@ -180,12 +183,54 @@ def profile_rows(d: Mapping[str, Any]) -> list[Row]:
     return rows
 
 
+def labelled_profile_rows(runs: Sequence[tuple[str, str, str]], layer_key: str | None = None
+                          ) -> Callable[[Mapping[str, Any]], list[Row]]:
+    """Rows of a profile file that keeps several runs under labels: one per ``(label, command key, row name)``
+    present (``command key``: ``align``, ``merge``, ``model``, ``attention``...), with the run's own commit, the
+    peak (with the model scope's goal unless ``layer_key`` is given), the source line at the peak and the wall
+    time; ``layer_key`` also gives the peak in layers (``peak_layers``, ``above_baseline_layers``)."""
+    def rows(d: Mapping[str, Any]) -> list[Row]:
+        out = []
+        for label, key, name in runs:
+            step = (d.get(label) or {}).get(key)
+            if step is None:
+                continue
+            commit = d[label]["provenance"]["commit"]
+            gib = step["peak_rss_gib"]
+            row = {"run": name, "commit": f"`{commit[:7]}`" + (" (+ uncommitted)" if commit.endswith("+dirty") else ""),
+                   "peak_gib": gib, "peak_gb": gib * GB_PER_GIB,
+                   "peak_goal": _peak_goal("model", gib) if layer_key is None else None,
+                   "at_peak": f"`{step['at_peak'][0]}`", "wall_s": step.get("wall_s")}
+            if layer_key is not None:
+                row |= {"in_layers": step.get("peak_layers"), "above_layers": step.get("above_baseline_layers")}
+            out.append(_clean(row))
+        return out
+    return rows
+
+
+def runs_provenance(d: Mapping[str, Any], labels: Sequence[str]) -> dict:
+    """The provenance of a file gathering the runs ``labels`` (each with its own record): the newest run's record
+    (commit, threads, versions, machine, date), with ``command`` listing every run's command and ``runs`` the
+    labels. Nothing is invented: each field is copied from a run's own record."""
+    recs = [(label, d[label]["provenance"]) for label in labels if label in d]
+    newest = max(recs, key=lambda lr: lr[1]["date"])[1]
+    return {**newest, "command": "; ".join(f"{label}: {rec['command']}" for label, rec in recs),
+            "runs": [label for label, _ in recs], "derived_from": "the runs' own provenance records"}
+
+
+MOE_COLUMNS: tuple[ColumnSpec, ...] = (
+    ("run", "run"), ("commit", "commit"), ("peak_gib", "peak RSS GiB", ".3f"), ("in_layers", "in `L`", ".2f"),
+    ("above_layers", "above the baseline, in `L`", ".2f"), ("wall_s", "wall s", ".0f"),
+    ("at_peak", "source line at the peak"))
+
+
 PROFILE_COLUMNS: tuple[ColumnSpec, ...] = (
     ("run", "run"), ("commit", "commit"), ("peak_gib", "peak RSS GiB", ".3f"), ("peak_gb", "peak RSS GB", ".2f"),
     ("peak_goal", "peak goal"), ("at_peak", "source line at the peak"), ("wall_s", "wall s", ".0f"))
 
 
 RES = "benchmarks/results/"
+MOE_LABELS = ("before", "after_4d2cc9c", "after", "head")  # moe_stream_memory.json's runs, oldest first
 SPECS: tuple[Spec, ...] = (
     Spec(RES + "stream_7b_one_engine.json", "steps",
          stream_steps([("attention", ALIGN_ATTENTION), ("merge", MERGE_NO_ALIGN),
@@ -203,6 +248,19 @@ SPECS: tuple[Spec, ...] = (
          stream_steps([("attention", ALIGN_ATTENTION), ("merge", MERGE_NO_ALIGN + " (B' = the aligned output)"),
                        ("model", "`align --stream --scope model --max-sweeps 2`")]),
          STEP_COLUMNS + STAGE_COLUMNS + without(RATIO_COLUMNS, "cpu_s")),
+    Spec(RES + "stream_model_memory_7b.json", "profile",
+         labelled_profile_rows([("before", "align", "before: " + ALIGN_MODEL_1),
+                                ("after_align", "align", "after: " + ALIGN_MODEL_1),
+                                ("after_merge", "merge", "after: `merge --stream --scope model --max-sweeps 1`"),
+                                ("blocked_align", "align", "blocked: " + ALIGN_MODEL_1)]),
+         PROFILE_COLUMNS, runs=("before", "after_align", "after_merge", "blocked_align")),
+    Spec(RES + "moe_stream_memory.json", "profile",
+         labelled_profile_rows([(label, key, f"{label}: `{cmd}`") for label in MOE_LABELS
+                                for key, cmd in (("model", "align --stream --scope model --max-sweeps 1"),
+                                                 ("merge", "merge --stream --scope model --max-sweeps 1"),
+                                                 ("attention", "align --stream --scope attention"))],
+                               layer_key="peak_layers"),
+         MOE_COLUMNS, runs=MOE_LABELS),
 )
 
 
@@ -216,10 +274,13 @@ def update(spec: Spec, root: Path = ROOT, write: bool = True) -> bool:
     path = root / spec.file
     data = json.loads(path.read_text())
     table = table_of(spec, data)
-    if (data.get("tables") or {}).get(spec.table) == table:
+    prov = runs_provenance(data, spec.runs) if spec.runs else data.get("provenance")
+    if (data.get("tables") or {}).get(spec.table) == table and data.get("provenance") == prov:
         return False
     if write:
         data.setdefault("tables", {})[spec.table] = table
+        if spec.runs:
+            data = {"provenance": prov, **{k: v for k, v in data.items() if k != "provenance"}}
         write_json(path, data)
     return True
 
