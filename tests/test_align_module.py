@@ -84,7 +84,9 @@ def test_planted_vit_cli_recovers_a_and_keeps_b(factory, tmp_path, capsys, monke
     assert {"heads.0", "qk.0", "vo.0", "residual", "ff.0"} <= set(info["group"]["spaces"])
 
 
-def test_mlp_attention_scope_refused_and_model_scope_works(factory, tmp_path, capsys, monkeypatch):
+def test_mlp_attention_scope_refused_and_the_default_aligns_the_whole_module(factory, tmp_path, capsys, monkeypatch):
+    """--module defaults to --scope model (an MLP or a CNN has no attention) and says so; --scope attention on a
+    module without attention is one line, exit 2, nothing written."""
     from facts import mlp
 
     model = mlp()
@@ -92,13 +94,18 @@ def test_mlp_attention_scope_refused_and_model_scope_works(factory, tmp_path, ca
     torch.save(a, tmp_path / "A.pt")
     torch.save(b, tmp_path / "B.pt")
     args = ["align", "--module", f"{factory}:mlp", tmp_path / "A.pt", tmp_path / "B.pt", "-o", tmp_path / "O.pt"]
-    code, out, err = run_symalign(monkeypatch, capsys, *args)
+    code, out, err = run_symalign(monkeypatch, capsys, *args, "--scope", "attention")
     assert code == 2 and "no attention layer" in err and "--scope model" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "O.pt").exists()
-    code, out, err = run_symalign(monkeypatch, capsys, *args, "--scope", "model")
+    code, out, err = run_symalign(monkeypatch, capsys, *args)
     assert code == 0, err
-    assert "whole-model distance to A" in out
-    code, out, err = run_symalign(monkeypatch, capsys, *args, "--scope", "model")
+    assert "whole-model distance to A" in out and "scope: model (the default for --module" in err
+    explicit = ["align", "--module", f"{factory}:mlp", tmp_path / "A.pt", tmp_path / "B.pt", "-o", tmp_path / "E.pt"]
+    code, out2, err = run_symalign(monkeypatch, capsys, *explicit, "--scope", "model")
+    assert code == 0, err
+    assert torch.equal(torch.cat([v.flatten() for v in torch.load(tmp_path / "O.pt").values()]),
+                       torch.cat([v.flatten() for v in torch.load(tmp_path / "E.pt").values()]))
+    code, out, err = run_symalign(monkeypatch, capsys, *args)
     assert code == 2 and "already exists" in err
 
 

@@ -49,9 +49,10 @@ def register(app: typer.Typer) -> None:
                                                                   "directory, or a Hub id org/name)."),
         b_dir: Path = typer.Argument(..., metavar="B_DIR", help="Checkpoint B, to be aligned to A."),
         out: Path = typer.Option(..., "-o", "--out", help="Output directory: B aligned to A."),
-        scope: str = typer.Option("attention", help="attention | model (model: residual stream, FF units and "
-                                  "attention; OUT is written in folded form, see --write-reference and "
-                                  "docs/whole-model.md)."),
+        scope: Optional[str] = typer.Option(None, help="attention | model (model: residual stream, FF units and "
+                                            "attention; OUT is written in folded form, see --write-reference and "
+                                            "docs/whole-model.md). Default: attention for checkpoints; model for "
+                                            "--module (every traced space: a CNN or an MLP has no attention)."),
         max_sweeps: int = typer.Option(20, "--max-sweeps", min=1, help="--scope model: sweeps of the alternating "
                                        "solver (a warning says when it did not converge)."),
         write_reference: Optional[Path] = typer.Option(None, "--write-reference", metavar="DIR",
@@ -92,6 +93,10 @@ def register(app: typer.Typer) -> None:
         dev = checks.use_device(device, say)
         cap = checks.use_max_device_memory(max_device_memory, dev)
         interrupt.keep_output(*([out] + ([write_reference] if write_reference is not None else [])))
+        if scope is None:
+            scope = "model" if module else "attention"
+            if module and say is not None:
+                say("scope: model (the default for --module; --scope attention aligns its attention layers only)")
         if module:
             from symalign.commands.align_module import run_align_module
 

@@ -12,9 +12,11 @@ only input group ``j``) keep less:
   per-channel filter of input channel ``c``; the output is the input's space, permuted
   together with the filters and biases (permutations only: a scale would have to leave
   the filter and move the bias);
-* otherwise: the input channels cannot move (each group's filters see their group's
-  channels in a fixed order, one weight axis for every group), and the output channels
-  may be permuted inside their group: ``(S_m)^g`` (:class:`~symalign.tracing.blocks.WithinBlocks`).
+* otherwise: the input channels are left out (each group's filters see their group's
+  channels through one weight axis shared by every group, so only the same permutation
+  inside every group, ``blockdiag(P, ..., P)`` with ``P`` on that axis, would keep them: a
+  subgroup not declared yet), and the output channels may be permuted inside their group:
+  ``(S_m)^g`` (:class:`~symalign.tracing.blocks.WithinBlocks`).
 
 Per-channel operations of the spatial axes (max / average / adaptive pooling, padding,
 upsampling) keep the channel space: max pooling commutes with permutations and positive
@@ -127,7 +129,8 @@ class ConvRule:
         else:
             if sid_in is not None:
                 self.sp.pin(sid_in, layer, f"is read by a grouped convolution ({groups} groups): its channels "
-                                           "cannot move (one weight axis serves every group)")
+                                           "are left out (one weight axis serves every group: only the same "
+                                           "permutation in every group would keep them, which is not declared)")
             out = self.sp.bind_param((wname, 0), None, self.name_for(wname, node), "co", c_out, layer,
                                      kind="hidden")
             self.sp.blockify(out, groups, in_place=True)
