@@ -559,7 +559,7 @@ def main(argv=None) -> None:
                          "docs/results.md); rewritten after every pair, so a stopped run keeps what it measured")
     ap.add_argument("--peers-python", default="/work/peers-venv/bin/python",
                     help="python of the environment the peers are installed in")
-    ap.add_argument("--rows", default="mlp-2,mlp-4,mlp-6,mlp-8,lnmlp-2,lnmlp-4,vgg,resnet,vit-2",
+    ap.add_argument("--rows", default="mlp-2,mlp-4,mlp-6,mlp-8,lnmlp-2,lnmlp-4,lnmlp-6,lnmlp-8,vgg,resnet,vit-2",
                     help="rows: mlp-K / lnmlp-K (K hidden layers of 128, ReLU / LayerNorm+GELU), vgg, resnet, vit-K")
     ap.add_argument("--peer-timeout", type=float, default=600.0)
     ap.add_argument("--seed", type=int, default=0, help="data split seed; pair k trains A, B from seeds "
