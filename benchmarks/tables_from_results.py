@@ -46,6 +46,7 @@ ColumnSpec = tuple[str, str] | tuple[str, str, str]
 ALIGN_ATTENTION = "`align --stream --scope attention`"
 MERGE_NO_ALIGN = "`merge A B' --no-align --stream`"
 ALIGN_MODEL_1 = "`align --stream --scope model --max-sweeps 1`"
+ALIGN_MODEL_2 = "`align --stream --scope model --max-sweeps 2`"
 
 
 @dataclass(frozen=True)
@@ -236,7 +237,19 @@ SPECS: tuple[Spec, ...] = (
          stream_steps([("attention", ALIGN_ATTENTION), ("merge", MERGE_NO_ALIGN),
                        ("model", ALIGN_MODEL_1 + " (32 layers)")]),
          STEP_COLUMNS + STAGE_COLUMNS + RATIO_COLUMNS),
+    Spec(RES + "stream_7b_model_2pass.json", "steps",
+         stream_steps([("model", "`align --stream --scope model --max-sweeps 2` (32 layers)")]),
+         STEP_COLUMNS + RATIO_COLUMNS),
+    Spec(RES + "stream_tiny_head.json", "steps",
+         stream_steps([("attention", ALIGN_ATTENTION), ("merge", MERGE_NO_ALIGN),
+                       ("model", "`align --stream --scope model --max-sweeps 2`")]),
+         STEP_COLUMNS + STAGE_COLUMNS + RATIO_COLUMNS),
     Spec(RES + "stream_model_memory_7b2.json", "profile", profile_rows, PROFILE_COLUMNS),
+    Spec(RES + "stream_model_memory_7b2s2.json", "profile",
+         labelled_profile_rows([("before", "align", "2 layers, before: " + ALIGN_MODEL_2),
+                                ("after", "align", "2 layers, after: " + ALIGN_MODEL_2),
+                                ("after_8_layers", "align", "8 layers, after: " + ALIGN_MODEL_2)]),
+         PROFILE_COLUMNS, runs=("before", "after", "after_8_layers")),
     Spec(RES + "stream_7b_model_blocked.json", "steps",
          stream_steps([("model", ALIGN_MODEL_1 + " (32 layers)")]), STEP_COLUMNS + RATIO_COLUMNS),
     Spec(RES + "stream_7b.json", "steps",

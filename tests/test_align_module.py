@@ -99,7 +99,7 @@ def test_mlp_attention_scope_refused_and_the_default_aligns_the_whole_module(fac
     assert not (tmp_path / "O.pt").exists()
     code, out, err = run_symalign(monkeypatch, capsys, *args)
     assert code == 0, err
-    assert "whole-model distance to A" in out and "scope: model (the default for --module" in err
+    assert "whole-model distance to A" in out and "note: scope: model, the default for --module" in out
     explicit = ["align", "--module", f"{factory}:mlp", tmp_path / "A.pt", tmp_path / "B.pt", "-o", tmp_path / "E.pt"]
     code, out2, err = run_symalign(monkeypatch, capsys, *explicit, "--scope", "model")
     assert code == 0, err

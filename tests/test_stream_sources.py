@@ -150,3 +150,35 @@ def test_whole_model_pass_over_resident_sources_into_a_state_sink_equals_streame
     assert set(sink.state) == set(written)
     for k, v in written.items():
         assert torch.equal(sink.state[k], v), k
+
+
+def test_sweep_reads_layers_ahead_only_where_enabled_and_consumes_them(tmp_path, monkeypatch):
+    """Read-ahead off (the CPU default): the sweep never holds a layer as stored beside the prepared ones (no
+    ``raw_pair`` call; each layer is read tensor by tensor as it is prepared). On: every stored tensor read ahead is
+    consumed (popped) as it is prepared, so the pair is empty once both layers are. The match is the same bit for
+    bit either way."""
+    from symalign.io.prefetch import ENV
+    from symalign.match.whole import CHECKPOINT_SETTINGS
+    from symalign.stream.model import StreamedWhole
+
+    a_dir, b_dir = _pair(tmp_path, "llama")
+    runs = {}
+    for setting in ("0", "1"):
+        monkeypatch.setenv(ENV, setting)
+        w = StreamedWhole(ResidentCheckpoint.of(load_checkpoint(a_dir)), ResidentCheckpoint.of(load_checkpoint(b_dir)))
+        pairs, read = [], w.raw_pair
+
+        def spy(i, read=read, pairs=pairs):
+            pair = read(i)
+            pairs.append(pair)
+            return pair
+
+        w.raw_pair = spy
+        w.match(True, "full", 2, CHECKPOINT_SETTINGS["rtol"], False)
+        runs[setting] = (w.distances, w.transform())
+        if setting == "0":
+            assert pairs == []
+        else:
+            assert len(pairs) == 2 * w.L and all(not ra and not rb for ra, rb in pairs)
+    assert runs["0"][0] == runs["1"][0]
+    assert all(torch.equal(runs["0"][1][k], runs["1"][1][k]) for k in runs["0"][1])

@@ -93,10 +93,9 @@ def register(app: typer.Typer) -> None:
         dev = checks.use_device(device, say)
         cap = checks.use_max_device_memory(max_device_memory, dev)
         interrupt.keep_output(*([out] + ([write_reference] if write_reference is not None else [])))
-        if scope is None:
+        default_scope = scope is None
+        if default_scope:
             scope = "model" if module else "attention"
-            if module and say is not None:
-                say("scope: model (the default for --module; --scope attention aligns its attention layers only)")
         if module:
             from symalign.commands.align_module import run_align_module
 
@@ -111,6 +110,9 @@ def register(app: typer.Typer) -> None:
             check_writable(Path(out).parent, f"-o {out}")  # OUT is a state-dict file here, written beside itself
             info = run_align_module(module, a_dir, b_dir, out, scope, stage2, not no_stage1, force,
                                     max_sweeps=max_sweeps, strict=strict, device=dev)
+            if default_scope:
+                info.notes.append("scope: model, the default for --module (--scope attention aligns the attention "
+                                  "layers only)")
         else:
             if strict:
                 from symalign.errors import ConfigError

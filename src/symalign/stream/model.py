@@ -76,6 +76,7 @@ from symalign.stream.fold import (CHUNK_ELEMENTS, SMALL_ELEMENTS, Preparer, adde
                                   prepare_experts, prepare_parts, preparer_of, refusal, residual_space, stored_names)
 from symalign.stream.attention import exact_tolerance, open_pair, stored_tolerance, work_dtype
 from symalign.stream.layercheck import LayerChecker, sparse_layer
+from symalign.io.prefetch import enabled as read_ahead_enabled
 from symalign.io.prefetch import read_ahead
 from symalign.stream.memory import bound_heap, peak_rss, release
 from symalign.stream.progress import progress_bar
@@ -227,8 +228,11 @@ class StreamedWhole:
         #                     -- products and its small head assignment -- and stage-2 Grams)
 
     # -- reading ---------------------------------------------------------------
-    def layer(self, ck: LazyCheckpoint, prep: Preparer, i: int, raw: Mapping[str, Tensor] | None = None):
-        """Layer ``i`` of ``ck`` (``raw``: already read), prepared, in the working dtype.
+    def layer(self, ck: LazyCheckpoint, prep: Preparer, i: int, raw: Mapping[str, Tensor] | None = None,
+              consume: bool = False):
+        """Layer ``i`` of ``ck`` (``raw``: already read), prepared, in the working dtype. ``consume``: each tensor
+        is popped from ``raw`` (a dict the caller gives up) as it is read, so the stored layer leaves memory
+        while the prepared one is formed, as when it is read from ``ck`` tensor by tensor.
 
         Read, converted and folded one big tensor at a time with the layer's small tensors
         (the norm gains and biases the folds read; :func:`prepare_parts`): :func:`symalign.families.prepare`
@@ -239,7 +243,9 @@ class StreamedWhole:
         names = self.layer_names[i]
 
         def get(ns):
-            return {n: raw[n] for n in ns} if raw is not None else ck.read(ns)
+            if raw is None:
+                return ck.read(ns)
+            return {n: raw.pop(n) for n in ns} if consume else {n: raw[n] for n in ns}  # type: ignore[attr-defined]
 
         def read(n):
             return get([n])[n].to(self.dtype)
@@ -422,15 +428,19 @@ class StreamedWhole:
         acc = d0 = 0.0
         moved = 0
         held: dict[tuple[int, ...], list] = {}  # blocks waiting for the joint attention solve of their group
-        pairs = read_ahead(self.raw_pair, range(self.L), dev)  # layer i + 1 is read meanwhile where enabled
+        # Where read-ahead is on (a CUDA device), layer i + 1 is read as stored while layer i is matched; else each
+        # layer is read tensor by tensor as it is prepared, so the stored layers never sit beside the prepared ones.
+        pairs = read_ahead(self.raw_pair, range(self.L), dev) if read_ahead_enabled(dev) else None
         for i in range(self.L):
-            raw_a, raw_b = next(pairs)  # not zip(): its reused result tuple would keep the pair until the next layer
+            # not zip(): its reused result tuple would keep the pair until the next layer
+            raw_a, raw_b = next(pairs) if pairs is not None else (None, None)
             release()
             if bar is not None:
                 bar.update(self.a.bytes_read + self.b.bytes_read, f"layer {i + 1}/{self.L}")
-            la = to_device(self.layer(self.a, self.prep_a, i, raw_a), dev)
-            lb = to_device(self.layer(self.b, self.prep_b, i, raw_b), dev)
-            del raw_a, raw_b
+            la = to_device(self.layer(self.a, self.prep_a, i, raw_a, consume=True), dev)
+            del raw_a  # (consumed) before B's layer is prepared
+            lb = to_device(self.layer(self.b, self.prep_b, i, raw_b, consume=True), dev)
+            del raw_b
             sub = self.layer_spec(i)
             free = set(self.free(i))  # in M_free and the norms since pass 0
             bound = [t for t in sub.tensors if t not in free]
