@@ -154,6 +154,14 @@ def test_interrupted_experiment_names_the_command_that_continues_it(tmp_path, mo
 
 
 @pytest.mark.slow
+def _as_from_a_shell() -> None:
+    """The child's signal state as a shell gives it: no signal blocked, SIGINT at its default. A mask or an ignored
+    SIGINT left in the test process by an earlier test (a library's threads) would otherwise be inherited through
+    fork and exec, and the SIGINT below never delivered."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sigint_exits_130_with_the_resume_command(tmp_path):
     """A real SIGINT on the console command (a `symalign train` that has saved a checkpoint)."""
     out = tmp_path / "tr"
@@ -164,7 +172,7 @@ def test_sigint_exits_130_with_the_resume_command(tmp_path):
     argv = ["train", "--steps", "100000", "--eval-every", "2", "--eval-items", "8", "--d-model", "8", "--layers",
             "1", "--heads", "2", "--quiet", "--out", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "symalign.cli", *argv], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_as_from_a_shell)
     t0 = time.time()
     while not (out / "latest").exists() and proc.poll() is None and time.time() - t0 < 120:
         time.sleep(0.1)
