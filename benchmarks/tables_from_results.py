@@ -184,12 +184,12 @@ def profile_rows(d: Mapping[str, Any]) -> list[Row]:
     return rows
 
 
-def labelled_profile_rows(runs: Sequence[tuple[str, str, str]], layer_key: str | None = None
+def labelled_profile_rows(runs: Sequence[tuple[str, str, str]], in_layers: bool = False
                           ) -> Callable[[Mapping[str, Any]], list[Row]]:
     """Rows of a profile file that keeps several runs under labels: one per ``(label, command key, row name)``
     present (``command key``: ``align``, ``merge``, ``model``, ``attention``...), with the run's own commit, the
-    peak (with the model scope's goal unless ``layer_key`` is given), the source line at the peak and the wall
-    time; ``layer_key`` also gives the peak in layers (``peak_layers``, ``above_baseline_layers``)."""
+    peak (with the model scope's goal unless ``in_layers``), the source line at the peak and the wall
+    time; ``in_layers`` also gives the peak in layers (``peak_layers``, ``above_baseline_layers``)."""
     def rows(d: Mapping[str, Any]) -> list[Row]:
         out = []
         for label, key, name in runs:
@@ -200,9 +200,9 @@ def labelled_profile_rows(runs: Sequence[tuple[str, str, str]], layer_key: str |
             gib = step["peak_rss_gib"]
             row = {"run": name, "commit": f"`{commit[:7]}`" + (" (+ uncommitted)" if commit.endswith("+dirty") else ""),
                    "peak_gib": gib, "peak_gb": gib * GB_PER_GIB,
-                   "peak_goal": _peak_goal("model", gib) if layer_key is None else None,
+                   "peak_goal": None if in_layers else _peak_goal("model", gib),
                    "at_peak": f"`{step['at_peak'][0]}`", "wall_s": step.get("wall_s")}
-            if layer_key is not None:
+            if in_layers:
                 row |= {"in_layers": step.get("peak_layers"), "above_layers": step.get("above_baseline_layers")}
             out.append(_clean(row))
         return out
@@ -272,7 +272,7 @@ SPECS: tuple[Spec, ...] = (
                                 for key, cmd in (("model", "align --stream --scope model --max-sweeps 1"),
                                                  ("merge", "merge --stream --scope model --max-sweeps 1"),
                                                  ("attention", "align --stream --scope attention"))],
-                               layer_key="peak_layers"),
+                               in_layers=True),
          MOE_COLUMNS, runs=MOE_LABELS),
 )
 
