@@ -49,12 +49,13 @@ labels, by block-coordinate descent (git re-basin's loop, for any spec):
 
 and repeat 1-3 (a *sweep*) until a sweep lowers ``D`` by at most ``rtol * D(identity)``
 (``converged``; not tested after an anchored first sweep that solved some space on part of
-its tensors: that sweep is an initialisation and may end above the identity), or ``max_sweeps`` sweeps.
-Steps 1 and 3 are exact minimisers of their block (for permutation, positive-monomial and orthogonal
-spaces), and a sweep lowers ``D`` by the sum of its blocks' decreases, so the rule means that no space
-improved by more than ``rtol * D(identity)`` (``rtol = 0``: a fixed point, where every space is the exact
-minimiser given all the others); step 2 is the attention matcher's (exact on planted
-pairs). The per-sweep distances are recorded in
+its tensors: that sweep is an initialisation and may end above the identity), or ``max_sweeps`` sweeps:
+the one descent loop of :mod:`symalign.match.descent`, which the layer-by-layer residency of checkpoints
+(:class:`symalign.stream.model.StreamedWhole`) runs too. Steps 1 and 3 are exact minimisers of their block
+(for permutation, positive-monomial and orthogonal spaces), and a sweep lowers ``D`` by the sum of its
+blocks' decreases, so the rule means that no space improved by more than ``rtol * D(identity)``
+(``rtol = 0``: a fixed point, where every space is the exact minimiser given all the others); step 2 is the
+attention matcher's (exact on planted pairs). The per-sweep distances are recorded in
 :attr:`WholeMatch.distances`, the number of unit spaces that moved in each sweep in
 :attr:`WholeMatch.changes`.
 """
@@ -71,6 +72,7 @@ from torch import Tensor
 
 from symalign.errors import MatchError
 from symalign.match.api import match_attention
+from symalign.match.descent import SweepReport, descend
 from symalign.match.distance import distance
 from symalign.match.experts import METHODS, expert_units, match_experts
 from symalign.match.inputs import check_pair, check_spec_fits
@@ -607,38 +609,34 @@ class _Descent:
                 self.transform[name] = el
 
     def current_distance(self) -> float:
-        """``D(g)`` of the current transform (:class:`MatchError` when not finite)."""
-        d = distance(self.spec, self.state_a, apply(self.spec, self.transform, self.state_b))
-        if not math.isfinite(d):
-            raise MatchError("whole-model matching produced a non-finite distance; check the inputs")
-        return d
+        """``D(g)`` of the current transform."""
+        return distance(self.spec, self.state_a, apply(self.spec, self.transform, self.state_b))
 
 
 def _descend(run: _Descent, opts: dict, t0: float) -> WholeMatch:
-    """Sweeps of steps 1-3 until the stopping rule (module docstring) or ``max_sweeps``."""
+    """Sweeps of steps 1-3 (the whole states in memory) run by the one descent loop
+    (:func:`symalign.match.descent.descend`: the stopping rule, the distances, the moved spaces)."""
     d_first = distance(run.spec, run.state_a, run.state_b)
-    distances, changes, converged, partial = [d_first], [], False, False
     gen = torch.Generator().manual_seed(int(opts["seed"]))
     anchored = opts["init"] is None and opts["start"] == "anchored"
-    for sweep in range(opts["max_sweeps"]):
+
+    def sweep(k: int) -> SweepReport:
         # 1. unit spaces (FF hidden units, experts), each given every other current element
         perm = torch.randperm(len(run.units), generator=gen).tolist() if opts["order"] != "fixed" else None
-        if sweep == 0 and anchored:
+        partial = False
+        if k == 0 and anchored:
             moved, partial = run.anchored_units()
         else:
             moved = run.unit_sweep(run.units if perm is None else [run.units[i] for i in perm], 1e-12 * d_first)
-        changes.append(moved)
         run.solve_attention()  # 2. attention
         run.solve_stream()  # 3. residual-stream spaces
-        d = run.current_distance()
-        distances.append(d)
-        if opts["progress"] is not None:
-            opts["progress"](len(distances) - 1, d)
-        if (sweep > 0 or not partial) and (distances[-2] - d <= opts["rtol"] * d_first or d <= 1e-20 * d_first):
-            converged = True
-            break
-    return WholeMatch(run.transform, run.spec, distances, converged, "weight", run.att, time.perf_counter() - t0,
-                      run.notes, changes=changes, experts=opts["experts"] if run.part.experts else None)
+        return SweepReport(run.current_distance(), moved, initialising=partial)
+
+    out = descend(sweep, max_sweeps=opts["max_sweeps"], rtol=opts["rtol"], unaligned=d_first,
+                  progress=opts["progress"])
+    return WholeMatch(run.transform, run.spec, out.distances, out.converged, "weight", run.att,
+                      time.perf_counter() - t0, run.notes, changes=out.changes,
+                      experts=opts["experts"] if run.part.experts else None)
 
 
 def check_configs(cfg_a, cfg_b, allow_heterogeneous: bool = False) -> None:

@@ -41,8 +41,8 @@ solved together (:func:`attention_groups`): T5's self-attention layers share one
 and their attention is matched at once; every other family's blocks are independent given ``O``.
 
 This is exactly the sweep of :func:`symalign.match.whole.match_whole` (FF, attention,
-residual), so passes stop on the same rule: the distance falls by at most
-``rtol`` times the unaligned distance, or ``max_sweeps`` passes. A final pass over B
+residual), run by the same loop (:func:`symalign.match.descent.descend`), so passes stop on the same rule:
+the distance falls by at most ``rtol`` times the unaligned distance, or ``max_sweeps`` passes. A final pass over B
 applies the transform, checks each layer through the family's code
 (:class:`~symalign.stream.layercheck.LayerChecker`: ``layer'(O x) = O layer(x)``),
 and writes OUT. Memory: one layer of A and one of B (float64; float32 above
@@ -69,6 +69,7 @@ from torch import Tensor
 from symalign.align_result import AlignResult, CheckReport, PhaseClock, new_result
 from symalign.device import exact_matmul, to_device
 from symalign.errors import ConfigError, MatchError
+from symalign.match.descent import Descent, SweepReport, descend
 from symalign.match.whole import CHECKPOINT_SETTINGS
 from symalign.spec import SymmetrySpec, apply, segment_view
 from symalign.stream import blocks
@@ -411,8 +412,11 @@ class StreamedWhole:
                 and all(x.space in (u, self.res) for t, _ in sub.tensors_of(u) for x in sub.tensors[t])]
         return fast, [u for u in units if u not in fast], part.attention
 
-    def sweep(self, first: bool, bar=None, anchored: bool | None = None) -> tuple[Tensor | None, float, float]:
-        """One pass: FF and attention per layer given ``O``; returns ``M`` (layers), norms+direct, ``d0``.
+    def sweep(self, first: bool, bar=None, anchored: bool | None = None) -> tuple[Tensor | None, float, float, int,
+                                                                                   bool]:
+        """One pass: FF and attention per layer given ``O``; returns ``M`` (layers), norms+direct, ``d0``, the unit
+        spaces that moved, and whether an anchored first pass solved some space on part of its tensors
+        (:func:`~symalign.match.whole.anchored_step`: then the pass initialises, :mod:`symalign.match.descent`).
 
         Each space is solved as :func:`~symalign.match.whole.match_whole`'s sweep solves it (all other
         elements applied; the first pass is its anchored first sweep unless the match is warm-started:
@@ -426,7 +430,7 @@ class StreamedWhole:
         o = self.O if dev is None or self.O is None else self.O.to(dev)  # O where the products are formed
         m = None if self.group is None else torch.zeros(self.group.n, self.group.n, dtype=torch.float64, device=dev)
         acc = d0 = 0.0
-        moved = 0
+        moved, partial = 0, False
         held: dict[tuple[int, ...], list] = {}  # blocks waiting for the joint attention solve of their group
         # Where read-ahead is on (a CUDA device), layer i + 1 is read as stored while layer i is matched; else each
         # layer is read tensor by tensor as it is prepared, so the stored layers never sit beside the prepared ones.
@@ -450,7 +454,8 @@ class StreamedWhole:
             fast, other, att_spaces = self.units(i)
             anchor = first if anchored is None else anchored
             t_i, n_fast = self._solve_fast_units(i, sub, fast, la, lb, o, anchor)
-            moved += n_fast + self._solve_other_units(i, sub, other, att_spaces, la, lb, o, anchor, t_i)
+            n_other, part_i = self._solve_other_units(i, sub, other, att_spaces, la, lb, o, anchor, t_i)
+            moved, partial = moved + n_fast + n_other, partial or part_i
             group = self.groups[i]
             held.setdefault(group, []).append((i, sub, att_spaces, la, lb, bound, t_i))
             del la, lb
@@ -462,8 +467,7 @@ class StreamedWhole:
                 self.layer_t[j] = t_j
                 acc += self._accumulate(j, sub_j, bound_j, la_j, lb_j, t_j, m)
             del t_att
-        self.changes.append(moved)
-        return (None if m is None else m.cpu()), acc, d0
+        return (None if m is None else m.cpu()), acc, d0, moved, partial
 
     def _solve_fast_units(self, i: int, sub: SymmetrySpec, fast: list[str], la: dict, lb: dict, o: Tensor | None,
                           first: bool) -> tuple[dict[str, Tensor], int]:
@@ -495,25 +499,26 @@ class StreamedWhole:
         return t_i, moved
 
     def _solve_other_units(self, i: int, sub: SymmetrySpec, other: list[str], att_spaces: list[str], la: dict,
-                           lb: dict, o: Tensor | None, first: bool, t_i: dict[str, Tensor]) -> int:
+                           lb: dict, o: Tensor | None, first: bool, t_i: dict[str, Tensor]) -> tuple[int, bool]:
         """Layer ``i``'s other unit spaces (ReLU units, expert blocks) by ``match_whole``'s own step (anchored on
         the first pass), with ``O`` and the layer's current elements applied; their elements go into ``t_i`` (on
-        the CPU). Returns how many moved."""
+        the CPU). Returns how many moved and whether the anchored step solved one on part of its tensors."""
         if not other:
-            return 0
+            return 0, False
         from symalign.match.whole import anchored_step, unit_step
 
         dev = self.device
         tr = {**({self.res: o} if self.res is not None else {}),
               **to_device({k: v for k, v in self.layer_t[i].items() if k not in att_spaces}, dev)}
+        partial = False
         if first:
-            moved = anchored_step(sub, other, tr, la, lb, set(tr), self.experts)[0]
+            moved, partial = anchored_step(sub, other, tr, la, lb, set(tr), self.experts)
         else:
             moved = unit_step(sub, other, tr, la, lb, other, self.tol, self.experts)
         found = {k: v for k, v in tr.items() if k != self.res and k not in t_i}
         t_i.update(found if dev is None else to_device(found, torch.device("cpu")))
         release()
-        return moved
+        return moved, partial
 
     def _solve_attention(self, group: list[tuple], o: Tensor | None) -> dict[str, Tensor]:
         """The attention spaces of a group's blocks (one block, or blocks that share an attention space:
@@ -592,31 +597,26 @@ class StreamedWhole:
             self.start_from(init)
         elif m_free is not None:  # initialisation from the free tensors, as match_whole
             self.O = self.group.nearest(m_free if m_twice is None else m_free + m_twice)
-        converged = False
-        d_first = None
         self.tol = 0.0
         total = self.a.nbytes + self.b.nbytes
-        for k in range(max_sweeps):
+
+        def sweep(k: int) -> SweepReport:
+            """Pass ``k + 1`` over the layers, then the residual element from the accumulated cross-Gram."""
             self.a.bytes_read = self.b.bytes_read = 0
             with progress_bar(total, f"align (model, streamed) pass {k + 1}", progress) as bar:
-                m, acc, d0 = self.sweep(first=(k == 0), bar=bar, anchored=(k == 0 and init is None))
+                m, acc, d0, moved, partial = self.sweep(first=(k == 0), bar=bar, anchored=(k == 0 and init is None))
             self.bytes_read += self.a.bytes_read + self.b.bytes_read
-            if k == 0:
-                d_first = d_glob + d0
-                self.distances.append(d_first)
-                self.tol = 1e-12 * d_first  # match_whole's threshold for counting a unit space as moved
+            unaligned = d_glob + d0 if k == 0 else None
+            if unaligned is not None:
+                self.tol = 1e-12 * unaligned  # match_whole's threshold for counting a unit space as moved
             d = acc if m is None else self.solve_residual(m + m_free, m_twice, acc + free_norms)
-            d = max(d, 0.0)
-            if not math.isfinite(d):
-                raise MatchError("whole-model matching produced a non-finite distance; check the inputs")
-            self.distances.append(d)
-            if report is not None:
-                report(k + 1, d)
-            if self.distances[-2] - d <= rtol * d_first or d <= 1e-20 * d_first:
-                converged = True
-                break
+            return SweepReport(max(d, 0.0), moved, unaligned, partial)
+
+        self.distances, self.changes = [], []
+        out = descend(sweep, max_sweeps=max_sweeps, rtol=rtol, progress=report,
+                      record=Descent(self.distances, self.changes, False))
         self.time_s = time.perf_counter() - t0
-        return converged
+        return out.converged
 
     def solve_residual(self, m: Tensor, m_twice: Tensor | None, norms: float) -> float:
         """``O = nearest(M + M_free (+ M_twice))`` -- Procrustes (``O(D)``, ``O_1(D)``) or an assignment (``S_D``): the
