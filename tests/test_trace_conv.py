@@ -44,6 +44,11 @@ def acts(spec: SymmetrySpec, tensor: str) -> list:
     return [(a.space, a.axis, a.variance, a.segment) for a in spec.tensors[tensor]]
 
 
+def reps(spec: SymmetrySpec, tensor: str) -> list:
+    """The representation of each action on ``tensor`` (``"perm"``: the permutation part alone)."""
+    return [a.rep for a in spec.tensors[tensor]]
+
+
 def model_of(cls, seed=1, **kw):
     return M.randomise(cls(**kw), seed).eval()
 
@@ -53,11 +58,18 @@ def model_of(cls, seed=1, **kw):
 def test_resnet_spec_is_git_rebasin_spec_and_exact():
     model = model_of(M.ResNet)
     res = trace(model, X)
-    assert res.spec.describe() == {"residual.0": "S_16", "residual.1": "S_32", "residual.2": "S_64",
-                                   "ff.0": "S_16", "ff.1": "S_32", "ff.2": "S_64"}
+    # every channel space: a permutation with positive scales on BatchNorm's affine and after it (the ReLU)
+    assert res.spec.describe() == {"residual.0": "S_16 x R+^16", "residual.1": "S_32 x R+^32",
+                                   "residual.2": "S_64 x R+^64", "ff.0": "S_16 x R+^16", "ff.1": "S_32 x R+^32",
+                                   "ff.2": "S_64 x R+^64"}
     s = res.spec
     # one space per residual stage: stem, block outputs and the 1x1 projection shortcut share it
     assert acts(s, "conv1.weight") == [("residual.0", 0, "co", None)]
+    # the permutation alone on BatchNorm's input side (the conv and the statistics), the scales on its affine
+    # and on the readers after the ReLU
+    assert reps(s, "conv1.weight") == reps(s, "bn1.running_mean") == reps(s, "bn1.running_var") == ["perm"]
+    assert reps(s, "bn1.weight") == reps(s, "bn1.bias") == [None]
+    assert sorted(reps(s, "layer1.0.conv1.weight"), key=str) == [None, "perm"]  # its input (contra), its output
     assert ("residual.0", 1, "contra", None) in acts(s, "layer2.0.downsample.0.weight")
     assert ("residual.1", 0, "co", None) in acts(s, "layer2.0.downsample.0.weight")
     assert acts(s, "layer2.0.bn2.running_var") == [("residual.1", 0, "co", None)]
@@ -98,9 +110,11 @@ def rebasin_resnet_spec(widths=(16, 32, 64)) -> SymmetrySpec:
 
 
 def test_resnet_trace_equals_the_hand_written_rebasin_spec():
-    """The traced spec is git-re-basin's hand-specified one: the same weight-matching objective, exactly."""
+    """The traced spec's permutations are git-re-basin's hand-specified ones (the same spaces acting on the same
+    axes); it adds the positive scales of BatchNorm's affine."""
     traced, hand = trace(model_of(M.ResNet), X).spec, rebasin_resnet_spec()
-    assert traced.describe() == hand.describe()
+    assert {k: v.split(" x ")[0] for k, v in traced.describe().items()} == hand.describe()
+    assert all(isinstance(g, PositiveMonomial) for g in traced.spaces.values())
     assert {t: sorted(acts(traced, t)) for t in traced.tensors} == {t: sorted(acts(hand, t)) for t in hand.tensors}
 
 
@@ -185,11 +199,16 @@ def test_align_states_keeps_function_float32_eval(cls):
 # -- larger groups break it ----------------------------------------------------------------------------------
 
 def test_batchnorm_pins_input_side_scales_and_residual_space_is_shared():
-    """Scaling the conv before BatchNorm (with its statistics, the readers undoing it) breaks the function: ``eps``
-    does not scale. (A scale of BatchNorm's affine ``w, b`` alone, through the ReLU, would not: docs/tracing.md.)"""
+    """Scaling the conv before BatchNorm as well (its weight and statistics, not only the affine ``w, b``) breaks
+    the function: ``eps`` does not scale; the declared scales, on the affine and after it, keep it (above)."""
     model = model_of(M.ResNet)
     s = trace(model, X).spec
-    assert change(model, with_group(s, "ff.0", PositiveMonomial(16)), X) > 1e-5  # conv, stats and affine scaled
+    for space in ("ff.0", "residual.1"):
+        wider = with_group(s, space, s.spaces[space])
+        for t in wider.tensors:  # the scales also on the input side: the representation "perm" dropped
+            wider.tensors[t] = [type(a)(a.space, a.axis, a.variance, None, a.segment) if a.space == space else a
+                                for a in wider.tensors[t]]
+        assert change(model, wider, X) > 1e-5, space
     split = with_group(s, "residual.1", s.spaces["residual.1"])
     split.add_space("shortcut", Permutation(32))  # the projection shortcut with a permutation of its own
     for t in ("layer2.0.downsample.0.weight", "layer2.0.downsample.1.weight", "layer2.0.downsample.1.bias",
@@ -422,3 +441,41 @@ def test_vgg_reaches_the_hand_written_permutation_objective():
     d = {name: distance(traced, a, apply(s, match_whole(s, a, b).transform, b))
          for name, s in (("traced", traced), ("hand", hand))}
     assert d["traced"] <= 1.02 * d["hand"] < distance(traced, a, b)
+
+
+class ReadTwice(nn.Module):
+    """A convolution's output read by its BatchNorm and, unnormalised, by the next layer as well."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.head = nn.Conv2d(1, 6, 3, padding=1), nn.BatchNorm2d(6), nn.Conv2d(6, 4, 1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.head(torch.relu(self.bn(y)) + torch.relu(y)).mean((2, 3))
+
+
+class PreActivation(nn.Module):
+    """A pre-activation block (BatchNorm of the residual stream, then ReLU and a convolution added back)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.bn, self.conv = nn.Conv2d(1, 6, 3, padding=1), nn.BatchNorm2d(6), nn.Conv2d(6, 6, 3, padding=1)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = x + self.conv(torch.relu(self.bn(x)))
+        return self.head(x.mean((2, 3)))
+
+
+@pytest.mark.parametrize("cls", [ReadTwice, PreActivation])
+def test_batchnorm_scales_only_on_a_convolutions_own_output(cls):
+    """Where BatchNorm's input is not a convolution's output read by it alone, its channels keep permutations only
+    (a scale there would reach the unnormalised reader or the stream), and the spec stays exact."""
+    model = M.randomise(cls(), 3).eval()
+    res = trace(model, X)
+    assert res.coverage.left == []
+    assert not any(isinstance(g, PositiveMonomial) for g in res.spec.spaces.values()), res.spec.describe()
+    assert all(a.rep is None for acts_ in res.spec.tensors.values() for a in acts_)
+    assert change(model, res.spec, X) <= 1e-10

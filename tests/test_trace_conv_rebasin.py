@@ -8,10 +8,15 @@ reshaping the first classifier weight ``(hidden, C * 4) -> (hidden, C, 4)`` (C-m
 out), and ResNet's BatchNorm statistics are permuted along (they are part of the model's state). Nothing of
 :mod:`symalign.spec` or :mod:`symalign.match` is used on this side. The objective is the squared weight distance
 ``sum_t ||W_A^t - W'_B^t||^2`` over the hand spec's tensors; symalign's default (traced spec, ``match_whole``)
-must reach it within 2 % of the hand matcher's best of three random orders (issue 32's acceptance).
+must reach it within 2 % of the hand matcher's best of three random orders (issue 32's acceptance) over the same
+group: the traced spec's permutations (where the traced spec also declares positive scales -- the VGG's ReLU units,
+the ResNet's BatchNorm affine -- they are dropped for this comparison). With its scales, matched in the weights'
+own gauge, symalign goes below the permutations' objective.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import _trace_models as M
 import numpy as np
@@ -19,6 +24,7 @@ import pytest
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from symalign.groups import Permutation, PositiveMonomial
 from symalign.match.whole import match_whole
 from symalign.tracing import trace
 
@@ -106,8 +112,12 @@ def test_traced_default_reaches_hand_written_rebasin_within_2_percent(name, seed
     hand = min(objective(ax, a, {t: permuted(ax, b[t], t, hand_weight_matching(ax, a, b, seed))
                                  for t in ax}) for seed in range(3))
     spec = trace(cls().eval(), X).spec
+    perms = dataclasses.replace(spec, spaces={k: Permutation(g.n) for k, g in spec.spaces.items()})
+    assert all(isinstance(g, PositiveMonomial) for g in spec.spaces.values())  # ReLU units / BatchNorm affine
     da = {k: v.double() for k, v in sa.items() if v.is_floating_point()}
     db = {k: v.double() for k, v in sb.items() if v.is_floating_point()}
-    ours = objective(ax, a, prepared(match_whole(spec, da, db).apply(db), vgg))
+    ours = objective(ax, a, prepared(match_whole(perms, da, db).apply(db), vgg))
     assert hand < objective(ax, a, b)  # the hand matcher does align
     assert ours <= 1.02 * hand, (ours, hand)
+    scaled = objective(ax, a, prepared(match_whole(spec, da, db, gauge="raw").apply(db), vgg))
+    assert scaled < 0.95 * hand, (scaled, hand)  # real freedom in the weights (VGG 0.90-0.91, ResNet 0.73-0.74)

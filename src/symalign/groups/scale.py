@@ -35,6 +35,12 @@ class PositiveMonomial(Permutation):
     ``diag(s_a) P_a diag(s_b) P_b = diag(s_a * s_b[perm_a]) P_a P_b``, i.e.
     ``(perm_b[perm_a], s_a * s_b[perm_a])``; inverse ``(perm^{-1}, 1 / s[perm^{-1}])``.
     Dimension ``n`` (the scales).
+
+    Representation ``rep="perm"``: the permutation part alone, ``(T x)_i = x_{perm[i]}`` (the homomorphism
+    ``diag(s) P -> P``), on tensors the scales do not reach: a BatchNorm's input side -- the convolution
+    producing it and its running statistics -- where ``(x - mu) / sqrt(var + eps)`` is not homogeneous, while its
+    affine ``w, b`` (covariant) and every reader after a ReLU (contravariant) carry the scales. In a weight-matching
+    fit such a tensor adds the scale-free term ``-2 <X_A, P X_B>`` (variance ``"perm"`` in :meth:`fit`'s pairs).
     """
 
     log_scale: float = 1.0  # sample: s = exp(U(-log_scale, log_scale))
@@ -91,15 +97,17 @@ class PositiveMonomial(Permutation):
     def matrix(self, a: Tensor, rep: str | None = None, size: int | None = None) -> Tensor:
         p, s = self.parts(a)
         m = torch.zeros(self.n, self.n, dtype=torch.float64)
-        m[torch.arange(self.n), p] = s
+        m[torch.arange(self.n), p] = 1.0 if rep == "perm" else s
         return m
 
     def act(self, a: Tensor, x: Tensor, axis: int, variance: Variance = "co", rep: str | None = None) -> Tensor:
         """``x`` along ``axis``: entry ``i`` becomes ``s_i x_{perm[i]}`` (co) or ``x_{perm[i]} / s_i`` (contra);
-        formed in float64 and cast back."""
+        ``x_{perm[i]}`` with ``rep="perm"`` (class docstring); formed in float64 and cast back."""
         p, s = self.parts(a)
         if variance not in ("co", "contra"):
             raise GroupError(f"unknown variance {variance!r}; use 'co' or 'contra'")
+        if rep == "perm":
+            return x.index_select(axis % x.dim(), p.to(x.device))
         axis = axis % x.dim()
         shape = [1] * x.dim()
         shape[axis] = self.n
@@ -124,20 +132,27 @@ class PositiveMonomial(Permutation):
         ``sum_i f_{i, perm[i]}(s_i)`` with ``f_ij(s) = p_j s^2 - 2 Q_ij s + r_j s^{-2} - 2 T_ij s^{-1}``;
         given the pairing the scales separate, so one linear assignment on ``c_ij = min_s f_ij(s)``
         (:func:`pair_costs`) gives the joint minimiser, ``s_i`` the minimiser of the chosen pair.
+        Pairs of variance ``"perm"`` (tensors acted on by the permutation alone, ``rep="perm"``) add
+        ``-2 U_ij``, ``U = sum_perm X_A X_B^T``, to every pair's cost, whatever its scale.
         """
         n = self.n
         q = torch.zeros(n, n, dtype=torch.float64)
         tt = torch.zeros(n, n, dtype=torch.float64)
         p = torch.zeros(n, dtype=torch.float64)
         r = torch.zeros(n, dtype=torch.float64)
+        u = None
         for xa, xb, variance in pairs:
             if variance == "co":
                 q += xa @ xb.T
                 p += xb.pow(2).sum(1)
+            elif variance == "perm":
+                u = xa @ xb.T if u is None else u + xa @ xb.T
             else:
                 tt += xa @ xb.T
                 r += xb.pow(2).sum(1)
         cost, scale = pair_costs(q, tt, p, r, max_scale)
+        if u is not None:
+            cost = cost - 2.0 * u
         perm = assign_max(-cost)
         return self.pack(perm, scale[torch.arange(n), perm])
 
@@ -146,19 +161,22 @@ class PositiveMonomial(Permutation):
         perm, scale = self.parts(element)
         return {"": one_hot(perm), ":log": scale.log()}
 
-    def soft(self, latent, start) -> tuple[Tensor, Tensor]:
-        """``(diag(s) P_st, diag(1/s) P_st)``: the matrices of covariant and contravariant axes."""
+    def soft(self, latent, start) -> tuple[Tensor, Tensor, Tensor]:
+        """``(diag(s) P_st, diag(1/s) P_st, P_st)``: the matrices of covariant and contravariant axes and of the
+        permutation representation (``rep="perm"``)."""
         return self.relaxed(latent, start, straight_through)
 
-    def relaxed(self, latent, start, relax) -> tuple[Tensor, Tensor]:
-        """``(diag(s) P_r, diag(1/s) P_r)`` with ``P_r = relax(perm, Z)`` (for a doubly stochastic ``P_r`` the
+    def relaxed(self, latent, start, relax) -> tuple[Tensor, Tensor, Tensor]:
+        """``(diag(s) P_r, diag(1/s) P_r, P_r)`` with ``P_r = relax(perm, Z)`` (for a doubly stochastic ``P_r`` the
         contravariant matrix is the same relaxation, not an inverse transpose: the relaxed model is no symmetry)."""
         z = latent[""]
         p_st = relax(assign_max(z.detach()), z)
         scale = latent[":log"].exp()[:, None]
-        return scale * p_st, p_st / scale
+        return scale * p_st, p_st / scale, p_st
 
     def soft_act(self, soft, x, axis, variance, rep=None) -> Tensor:
+        if rep == "perm":
+            return apply_on_axis(x, axis, soft[2])
         return apply_on_axis(x, axis, soft[0] if variance == "co" else soft[1])
 
     def from_latent(self, latent, start, max_cond=1e6):

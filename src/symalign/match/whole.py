@@ -236,7 +236,9 @@ def solve_unit(spec: SymmetrySpec, name: str, state_a, cur) -> Tensor | None:
     if not pairs:
         return None
     # the group's exact block minimiser (an assignment; ReLU units: permutation and positive scales)
-    return spec.spaces[name].fit([(axis_rows(state_a[t], a), axis_rows(cur[t], a), a.variance) for t, a in pairs])
+    # a tensor the scales do not reach (rep "perm": a BatchNorm's input side) enters the fit as variance "perm"
+    return spec.spaces[name].fit([(axis_rows(state_a[t], a), axis_rows(cur[t], a),
+                                   "perm" if a.rep == "perm" else a.variance) for t, a in pairs])
 
 
 def _block_distance(spec: SymmetrySpec, name: str, el: Tensor | None, state_a, cur) -> float:
@@ -378,10 +380,11 @@ def balanced_gauge(spec: SymmetrySpec, state: Mapping[str, Tensor], max_passes: 
     total = {n: torch.ones(spec.spaces[n].n, dtype=torch.float64) for n in names}
     # The squared entries of the scaled tensors, float64, updated in place: a scaling never permutes, so each
     # step multiplies the acted-on axis (its segment's positions) by s^2 (co) or s^-2 (contra).
-    sq = {t: state[t].detach().to(torch.float64).pow(2) for n in names for t, _ in spec.tensors_of(n)}
+    sq = {t: state[t].detach().to(torch.float64).pow(2) for n in names for t, a in spec.tensors_of(n)
+          if a.rep != "perm"}
     acts = {n: [(t, a.axis % sq[t].dim(), a.variance,
                  None if a.segment is None else segment_index(a.segment, sq[t].shape[a.axis]))
-                for t, a in spec.tensors_of(n)] for n in names}
+                for t, a in spec.tensors_of(n) if a.rep != "perm"] for n in names}  # rep "perm": scales do not act
     for _ in range(max_passes):
         moved = 0.0
         for n in names:

@@ -48,7 +48,10 @@ def split_spec(narrow: SymmetrySpec, wide: SymmetrySpec) -> SymmetrySpec:
         if n > m:
             raise MatchError(f"space {name!r}: the first model is narrower ({m} units) than the second ({n}) here "
                              "but not everywhere; give the wider model first")
-        spaces[name] = SemiPermutation(n, m, homogeneous=g.scales_units)
+        # units split by positive homogeneity only where every tensor carries the scales (not a BatchNorm's input
+        # side, rep "perm": its statistics do not split); else by copies
+        homogeneous = g.scales_units and all(a.rep != "perm" for _, a in narrow.tensors_of(name))
+        spaces[name] = SemiPermutation(n, m, homogeneous=homogeneous)
     if not spaces:
         raise MatchError("the two models have the same widths; merge them without --widths")
     out = SymmetrySpec()

@@ -448,8 +448,15 @@ def _declare_axes(spec: SymmetrySpec, streams: list, units: list, skipped: list[
             else:  # several separate streams: each solved as a space of its own (by its group)
                 spec.add_space(name, group)
             layers[name] = s.layer
-            for tensor, axis, var, seg in acts:
-                spec.act_on(tensor, name, axis, var, None, seg)
+            declared = set()
+            for tensor, axis, var, seg in acts:  # "perm": a BatchNorm's input side (tracing.conv): no scales
+                if var == "perm":
+                    var, rep = "co", ("perm" if group.scales_units else None)
+                else:
+                    rep = None
+                if (tensor, axis, var, rep, seg) not in declared:
+                    declared.add((tensor, axis, var, rep, seg))
+                    spec.act_on(tensor, name, axis, var, rep, seg)
             notes.extend(f"{name}: {n}" for n in s.notes)
 
 

@@ -140,7 +140,7 @@ class WithinBlocksMonomial(PositiveMonomial):
         z = latent[""]
         p_st = _soft(self, z)
         scale = latent[":log"].exp()[:, None]
-        return scale * p_st, p_st / scale
+        return scale * p_st, p_st / scale, p_st
 
     def from_latent(self, latent, start, max_cond=1e6):
         return self.pack(self.nearest(latent[""].detach()), latent[":log"].detach().exp()), []

@@ -24,9 +24,16 @@ scales (as ReLU), the linear ones with any channel map; padding with a nonzero c
 allows only maps fixing the all-ones vector.
 
 BatchNorm (eval mode: ``y = (x - mu) / sqrt(var + eps) w + b`` per channel) allows
-permutations only (``eps`` breaks scales); its ``weight``, ``bias``, ``running_mean`` and
+permutations of its input (``eps`` breaks scales there); its ``weight``, ``bias``, ``running_mean`` and
 ``running_var`` are permuted along (the running statistics are state-dict buffers and part
-of the action, so the permuted model computes the same function without any reset).
+of the action, so the permuted model computes the same function without any reset). Its output
+scales with its affine: ``w, b -> s w, s b`` (``s > 0``) gives ``y -> s y``. So where a BatchNorm
+reads a convolution's output channels that nothing else reads, the space is declared with
+positive scales (:class:`~symalign.groups.PositiveMonomial`, when what follows allows them: a
+ReLU, max pooling, the next layer's input) acting on the affine and after it, and with the
+permutation alone (``rep="perm"``) on the convolution's weight and bias and on the statistics;
+elsewhere (a BatchNorm of a residual stream, of a pooled value, of a value read twice) with
+permutations only.
 GroupNorm takes its statistics per group of channels: the permutations that map groups onto
 groups, ``S_m wr S_g`` (:class:`~symalign.tracing.blocks.BlockWreath`); with a single group
 and no affine, every rotation fixing the all-ones vector (``O_1(C)``).
@@ -164,8 +171,14 @@ class ConvRule:
                 if w is not None:
                     self.sp.fix((w[0], 0), "normalises a data axis")
             return Val(x.labels, const=x.const)
-        self.sp.restrict(sid, {"perm"})
+        # A convolution's own output read by this BatchNorm alone: the positive scales may act on the affine and
+        # after it, the permutation alone on the input side (rep "perm"); else permutations only.
+        fresh = self.fresh_conv_output(node, sid)
+        self.sp.restrict(sid, {"posmon", "perm"} if fresh else {"perm"})
         self.sp.use(sid, "norm")
+        if fresh:
+            for pa in fresh:
+                self.sp.bind_uses[pa] = [(name, "perm") for name, _ in self.sp.bind_uses[pa]]
         for w in ws:
             if w is not None:
                 self.sp.bind_param((w[0], 0), sid, self.name_for(w[0], node), "co", w[1][0], layer)
@@ -176,8 +189,27 @@ class ConvRule:
                 self.sp.pin(sid, layer, f"BatchNorm statistics {v[0]} are a non-persistent buffer (not in the "
                                         "state dict, so they cannot move with the channels)")
             else:
-                self.sp.bind_param((v[0], 0), sid, v[0], "co", v[1][0], layer)
+                self.sp.bind_param((v[0], 0), sid, v[0], "perm" if fresh else "co", v[1][0], layer)
         return Val(x.labels, const=x.const)
+
+    def fresh_conv_output(self, node, sid: int) -> list:
+        """The parameter axes bound to ``sid`` when the BatchNorm ``node`` reads a convolution's output channels
+        that nothing else reads (the space made by that convolution, its weight's output axis and bias, nothing
+        merged into it yet); ``[]`` otherwise. Then ``y = (x - mu) / sqrt(var + eps) w + b`` is exact under
+        ``x -> P x`` with ``mu, var`` permuted and ``w, b -> diag(s) P w, diag(s) P b`` (``s > 0``): ``y -> diag(s)
+        P y``, which a ReLU and the next layer's ``diag(1/s)`` on its input undo (module docstring)."""
+        src = node.args[0] if node.args else None
+        if not isinstance(src, torch.fx.Node) or op_name(src) not in CONVS or len(src.users) != 1:
+            return []
+        space = self.sp.get(sid)
+        if space.kind != "hidden" or space.uses or space.stream or space.parent is not None:
+            return []
+        bound = [pa for pa, s in self.sp.bind.items() if self.sp.find(s) == space.sid]
+        if not bound or any(v != "co" for pa in bound for _, v in self.sp.bind_uses[pa]):
+            return []
+        if any(s.parent is not None and self.sp.find(s.parent) == space.sid for s in self.sp.items.values()):
+            return []
+        return bound
 
     def op_batch_norm(self, node) -> Val:
         a = list(node.args) + [None] * 9
