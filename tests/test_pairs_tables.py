@@ -91,3 +91,37 @@ def test_residual_ablation_summary_counts_pairs_lowered_by_the_residual() -> Non
     assert s["pairs"] == 2 and s["lower_after"] == "1 of 2" and s["before_mean"] == pytest.approx(95.0)
     assert s["after_std"] == pytest.approx(statistics.stdev([20.0, 95.0]))
     assert s["before_cell"] == f"95.0 ± {statistics.stdev([100.0, 90.0]):.1f} %"
+
+
+def test_learned_summary_counts_pairs_and_takes_the_steps_from_config_or_command(tmp_path) -> None:
+    """Each cell of the summary comes from its source file; steps from the config or ``--learned-steps``."""
+    ls = _load("learned_summary")
+    assert ls.learned_steps("vit-fmnist-rope-deep", "symalign experiment ...") == 500
+    assert ls.learned_steps("vit-digits-rope", "symalign experiment ...") == 6000
+    assert ls.learned_steps("vit-digits-rope", "symalign experiment ... --learned-steps 250 --threads 1") == 250
+    rt = _load("results_table")
+    rows = [{"experiment": "vit-digits-rope", "scope": "s", "seeds": f"{i}-{i + 1}", "naive": 1.0, "full": f,
+             "learned": x} for i, f, x in zip((1, 3, 5), (30.0, 12.0, 8.0), (13.0, 4.0, 9.0))]
+    src = tmp_path / "r.json"
+    src.write_text(json.dumps({"provenance": {"command": "x", "commit": "abcdef0123456789"},
+                               "tables": {"pairs": {"rows": rt.pair_rows(rows)}}}))
+    (row,) = ls.rows_of(str(src))
+    assert row["pairs"] == 3 and row["steps"] == 6000 and row["commit"] == "abcdef0123"
+    assert row["full_in"] == "2 of 3" and row["learned_in"] == "2 of 3" and row["lower"] == "2 of 3"
+    assert row["full_pm"] == "16.7 ± 11.7" and row["learned_pm"] == "**8.7 ± 4.5**"
+
+
+def test_training_runs_row_shows_the_last_evaluation_with_the_earlier_ones() -> None:
+    tr = _load("training_runs")
+    hist = [{"step": s, "val_loss": v, "tok_per_s": r} for s, v, r in ((500, 1.81, 3000.0), (1000, 1.52, 5000.0))]
+    meta = {"metrics": {"val_loss": 1.52, "test_loss": 1.45, "train_seconds": 1234.4}, "history": hist,
+            "step": 1000, "seed": 0, "model": {}, "train": {}, "data": {}}
+    r = tr.row(meta, "GPT", "RoPE")
+    assert r["val"] == "**1.520** nats/byte (1.810 @500)" and r["test"] == "1.450"
+    assert r["wall"] == "1234 s (4,000 tok/s)"
+    hist = [{"step": 430, "val_accuracy": 0.79, "val_loss": 0.6, "img_per_s": 600.0},
+            {"step": 1300, "val_accuracy": 0.86, "val_loss": 0.4, "img_per_s": 600.0}]
+    meta = {"metrics": {"val_accuracy": 0.86, "test_accuracy": 0.858, "train_seconds": 300.0}, "history": hist,
+            "step": 1300, "seed": 0, "model": {}, "train": {}, "data": {}}
+    r = tr.row(meta, "ViT", "RoPE")
+    assert r["val"] == "**86.0 %** (79.0 @430)" and r["test"] == "85.8 %"
