@@ -67,6 +67,19 @@ def test_provenance_records_the_device():
     assert rec["device"] == "cpu" and "gpu" not in rec
 
 
+def test_provenance_records_the_cpu_model():
+    """Native arithmetic differs between CPUs of one instruction-set class: the model name is recorded."""
+    import symalign.provenance as prov
+
+    rec = prov.provenance(command="x", threads=1)
+    assert "cpu" in rec["machine"]
+    if Path("/proc/cpuinfo").is_file():
+        want = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                     if ln.startswith("model name")), None)
+        if want:
+            assert rec["machine"]["cpu"] == want
+
+
 def _pair(seed=0):
     from hf_tiny import make_model
     from symalign.families import get_adapter

@@ -53,9 +53,24 @@ def versions(packages: Sequence[str] = PACKAGES) -> dict[str, str]:
     return out
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (Linux: ``/proc/cpuinfo``; elsewhere :func:`platform.processor`), or ``None``.
+
+    In native arithmetic two CPUs of one instruction-set class (say an Intel and an AMD AVX-512 part) may
+    still pick different library code paths, so trained models, and every ratio after them, are another draw;
+    the model name says which CPU a result came from (docs/results.md, "Reproducibility")."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def machine() -> dict[str, object]:
-    """The facts that change floating-point results or timings: architecture, cores, OS."""
-    return {"arch": platform.machine(), "cpus": os.cpu_count(), "system": platform.system(),
+    """The facts that change floating-point results or timings: architecture, CPU model, cores, OS."""
+    return {"arch": platform.machine(), "cpu": cpu_model(), "cpus": os.cpu_count(), "system": platform.system(),
             "release": platform.release()}
 
 
