@@ -109,17 +109,11 @@ def machine() -> dict:
     """What identifies this machine's arithmetic: CPU model, torch's dispatched SIMD level, versions."""
     import torch
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        cpu = platform.processor() or "unknown"
-    return {"cpu": cpu, "cores": os.cpu_count(), "arch": platform.machine(), "kernel": platform.release(),
-            "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "python": platform.python_version()}
+    from symalign.provenance import cpu_model
+
+    return {"cpu": cpu_model() or "unknown", "cores": os.cpu_count(), "arch": platform.machine(),
+            "kernel": platform.release(), "torch": torch.__version__,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "python": platform.python_version()}
 
 
 def code_paths(env: dict[str, str]) -> dict[str, str]:
