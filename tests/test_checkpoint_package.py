@@ -68,3 +68,33 @@ def test_state_dict_files(tmp_path):
     (tmp_path / "junk.pt").write_bytes(b"not a pickle")
     with pytest.raises(CheckpointError, match="cannot read"):
         load_state_file(tmp_path / "junk.pt")
+
+
+def test_every_read_is_an_aligned_copy_so_blas_sums_alike(tmp_path):
+    """Every tensor a source hands out owns contiguous memory starting at a 64-byte boundary, in every dtype and
+    row range, from shards and from a state in memory (a view at an odd 8-byte offset too): BLAS kernels may sum
+    in an order set by the operand's alignment (MKL's float64 ``W @ b`` on an AMD EPYC), so the same values read
+    from two residencies must give the same bits in a fold."""
+    from symalign.io.tensors import ALIGNMENT, StateTensors, aligned_copy, open_tensors
+
+    make_model("gpt2", dtype=torch.float64, seed=0).save_pretrained(tmp_path / "A", max_shard_size="20KB")
+    raw = open_tensors(tmp_path / "A")
+    state = raw.read(raw.keys)
+    odd = torch.empty(65 * 32 + 1, dtype=torch.float64)[1:].view(65, 32)  # 8 bytes past an aligned start
+    odd.copy_(torch.randn(65, 32, dtype=torch.float64))
+    state["odd"] = odd
+    mem = StateTensors(state)
+
+    def ok(t: torch.Tensor, src: torch.Tensor) -> None:
+        assert t.is_contiguous() and t.data_ptr() % ALIGNMENT == 0 and torch.equal(t, src.to(t.dtype))
+        assert t.untyped_storage().data_ptr() != src.untyped_storage().data_ptr()  # a copy
+
+    for n in raw.keys:
+        for dtype in (None, torch.float64, torch.float32):
+            ok(raw.read([n], dtype)[n], state[n])
+            ok(mem.read([n], dtype)[n], state[n])
+        if state[n].dim():
+            ok(raw.read_rows(n, 1, state[n].shape[0]), state[n][1:])
+    ok(mem.read(["odd"])["odd"], odd)
+    ok(mem.read_rows("odd", 3, 60), odd[3:60])
+    ok(aligned_copy(odd.t()), odd.t())

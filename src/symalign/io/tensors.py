@@ -32,7 +32,28 @@ from symalign.errors import CheckpointError
 from symalign.io.layout import DTYPES, ShardHeader, TensorInfo, read_header, weight_layout
 from symalign.tolerance import all_finite
 
-__all__ = ["TensorSource", "ShardedTensors", "StateTensors", "open_tensors"]
+__all__ = ["TensorSource", "ShardedTensors", "StateTensors", "open_tensors", "aligned_copy"]
+
+ALIGNMENT = 64  # bytes: torch's CPU allocator's alignment (c10's gAlignment)
+
+
+def aligned_copy(t: Tensor, dtype: torch.dtype | None = None, fresh: bool = True) -> Tensor:
+    """``t`` (floating tensors in ``dtype`` if given) in contiguous memory of its own starting at a multiple of
+    :data:`ALIGNMENT` bytes; a copy unless ``fresh=False`` and ``t`` already is one (a tensor safetensors just
+    decoded).
+
+    Why the alignment: a BLAS kernel may sum in an order that depends on where its operand starts (MKL's float64
+    matrix-vector product on an AMD EPYC differs in the last bit between 8- and 16-byte aligned ``W`` in ``W @ b``),
+    and safetensors hands out tensors at any 8-byte offset. Reading every tensor to an aligned buffer makes a
+    fold or rotation of the same values the same bits wherever they were read from (a shard, a row range, a
+    resident state), so the in-memory and streamed engines agree bit for bit."""
+    if dtype is not None and t.is_floating_point() and t.dtype != dtype:
+        t = t.to(dtype)  # a fresh (aligned) tensor
+    elif fresh:
+        t = t.clone(memory_format=torch.contiguous_format)
+    if t.is_contiguous() and t.data_ptr() % ALIGNMENT == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 class TensorSource(Protocol):
@@ -117,8 +138,7 @@ class ShardedTensors:
             try:
                 with safe_open(str(f), framework="pt") as h:
                     for n in group:
-                        t = h.get_tensor(n)
-                        t = t.to(dtype) if dtype is not None and t.is_floating_point() else t.clone()
+                        t = aligned_copy(h.get_tensor(n), dtype, fresh=False)
                         self._count(self.tensors[n].nbytes)
                         if check_finite and t.is_floating_point() and not all_finite(t):
                             raise CheckpointError(f"{self.path}: tensor {n!r} contains NaN or Inf values")
@@ -140,8 +160,7 @@ class ShardedTensors:
         info = self.tensors[name]
         try:
             with safe_open(str(info.file), framework="pt") as h:
-                t = h.get_slice(name)[start:stop]
-                t = t.to(dtype) if dtype is not None and t.is_floating_point() else t.clone()
+                t = aligned_copy(h.get_slice(name)[start:stop], dtype, fresh=False)
         except Exception as exc:
             if is_out_of_memory(exc):
                 raise
@@ -206,8 +225,7 @@ class StateTensors:
     def read_rows(self, name: str, start: int, stop: int, dtype: torch.dtype | None = None,
                   check_finite: bool = True) -> Tensor:
         """Rows ``start:stop`` (axis 0) of one tensor, copied (in ``dtype`` if given), checked for NaN/Inf."""
-        t = self.state[name][start:stop]
-        t = t.to(dtype) if dtype is not None and t.is_floating_point() else t.clone()
+        t = aligned_copy(self.state[name][start:stop], dtype)
         if check_finite and t.is_floating_point() and not all_finite(t):
             raise CheckpointError(f"{self.path}: tensor {name!r} contains NaN or Inf values")
         return t
@@ -217,8 +235,7 @@ class StateTensors:
         """Copies of ``names`` (in ``dtype`` if given, for floating tensors), each checked for NaN/Inf."""
         out: dict[str, Tensor] = {}
         for n in names:
-            t = self.state[n]
-            t = t.to(dtype) if dtype is not None and t.is_floating_point() else t.clone()
+            t = aligned_copy(self.state[n], dtype)
             if check_finite and t.is_floating_point() and not all_finite(t):
                 raise CheckpointError(f"{self.path}: tensor {n!r} contains NaN or Inf values")
             out[n] = t
