@@ -4,6 +4,8 @@
   loaded 2-core machine are up to ~100x slower (oversubscription). The previous count is restored.
 * ``SYMALIGN_CACHE`` points at a per-test temporary folder, so no test reads or writes the user's
   cache, and no test depends on another's leftovers.
+* ``make test`` and ``make test-fast`` run one pytest-xdist worker per core, a file per worker at a time;
+  plain ``pytest`` runs in one process. Tests share nothing but the installed package, so either works.
 * ``pytest -m "not slow"`` is the fast inner loop; ``make test`` runs everything. A test is marked
   ``slow`` when it trains, starts Ray or a subprocess, or takes more than a few seconds here.
 * Tiny Hugging Face models of every adapted family: ``tests/hf_tiny.py`` (imported where needed, so

@@ -158,6 +158,7 @@ def test_probe_hf_t5_decoder_sites_json(monkeypatch, capsys, layer, cross, site,
 def test_probe_hf_table_names_the_module(monkeypatch, capsys):
     """The table's title shows the module path (it is not swallowed as a rich markup tag)."""
     pytest.importorskip("transformers")
+    monkeypatch.setenv("COLUMNS", "200")  # the title on one line whatever the terminal (pytest-xdist's is 80)
     code, out, _ = run_main(monkeypatch, capsys, "probe", "--hf", "t5", "--layer", "decoder.0", "--cross")
     assert code == 0 and "decoder layer 0 cross-attention [decoder.block.0.layer.1.EncDecAttention]" in out
 
