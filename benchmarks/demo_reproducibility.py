@@ -75,7 +75,8 @@ SETTINGS: tuple[tuple[str, dict[str, str], int | None, str, str], ...] = (
     ("native, torch's kernels alone at AVX2", {"ATEN_CPU_CAPABILITY": "avx2"}, None, "native", NATIVE_HERE),
 )
 
-_ISA_PROBE = ("import torch; a = torch.ones(8, 8); a @ a; torch.nn.Conv2d(1, 4, 4, 4)(torch.randn(2, 1, 8, 8)); "
+_ISA_PROBE = ("import torch; from symalign import arithmetic; arithmetic.apply(); "
+              "a = torch.ones(8, 8); a @ a; torch.nn.Conv2d(1, 4, 4, 4)(torch.randn(2, 1, 8, 8)); "
               "print('CAPABILITY', torch.backends.cpu.get_cpu_capability())")
 
 
@@ -130,6 +131,8 @@ def code_paths(env: dict[str, str]) -> dict[str, str]:
                 for w in ln.split() if w.startswith("CNR:")), "?")
     isa = next((ln.split("isa:", 1)[1].strip() for ln in text.splitlines()
                 if "onednn_verbose" in ln and "isa:" in ln), "?")
+    if "primitive,exec" not in text:  # torch's oneDNN backend off (portable arithmetic): no primitive ran
+        isa = "off"
     return {"torch": cap, "mkl": mkl + (f" (CNR {cnr})" if cnr not in ("OFF", "?") else ""),
             "onednn": isa.removeprefix("Intel ").split(" and ")[0]}
 

@@ -42,18 +42,21 @@ def test_a_library_call_keeps_its_mode_and_says_so(monkeypatch):
 @pytest.mark.slow
 def test_restart_runs_torch_and_mkl_in_portable_code(tmp_path):
     """A command restarted by ensure() gets the same arguments and runs torch's baseline kernels and MKL's
-    reproducible mode (read back from torch and from MKL's own banner)."""
+    strict reproducible mode (read back from torch and from MKL's own report), and a convolution runs no oneDNN
+    primitive (oneDNN's own verbose log): its cache-blocked product made the demo CPU-dependent."""
     script = tmp_path / "command"  # not *.py: restarted as a script, as the console script is
     script.write_text("import json, sys, torch\nfrom symalign import arithmetic\n"
                       "arithmetic.ENTRY_ARGV = sys.argv[1:]\nmode = arithmetic.ensure(sys.argv[1])\n"
                       "a = torch.ones(8, 8); a @ a\n"
+                      "torch.nn.Conv2d(1, 4, 4, 4)(torch.randn(2, 1, 8, 8)).sum().backward()\n"
                       "print(json.dumps({**arithmetic.describe(), 'argv': sys.argv[1:]}))\n")
     r = subprocess.run([sys.executable, str(script), "portable", "x y"], capture_output=True, text=True, timeout=120,
-                       env={**CLEAN, "PYTHONPATH": str(ROOT / "src"), "MKL_VERBOSE": "1"})
+                       env={**CLEAN, "PYTHONPATH": str(ROOT / "src"), "MKL_VERBOSE": "1", "ONEDNN_VERBOSE": "1"})
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["mode"] == "portable" and out["torch_cpu_capability"] == "DEFAULT" and out["argv"] == ["portable", "x y"]
-    assert "CNR:COMPATIBLE" in r.stdout + r.stderr  # MKL's own report of its mode
+    assert "CNR:COMPATIBLE,STRICT" in r.stdout + r.stderr  # MKL's own report of its mode
+    assert out["onednn"] is False and "primitive,exec" not in r.stdout + r.stderr
 
 
 @pytest.mark.slow
@@ -68,7 +71,8 @@ def test_cli_portable_alignment_is_exact_and_recorded(tmp_path):
     info = json.loads(r.stdout)
     assert info["check"]["passed"] and info["check"]["rel"] <= 1e-5
     rec = info["provenance"]["arithmetic"]
-    assert rec["mode"] == "portable" and rec["torch_cpu_capability"] == "DEFAULT" and rec["MKL_CBWR"] == "COMPATIBLE"
+    assert rec["mode"] == "portable" and rec["torch_cpu_capability"] == "DEFAULT" and rec["MKL_CBWR"] == "COMPATIBLE,STRICT"
+    assert rec["onednn"] is False
 
 
 @pytest.mark.slow

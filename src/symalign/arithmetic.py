@@ -7,11 +7,19 @@ AVX2 CPU shares 28 of the demo's 152 numbers with an AVX-512 one). For one torch
 on the CPU through three libraries, each of which picks SIMD code for the CPU it finds:
 
 * torch's own kernels (element-wise ops, reductions, softmax): ``ATEN_CPU_CAPABILITY``;
-* MKL's matrix products: ``MKL_CBWR`` (``COMPATIBLE``: Intel's conditional numerical reproducibility,
-  one code path on every x86-64 CPU);
+* MKL's matrix products: ``MKL_CBWR`` (``COMPATIBLE,STRICT``: Intel's conditional numerical
+  reproducibility, one code path on every x86-64 CPU, and -- ``STRICT`` -- whatever the operands'
+  alignment);
 * oneDNN (torch's float32 convolutions and some linear layers): ``ONEDNN_MAX_CPU_ISA``.
 
-``portable`` sets all three to a level every x86-64 CPU has (:data:`PORTABLE_ENV`). Each library reads
+The three variables fix the SIMD level, not everything a CPU decides: oneDNN's own matrix product
+(``gemm:jit``, which runs torch's convolutions) blocks its sums by the CPU's cache sizes, so the demo in
+the first version of this mode (oneDNN capped at SSE4.1, no ``STRICT``) gave 152 of 152 numbers of the
+Intel machine's ``results/demo.json`` on every CPU emulated there, and 13 of 152 on a real AMD EPYC
+(docs/results.md, "Reproducibility"). A portable process therefore also turns oneDNN off in torch
+(:func:`apply`: convolutions and linear layers then run as MKL products under CNR).
+
+``portable`` sets the variables to a level every x86-64 CPU has (:data:`PORTABLE_ENV`). Each library reads
 its variable once, when the process first uses it, so the mode must be in the environment before Python
 starts: :func:`reexec` starts the command again with it (one more start-up, about a second). Asked for
 with ``SYMALIGN_ARITHMETIC=portable`` (any command) or ``symalign demo --arithmetic portable`` (the
@@ -32,7 +40,7 @@ from symalign.errors import ConfigError
 ENV_VAR = "SYMALIGN_ARITHMETIC"
 MODES: tuple[str, ...] = ("native", "portable")
 #: the variables of the portable mode and their values
-PORTABLE_ENV: dict[str, str] = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
+PORTABLE_ENV: dict[str, str] = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE,STRICT",
                                 "ONEDNN_MAX_CPU_ISA": "SSE41"}
 
 #: the command's arguments when this process is the ``symalign`` command itself (set by the console
@@ -73,12 +81,25 @@ def environment(mode: str, env: dict[str, str] | None = None) -> dict[str, str]:
     return out
 
 
-def describe() -> dict[str, str | None]:
-    """The record of this process's arithmetic: the mode, the SIMD level torch dispatches to, and the variables."""
+def apply() -> str:
+    """Set what the environment cannot in this process (torch reads no variable for it): in portable mode,
+    torch's oneDNN backend off (``torch.backends.mkldnn.enabled = False``), so that convolutions and linear
+    layers run as MKL products under CNR instead of oneDNN's cache-blocked ``gemm:jit``. Returns the mode."""
+    import torch
+
+    mode = active()
+    if mode == "portable":
+        torch.backends.mkldnn.enabled = False
+    return mode
+
+
+def describe() -> dict[str, str | bool | None]:
+    """The record of this process's arithmetic: the mode, the SIMD level torch dispatches to, the variables,
+    and whether torch's oneDNN backend is on."""
     import torch
 
     return {"mode": active(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            **{k: os.environ.get(k) for k in PORTABLE_ENV}}
+            **{k: os.environ.get(k) for k in PORTABLE_ENV}, "onednn": bool(torch.backends.mkldnn.enabled)}
 
 
 def reexec(mode: str, argv: Sequence[str]) -> NoReturn:
@@ -96,7 +117,7 @@ def ensure(mode: str) -> str:
     current mode and returns it, for the caller to record."""
     mode = _mode(mode, "arithmetic")
     if active() == mode:
-        return mode
+        return apply()
     if ENTRY_ARGV is not None:
         reexec(mode, ENTRY_ARGV)
-    return active()
+    return apply()
