@@ -25,8 +25,9 @@ app = typer.Typer(
     name="symalign",
     help="Align Transformers through their exact parameter symmetries and measure linear mode connectivity.",
     epilog="Environment: SYMALIGN_THREADS=N sets torch's threads for every command (default 1; results depend on "
-           "it). SYMALIGN_ARITHMETIC=portable runs any command on the same floating-point code on every x86-64 CPU "
-           "(torch's baseline kernels, MKL's reproducible mode, oneDNN at SSE4.1; about 2x slower), native on the "
+           "it). SYMALIGN_ARITHMETIC=portable runs any command on floating-point code meant to be the same on every "
+           "x86-64 CPU (torch's baseline kernels, MKL's strict reproducible mode, oneDNN off; about 2x slower), "
+           "native on the "
            "CPU's fastest; symalign demo is portable unless told otherwise.",
     no_args_is_help=True,
     add_completion=False,
@@ -87,7 +88,7 @@ def main() -> None:
     torch runs single-threaded unless ``$SYMALIGN_THREADS`` or a command's ``--threads`` says
     otherwise (:func:`symalign.commands.checks.use_threads`: faster on shared machines, and
     the thread count changes results, so it is fixed and recorded). ``$SYMALIGN_ARITHMETIC=portable``
-    restarts the command with the same floating-point code on every x86-64 CPU
+    restarts the command with floating-point code meant to be the same on every x86-64 CPU
     (:mod:`symalign.arithmetic`). Ctrl-C exits 130 with one line saying what the command kept
     (:mod:`symalign.commands.interrupt`); a command's ``typer.Exit(code)`` is its exit status. A device (or
     the host) out of memory is one line naming the remedies (:func:`symalign.device.out_of_memory`), exit 2."""

@@ -26,8 +26,9 @@ def demo_command(
                                                                  "with other settings, and start over."),
     tour: bool = typer.Option(True, "--tour/--no-tour", help="Print the symmetry-probe tour first."),
     as_json: bool = typer.Option(False, "--json", help="Print results.json instead of tables."),
-    arithmetic: str = typer.Option(None, "--arithmetic", help="portable (default, or $SYMALIGN_ARITHMETIC): the "
-                                   "same floating-point code on every x86-64 CPU, so the numbers are the README's; "
+    arithmetic: str = typer.Option(None, "--arithmetic", help="portable (default, or $SYMALIGN_ARITHMETIC): "
+                                   "floating-point code meant to be the same on every x86-64 CPU, so that the "
+                                   "numbers are the README's (docs/results.md, Reproducibility: what was measured); "
                                    "native: the CPU's fastest kernels, numbers that depend on the CPU."),
     device: Optional[str] = typer.Option(None, "--device", metavar="auto|cpu|cuda", help="Train and evaluate every "
                                          "run there (recorded as protocol.device). Default: training on CUDA where "
@@ -144,8 +145,9 @@ def _print_footer(console, summary: dict, out: Path, elapsed: float) -> None:
     console.print(f"These numbers rest on {summary['seed_pairs']} seed pair (A: seed {summary['seeds'][0]}, B: seed "
                   f"{summary['seeds'][1]}) and {summary['test_items']} held-out test images; ratios vary across seed "
                   f"pairs and with the thread count ({summary['threads']} here); "
-                  + ("portable arithmetic: the same on every x86-64 CPU." if summary["arithmetic"]["mode"] == "portable"
-                     else "native arithmetic: they also vary with the CPU (--arithmetic portable does not)."))
+                  + ("portable arithmetic: meant to be the same on every x86-64 CPU (docs/results.md, "
+                     "Reproducibility)." if summary["arithmetic"]["mode"] == "portable"
+                     else "native arithmetic: they also vary with the CPU (--arithmetic portable is meant not to)."))
     console.print(f"wrote {out / 'results.json'}, {out / 'report.md'}, {out / 'curves.png'} "
                   f"({elapsed:.0f} s)")
 
