@@ -97,9 +97,9 @@ def main() -> None:
 
     interrupt.reset()
     try:
-        want = arithmetic.requested()
-        if want is not None:
-            arithmetic.ensure(want)  # the console script restarts in that mode; in-process callers keep theirs
+        # the requested mode (the console script restarts in it; in-process callers keep theirs), else the one the
+        # environment already sets: either way its in-process settings are applied (arithmetic.apply)
+        arithmetic.ensure(arithmetic.requested() or arithmetic.active())
         from symalign.commands.checks import use_threads
 
         use_threads(None)

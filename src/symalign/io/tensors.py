@@ -48,7 +48,7 @@ def aligned_copy(t: Tensor, dtype: torch.dtype | None = None, fresh: bool = True
     fold or rotation of the same values the same bits wherever they were read from (a shard, a row range, a
     resident state), so the in-memory and streamed engines agree bit for bit."""
     if dtype is not None and t.is_floating_point() and t.dtype != dtype:
-        t = t.to(dtype)  # a fresh (aligned) tensor
+        t = t.to(dtype, memory_format=torch.contiguous_format)  # a fresh (aligned) tensor
     elif fresh:
         t = t.clone(memory_format=torch.contiguous_format)
     if t.is_contiguous() and t.data_ptr() % ALIGNMENT == 0:
